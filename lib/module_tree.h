@@ -1,0 +1,72 @@
+// The planner's view of a model: a plain tree of modules with their
+// parameters and buffers. Loaders build it; nothing past the loaders sees torch.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace fsdp_plan {
+
+// Index into ModuleTree::tensors. Two slots holding the same TensorId hold
+// the same tensor object (tied weights), exactly as Python's `is` would say.
+using TensorId = int32_t;
+using ModuleId = int32_t;
+
+struct TensorInfo {
+  std::vector<int64_t> shape;
+  std::string dtype;     // torch name without the prefix: "float32", "bfloat16", "qint8"
+  int64_t itemsize = 0;  // bytes per element
+  int64_t numel() const;
+  int64_t bytes() const { return numel() * itemsize; }
+};
+
+struct TensorSlot {
+  std::string name;  // attribute name on the owning module, e.g. "weight"
+  TensorId tensor;
+};
+
+struct Module {
+  std::string name;        // attribute name in the parent; "" for the root
+  std::string type_name;   // qualified class as stored, mangling and all
+  ModuleId parent = -1;
+  std::vector<ModuleId> children;   // registration order
+  std::vector<TensorSlot> params;   // registration order; None-valued slots left out
+  std::vector<TensorSlot> buffers;
+};
+
+// modules[0] is the root. Children always have larger ids than their parent,
+// so a forward sweep visits parents first and a backward sweep children first.
+class ModuleTree {
+ public:
+  ModuleTree();  // a tree holding only an unnamed root
+
+  ModuleId add_module(ModuleId parent, std::string name, std::string type_name);
+  TensorId add_tensor(TensorInfo info);
+  void add_param(ModuleId m, std::string name, TensorId t);
+  void add_buffer(ModuleId m, std::string name, TensorId t);
+
+  const Module& module(ModuleId m) const { return modules_[static_cast<size_t>(m)]; }
+  Module& module(ModuleId m) { return modules_[static_cast<size_t>(m)]; }
+  const TensorInfo& tensor(TensorId t) const { return tensors_[static_cast<size_t>(t)]; }
+  size_t num_modules() const { return modules_.size(); }
+  size_t num_tensors() const { return tensors_.size(); }
+  const std::vector<Module>& modules() const { return modules_; }
+
+  // Dotted path from the root ("" for the root), built on demand: storing
+  // paths would cost memory quadratic in depth on deep chains.
+  std::string path(ModuleId m) const;
+  // path(m) joined with a local name: "layers.0" + "weight" -> "layers.0.weight".
+  std::string qualify(ModuleId m, const std::string& local) const;
+  int depth(ModuleId m) const;
+
+  // Modules in `root.modules()` order: pre-order, children in registration
+  // order. Iterative, so a 100,000-deep chain is fine.
+  std::vector<ModuleId> preorder(ModuleId from = 0) const;
+
+ private:
+  std::vector<Module> modules_;
+  std::vector<TensorInfo> tensors_;
+};
+
+}  // namespace fsdp_plan
