@@ -1,22 +1,136 @@
+// fsdp-plan: the FSDP wrapping plan of a TorchScript model, before any GPU hour.
+//
+// Exit codes (README "Exit codes"):
+//   0  plan produced
+//   1  plan produced, but FSDP would refuse the model (an error-severity warning)
+//   2  usage, input or output error: one line on stderr, nothing on stdout
+//   3  internal error (a bug: please report it)
 #include <CLI/CLI.hpp>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include <chrono>
 #include <iostream>
 
 #include "errors.h"
+#include "file_io.h"
+#include "json_writer.h"
 #include "loaders/loader.h"
+#include "planner.h"
+#include "policy.h"
+#include "text_writer.h"
 #include "tree_json.h"
 
-int main(int argc, char** argv) {
-  CLI::App app{"fsdp-plan"};
+namespace {
+
+constexpr int kExitOk = 0;
+constexpr int kExitRefused = 1;
+constexpr int kExitInputError = 2;
+constexpr int kExitInternal = 3;
+
+struct Options {
   std::string model;
+  std::string policy;
+  std::string format = "text";
+  std::string output;
+  std::string loader = "jit";
   bool dump_tree = false;
-  app.add_option("model", model)->required();
-  app.add_flag("--dump-tree", dump_tree);
-  CLI11_PARSE(app, argc, argv);
+  int verbosity = 0;
+  bool quiet = false;
+};
+
+void setup_logging(const Options& opt) {
+  auto logger = spdlog::stderr_color_st("fsdp-plan");
+  logger->set_pattern("fsdp-plan: %l: %v");
+  logger->set_level(opt.quiet ? spdlog::level::err
+                    : opt.verbosity >= 2 ? spdlog::level::debug
+                    : opt.verbosity == 1 ? spdlog::level::info
+                                         : spdlog::level::warn);
+  spdlog::set_default_logger(logger);
+}
+
+double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+int run(const Options& opt) {
+  using namespace fsdp_plan;
+  // The policy first: it is cheap, and a typo should not wait for a big model.
+  Policy policy;
+  if (!opt.policy.empty()) policy = load_policy_file(opt.policy);
+
+  auto t0 = std::chrono::steady_clock::now();
+  check_readable_file(opt.model);
+  ModuleTree tree = load_model(opt.model, LoaderKind::Jit);
+  spdlog::info("loaded {} modules, {} tensors in {:.1f} ms ({} loader)", tree.num_modules(),
+               tree.num_tensors(), ms_since(t0), opt.loader);
+
+  std::string text;
+  int code = kExitOk;
+  if (opt.dump_tree) {
+    text = tree_to_json(tree).dump(1) + "\n";
+  } else {
+    t0 = std::chrono::steady_clock::now();
+    Plan plan = make_plan(tree, policy, opt.model);
+    spdlog::info("planned {} units in {:.1f} ms", plan.units.size(), ms_since(t0));
+    text = opt.format == "json" ? plan_to_json(plan).dump(1) + "\n" : plan_to_text(plan);
+    if (plan.has_errors()) code = kExitRefused;
+  }
+
+  if (opt.output.empty()) {
+    std::cout << text << std::flush;
+    if (!std::cout) throw std::runtime_error("writing to standard output failed");
+  } else {
+    try {
+      write_file_atomic(opt.output, text);
+    } catch (const std::runtime_error& e) {
+      throw InputError(opt.output, std::string("cannot write the plan: ") + e.what());
+    }
+  }
+  return code;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options opt;
+  CLI::App app{"fsdp-plan: the PyTorch FSDP wrapping plan of a TorchScript model", "fsdp-plan"};
+  app.set_version_flag("--version", "fsdp-plan 0.1.0");
+  app.add_option("model", opt.model, "TorchScript file (torch.jit.save of a scripted or traced module)")
+      ->required();
+  app.add_option("-p,--policy", opt.policy, "auto-wrap policy JSON (policies/policy.schema.json); "
+                                            "without it, no auto-wrap: one root unit");
+  app.add_option("-f,--format", opt.format, "output format")
+      ->check(CLI::IsMember({"text", "json"}))
+      ->capture_default_str();
+  app.add_option("-o,--output", opt.output, "write the plan to FILE (atomically) instead of stdout");
+  app.add_option("--loader", opt.loader, "how to read the model")
+      ->check(CLI::IsMember({"jit"}))
+      ->capture_default_str();
+  app.add_flag("--dump-tree", opt.dump_tree, "print the loaded module tree as JSON instead of a plan");
+  app.add_flag("-v,--verbose", opt.verbosity, "log progress to stderr (-vv for more)");
+  app.add_flag("-q,--quiet", opt.quiet, "log only errors");
+  app.footer("Exit codes: 0 plan produced; 1 FSDP would refuse the model; 2 usage, input or output "
+             "error; 3 internal error.");
+
   try {
-    auto tree = fsdp_plan::load_model(model, fsdp_plan::LoaderKind::Jit);
-    std::cout << fsdp_plan::tree_to_json(tree).dump(1) << "\n";
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::cerr << "fsdp-plan: error: " << e.what() << " (see fsdp-plan --help)\n";
+    return kExitInputError;
+  }
+  setup_logging(opt);
+  try {
+    return run(opt);
   } catch (const fsdp_plan::InputError& e) {
-    std::cerr << "fsdp-plan: " << e.file() << ": " << e.what() << "\n";
-    return 2;
+    std::cerr << "fsdp-plan: error: " << e.file() << ": " << e.what() << "\n";
+    return kExitInputError;
+  } catch (const std::exception& e) {
+    std::cerr << "fsdp-plan: internal error: " << e.what() << "\n";
+    return kExitInternal;
   }
 }

@@ -1,0 +1,259 @@
+#include "analysis.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include "string_util.h"
+#include "wrap_policy.h"
+
+namespace fsdp_plan {
+namespace {
+
+std::string quoted(const std::string& path) { return path.empty() ? "(root)" : "'" + path + "'"; }
+
+// A list for a message: "a, b, c and 4 more".
+std::string listing(const std::vector<std::string>& items, size_t shown = 3) {
+  std::string out;
+  for (size_t i = 0; i < items.size() && i < shown; ++i) out += (i ? ", " : "") + items[i];
+  if (items.size() > shown) out += " and " + std::to_string(items.size() - shown) + " more";
+  return out;
+}
+
+class Analysis {
+ public:
+  Analysis(Plan& plan, const Ignored& ignored, const ClassMatcher& matcher)
+      : plan_(plan), tree_(*plan.tree), ignored_(ignored), matcher_(matcher) {}
+
+  void run() {
+    summarise_model();
+    size_units();
+    nested_wrap();
+    mixed_precision();
+    shared_params();
+    empty_units();
+    unmatched_classes();
+    unmatched_globs();
+  }
+
+ private:
+  void add(std::string kind, Severity sev, std::string message, std::vector<std::string> modules = {},
+           std::vector<std::string> classes = {}) {
+    Warning w;
+    w.kind = std::move(kind);
+    w.severity = sev;
+    w.message = std::move(message);
+    w.modules = std::move(modules);
+    w.classes = std::move(classes);
+    plan_.warnings.push_back(std::move(w));
+  }
+
+  std::string short_class(ModuleId m) const {
+    return std::string(short_name(demangle(tree_.module(m).type_name)));
+  }
+
+  void summarise_model() {
+    ModelSummary& s = plan_.model;
+    s.root_class = short_class(0);
+    s.num_modules = static_cast<int64_t>(tree_.num_modules());
+    std::vector<bool> param_seen(tree_.num_tensors(), false), buffer_seen(tree_.num_tensors(), false);
+    for (const auto& m : tree_.modules()) {
+      for (const auto& p : m.params) {
+        if (param_seen[static_cast<size_t>(p.tensor)]) continue;
+        param_seen[static_cast<size_t>(p.tensor)] = true;
+        s.param_numel += tree_.tensor(p.tensor).numel();
+        s.param_bytes += tree_.tensor(p.tensor).bytes();
+      }
+      for (const auto& b : m.buffers) {
+        if (buffer_seen[static_cast<size_t>(b.tensor)]) continue;
+        buffer_seen[static_cast<size_t>(b.tensor)] = true;
+        s.buffer_numel += tree_.tensor(b.tensor).numel();
+        s.buffer_bytes += tree_.tensor(b.tensor).bytes();
+      }
+    }
+  }
+
+  void size_units() {
+    for (Unit& u : plan_.units) {
+      for (const auto& o : u.params) {
+        u.param_numel += tree_.tensor(o.tensor).numel();
+        u.param_bytes += tree_.tensor(o.tensor).bytes();
+      }
+      for (const auto& o : u.buffers) {
+        u.buffer_numel += tree_.tensor(o.tensor).numel();
+        u.buffer_bytes += tree_.tensor(o.tensor).bytes();
+      }
+    }
+    // The unit whose walk covers each module: its own, or its nearest unit ancestor's.
+    unit_of_.assign(tree_.num_modules(), -1);
+    for (size_t i = 0; i < plan_.units.size(); ++i) unit_of_[static_cast<size_t>(plan_.units[i].module)] = static_cast<int>(i);
+    for (size_t m = 1; m < tree_.num_modules(); ++m)
+      if (unit_of_[m] < 0) unit_of_[m] = unit_of_[static_cast<size_t>(tree_.modules()[m].parent)];
+  }
+
+  // FSDP refuses a model that already has FSDP applied (_check_nested_wrapping).
+  void nested_wrap() {
+    std::vector<std::string> modules;
+    for (ModuleId m : tree_.preorder()) {
+      const Module& mod = tree_.module(m);
+      std::string cls = short_class(m);
+      bool wrapper = cls == "FullyShardedDataParallel" || cls == "FlattenParamsWrapper" ||
+                     cls.rfind("FSDP", 0) == 0 || mod.name == "_fsdp_wrapped_module" ||
+                     mod.name == "_fpw_module";
+      for (const auto& p : mod.params) wrapper = wrapper || p.name == "_flat_param" || p.name == "flat_param";
+      if (wrapper) modules.push_back(tree_.path(m));
+    }
+    if (modules.empty()) return;
+    add("nested_wrap", Severity::Error,
+        "the model already has FSDP applied (at " + listing(modules) +
+            "); FSDP auto wrapping would refuse it. Save the model before wrapping it with FSDP.",
+        modules);
+  }
+
+  void mixed_precision() {
+    const auto& mp = plan_.policy.mixed_precision;
+    if (!mp) return;
+    // FSDP overrides ignored classes only when it auto-wraps (_auto_wrap).
+    const bool overrides = plan_.policy.auto_wrap();
+    ClassSet ignore(tree_, matcher_, overrides ? mp->ignore_classes : std::vector<std::string>{});
+    for (Unit& u : plan_.units) u.mixed_precision = !ignore.contains(u.module);
+    if (!overrides) return;
+    std::set<std::string> classes;
+    std::vector<std::string> modules;
+    for (ModuleId m : tree_.preorder()) {
+      if (!ignore.contains(m)) continue;
+      classes.insert(short_class(m));
+      modules.push_back(tree_.path(m));
+    }
+    if (modules.empty()) return;
+    std::vector<std::string> cls(classes.begin(), classes.end());
+    add("mixed_precision_override", Severity::Warning,
+        "mixed precision and an auto-wrap policy are both set: " + std::to_string(modules.size()) +
+            " module(s) of class " + listing(cls, cls.size()) +
+            " are wrapped as separate FSDP units with mixed precision disabled",
+        modules, cls);
+  }
+
+  // A tensor used by modules in different units: FSDP flattens it into one
+  // unit, and the others reach it only while that unit is gathered.
+  void shared_params() {
+    struct Use {
+      ModuleId module;
+      const std::string* name;
+    };
+    std::map<TensorId, std::vector<Use>> uses;  // ordered: stable output
+    for (ModuleId m : tree_.preorder())
+      for (const auto& p : tree_.module(m).params)
+        if (!ignored_.tensor[static_cast<size_t>(p.tensor)]) uses[p.tensor].push_back({m, &p.name});
+    std::vector<int> owner(tree_.num_tensors(), -1);
+    for (size_t i = 0; i < plan_.units.size(); ++i)
+      for (const auto& o : plan_.units[i].params) owner[static_cast<size_t>(o.tensor)] = static_cast<int>(i);
+
+    struct Found {
+      size_t first_use;  // ordinal of the first use, for a stable order
+      TensorId tensor;
+    };
+    std::vector<Found> found;
+    std::vector<size_t> order(tree_.num_modules());
+    size_t ordinal = 0;
+    for (ModuleId m : tree_.preorder()) order[static_cast<size_t>(m)] = ordinal++;
+    for (const auto& [t, list] : uses) {
+      std::set<int> units;
+      for (const auto& u : list) units.insert(unit_of_[static_cast<size_t>(u.module)]);
+      if (units.size() > 1) found.push_back({order[static_cast<size_t>(list.front().module)], t});
+    }
+    std::sort(found.begin(), found.end(), [](const Found& a, const Found& b) { return a.first_use < b.first_use; });
+    for (const auto& f : found) {
+      const auto& list = uses[f.tensor];
+      const Unit& own = plan_.units[static_cast<size_t>(owner[static_cast<size_t>(f.tensor)])];
+      std::vector<std::string> names, modules, others;
+      for (const auto& u : list) {
+        names.push_back(tree_.qualify(u.module, *u.name));
+        modules.push_back(tree_.path(u.module));
+        int uu = unit_of_[static_cast<size_t>(u.module)];
+        std::string other = quoted(tree_.path(plan_.units[static_cast<size_t>(uu)].module));
+        if (plan_.units[static_cast<size_t>(uu)].module != own.module &&
+            std::find(others.begin(), others.end(), other) == others.end())
+          others.push_back(std::move(other));
+      }
+      Warning w;
+      w.kind = "shared_param_across_units";
+      w.severity = Severity::Warning;
+      w.message = "one tensor is used as " + listing(names, names.size()) + " in different units: owned by unit " +
+                  quoted(tree_.path(own.module)) + ", also used in " + listing(others) +
+                  "; wrap the modules that share it in one unit";
+      w.modules = std::move(modules);
+      w.params = std::move(names);
+      plan_.warnings.push_back(std::move(w));
+    }
+  }
+
+  void empty_units() {
+    for (const Unit& u : plan_.units) {
+      if (!u.params.empty()) continue;
+      const bool root = u.module == 0;
+      add("empty_unit", root ? Severity::Info : Severity::Warning,
+          "unit " + quoted(tree_.path(u.module)) + " (" + short_class(u.module) +
+              ") owns no parameters" + (root ? "" : ": it adds an FSDP unit that shards nothing"),
+          {tree_.path(u.module)}, {short_class(u.module)});
+    }
+  }
+
+  void unmatched_classes() {
+    // Class names the model has, its modules' bases included, for suggestions.
+    std::set<std::string> known;
+    for (const auto& m : tree_.modules())
+      for (const auto& c : class_lineage(demangle(m.type_name))) known.insert(std::string(short_name(c)));
+    const std::vector<std::string> candidates(known.begin(), known.end());
+    std::set<std::string> types;
+    for (const auto& m : tree_.modules()) types.insert(demangle(m.type_name));
+
+    auto check = [&](const std::vector<std::string>& patterns, const std::string& key) {
+      for (const auto& p : patterns) {
+        bool hit = false;
+        for (const auto& t : types) hit = hit || matcher_.is_instance(t, {p});
+        if (hit) continue;
+        auto near = closest(std::string(short_name(p)), candidates);
+        Warning w;
+        w.kind = "unmatched_class";
+        w.severity = Severity::Warning;
+        w.message = "\"" + key + "\" names " + p + ", which matches no module in the model" +
+                    (near.empty() ? "" : "; closest class names in the model: " + listing(near, near.size()));
+        w.classes = {p};
+        w.suggestions = std::move(near);
+        plan_.warnings.push_back(std::move(w));
+      }
+    };
+    const Policy& pol = plan_.policy;
+    if (pol.module_classes) check(*pol.module_classes, "module_classes");
+    if (pol.force_leaf_given) check(pol.force_leaf_modules, "force_leaf_modules");
+    if (pol.exclude_wrap_given) check(pol.exclude_wrap_modules, "exclude_wrap_modules");
+    if (pol.mixed_precision && pol.mixed_precision->ignore_classes_given)
+      check(pol.mixed_precision->ignore_classes, "mixed_precision.ignore_classes");
+  }
+
+  void unmatched_globs() {
+    for (const auto& g : ignored_.unmatched_module_globs)
+      add("unmatched_ignore", Severity::Warning, "\"ignored_modules\" pattern \"" + g + "\" matches no module");
+    for (const auto& g : ignored_.unmatched_param_globs)
+      add("unmatched_ignore", Severity::Warning, "\"ignored_params\" pattern \"" + g + "\" matches no parameter");
+    if (ignored_.root_ignored())
+      add("ignored_root", Severity::Warning,
+          "the root module is ignored, so every parameter is ignored; FSDP warns that this is not well supported",
+          {""});
+  }
+
+  Plan& plan_;
+  const ModuleTree& tree_;
+  const Ignored& ignored_;
+  const ClassMatcher& matcher_;
+  std::vector<int> unit_of_;
+};
+
+}  // namespace
+
+void analyse(Plan& plan, const Ignored& ignored, const ClassMatcher& matcher) {
+  Analysis(plan, ignored, matcher).run();
+}
+
+}  // namespace fsdp_plan

@@ -1,0 +1,100 @@
+#include "class_names.h"
+
+#include <unordered_map>
+
+namespace fsdp_plan {
+namespace {
+
+struct TableRow {
+  const char* name;
+  const char* bases;
+};
+
+constexpr TableRow kClassTable[] = {
+#include "class_table.inc"
+};
+
+const std::unordered_map<std::string_view, std::string_view>& class_table() {
+  static const auto* table = [] {
+    auto* t = new std::unordered_map<std::string_view, std::string_view>();
+    for (const auto& row : kClassTable) t->emplace(row.name, row.bases);
+    return t;
+  }();
+  return *table;
+}
+
+constexpr std::string_view kTorchPrefix = "__torch__.";
+constexpr std::string_view kMangle = "___torch_mangle_";
+constexpr std::string_view kModuleClass = "torch.nn.modules.module.Module";
+
+}  // namespace
+
+std::string demangle(std::string_view type_name) {
+  if (type_name.substr(0, kTorchPrefix.size()) == kTorchPrefix) type_name.remove_prefix(kTorchPrefix.size());
+  std::string out;
+  size_t pos = 0;
+  while (pos <= type_name.size()) {
+    size_t dot = type_name.find('.', pos);
+    if (dot == std::string_view::npos) dot = type_name.size();
+    std::string_view seg = type_name.substr(pos, dot - pos);
+    if (seg.substr(0, kMangle.size()) != kMangle) {
+      if (!out.empty()) out += '.';
+      out += seg;
+    }
+    pos = dot + 1;
+  }
+  return out;
+}
+
+std::string_view short_name(std::string_view qualified) {
+  size_t dot = qualified.rfind('.');
+  return dot == std::string_view::npos ? qualified : qualified.substr(dot + 1);
+}
+
+std::vector<std::string> class_lineage(const std::string& qualified) {
+  std::vector<std::string> out{qualified};
+  auto it = class_table().find(qualified);
+  if (it != class_table().end() && !it->second.empty()) {
+    std::string_view bases = it->second;
+    size_t pos = 0;
+    while (pos <= bases.size()) {
+      size_t bar = bases.find('|', pos);
+      if (bar == std::string_view::npos) bar = bases.size();
+      out.emplace_back(bases.substr(pos, bar - pos));
+      pos = bar + 1;
+    }
+  }
+  // Every module is an nn.Module, whatever else is known of it.
+  if (qualified != kModuleClass) out.emplace_back(kModuleClass);
+  return out;
+}
+
+bool name_matches(std::string_view pattern, std::string_view qualified) {
+  if (pattern == qualified) return true;
+  size_t pdot = pattern.rfind('.');
+  if (pdot == std::string_view::npos) return pattern == short_name(qualified);
+  if (pattern.substr(pdot + 1) != short_name(qualified)) return false;
+  std::string_view prefix = pattern.substr(0, pdot);
+  size_t qdot = qualified.rfind('.');
+  if (qdot == std::string_view::npos) return false;
+  std::string_view module_path = qualified.substr(0, qdot);
+  return module_path == prefix ||
+         (module_path.size() > prefix.size() && module_path.substr(0, prefix.size()) == prefix &&
+          module_path[prefix.size()] == '.');
+}
+
+const std::vector<std::string>& ClassMatcher::lineage(const std::string& qualified) const {
+  auto it = cache_.find(qualified);
+  if (it == cache_.end()) it = cache_.emplace(qualified, class_lineage(qualified)).first;
+  return it->second;
+}
+
+bool ClassMatcher::is_instance(const std::string& qualified, const std::vector<std::string>& patterns) const {
+  if (patterns.empty()) return false;
+  for (const auto& cls : lineage(qualified))
+    for (const auto& p : patterns)
+      if (name_matches(p, cls)) return true;
+  return false;
+}
+
+}  // namespace fsdp_plan

@@ -1,0 +1,47 @@
+#include "ignored.h"
+
+#include "string_util.h"
+
+namespace fsdp_plan {
+
+Ignored resolve_ignored(const ModuleTree& tree, const Policy& policy) {
+  Ignored out;
+  out.module.assign(tree.num_modules(), false);
+  out.tensor.assign(tree.num_tensors(), false);
+  const auto& mod_globs = policy.ignored_modules;
+  const auto& param_globs = policy.ignored_params;
+  std::vector<bool> mod_hit(mod_globs.size(), false), param_hit(param_globs.size(), false);
+  if (mod_globs.empty() && param_globs.empty()) return out;
+
+  std::string full;
+  for_each_path(tree, [&](ModuleId id, const std::string& path) {
+    const Module& m = tree.module(id);
+    bool ignored = id != 0 && out.module[static_cast<size_t>(m.parent)];
+    for (size_t g = 0; g < mod_globs.size(); ++g) {
+      if (glob_match(mod_globs[g], path)) {
+        mod_hit[g] = true;
+        ignored = true;
+      }
+    }
+    out.module[static_cast<size_t>(id)] = ignored;
+    for (const auto& slot : m.params) {
+      if (ignored) out.tensor[static_cast<size_t>(slot.tensor)] = true;
+      if (param_globs.empty()) continue;
+      full = path.empty() ? slot.name : path + "." + slot.name;
+      for (size_t g = 0; g < param_globs.size(); ++g) {
+        // A tied tensor is one parameter: matching any of its names ignores it.
+        if (glob_match(param_globs[g], full)) {
+          param_hit[g] = true;
+          out.tensor[static_cast<size_t>(slot.tensor)] = true;
+        }
+      }
+    }
+  });
+  for (size_t g = 0; g < mod_globs.size(); ++g)
+    if (!mod_hit[g]) out.unmatched_module_globs.push_back(mod_globs[g]);
+  for (size_t g = 0; g < param_globs.size(); ++g)
+    if (!param_hit[g]) out.unmatched_param_globs.push_back(param_globs[g]);
+  return out;
+}
+
+}  // namespace fsdp_plan

@@ -1,0 +1,30 @@
+// Resolving the policy's ignored_modules / ignored_params globs against a tree,
+// with FSDP's meaning: an ignored module takes its whole subtree with it, and
+// every parameter in an ignored subtree is an ignored parameter.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "module_tree.h"
+#include "policy.h"
+
+namespace fsdp_plan {
+
+struct Ignored {
+  std::vector<bool> module;  // by ModuleId
+  std::vector<bool> tensor;  // by TensorId; only parameters are ever ignored
+  std::vector<std::string> unmatched_module_globs, unmatched_param_globs;
+  bool root_ignored() const { return module[0]; }
+};
+
+Ignored resolve_ignored(const ModuleTree& tree, const Policy& policy);
+
+// Calls visit(module, path) in pre-order with each module's dotted path,
+// built in one reused buffer so a deep chain costs no per-module allocation.
+template <typename Visit>
+void for_each_path(const ModuleTree& tree, Visit&& visit);
+
+}  // namespace fsdp_plan
+
+#include "ignored_impl.h"

@@ -1,0 +1,73 @@
+#include "json_writer.h"
+
+#include "class_names.h"
+
+namespace fsdp_plan {
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+ojson tensor_list(const Plan& plan, const std::vector<Owned>& owned, bool params) {
+  ojson out = ojson::array();
+  for (const auto& o : owned) {
+    const TensorInfo& t = plan.tree->tensor(o.tensor);
+    out.push_back({{"name", params ? plan.param_name(o) : plan.buffer_name(o)},
+                   {"shape", t.shape},
+                   {"dtype", t.dtype},
+                   {"numel", t.numel()}});
+  }
+  return out;
+}
+
+ojson optional_bool(const std::optional<bool>& b) { return b ? ojson(*b) : ojson(nullptr); }
+
+}  // namespace
+
+nlohmann::ordered_json plan_to_json(const Plan& plan) {
+  const ModuleTree& tree = *plan.tree;
+  const ModelSummary& m = plan.model;
+  ojson out;
+  out["schema_version"] = kPlanSchemaVersion;
+  out["model"] = {{"path", m.path},
+                  {"root_class", m.root_class},
+                  {"num_modules", m.num_modules},
+                  {"param_numel", m.param_numel},
+                  {"param_bytes", m.param_bytes},
+                  {"buffer_numel", m.buffer_numel},
+                  {"buffer_bytes", m.buffer_bytes}};
+  out["policy"] = policy_to_json(plan.policy);
+
+  ojson units = ojson::array();
+  for (size_t i = 0; i < plan.units.size(); ++i) {
+    const Unit& u = plan.units[i];
+    const std::string qualified = demangle(tree.module(u.module).type_name);
+    units.push_back({{"index", i},
+                     {"path", tree.path(u.module)},
+                     {"class", std::string(short_name(qualified))},
+                     {"qualified_class", qualified},
+                     {"depth", u.depth},
+                     {"parent", u.parent < 0 ? ojson(nullptr) : ojson(u.parent)},
+                     {"param_numel", u.param_numel},
+                     {"param_bytes", u.param_bytes},
+                     {"params", tensor_list(plan, u.params, true)},
+                     {"buffer_numel", u.buffer_numel},
+                     {"buffer_bytes", u.buffer_bytes},
+                     {"buffers", tensor_list(plan, u.buffers, false)},
+                     {"mixed_precision", optional_bool(u.mixed_precision)}});
+  }
+  out["units"] = std::move(units);
+
+  ojson warnings = ojson::array();
+  for (const auto& w : plan.warnings) {
+    ojson j = {{"kind", w.kind}, {"severity", severity_name(w.severity)}, {"message", w.message}};
+    if (!w.modules.empty()) j["modules"] = w.modules;
+    if (!w.classes.empty()) j["classes"] = w.classes;
+    if (!w.params.empty()) j["params"] = w.params;
+    if (!w.suggestions.empty()) j["suggestions"] = w.suggestions;
+    warnings.push_back(std::move(j));
+  }
+  out["warnings"] = std::move(warnings);
+  return out;
+}
+
+}  // namespace fsdp_plan

@@ -1,0 +1,64 @@
+// The plan: FSDP units in FSDP's order, what each owns, and what to warn about.
+// Produced by make_plan (planner.h), read by the writers.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "module_tree.h"
+#include "policy.h"
+
+namespace fsdp_plan {
+
+// One tensor a unit owns: module.params[slot] (or .buffers[slot]).
+struct Owned {
+  ModuleId module;
+  int32_t slot;
+  TensorId tensor;
+};
+
+struct Unit {
+  ModuleId module;
+  int parent = -1;  // index of the nearest enclosing unit; -1 for the root
+  int depth = 0;    // number of enclosing units
+  std::vector<Owned> params, buffers;
+  int64_t param_numel = 0, param_bytes = 0, buffer_numel = 0, buffer_bytes = 0;
+  std::optional<bool> mixed_precision;  // nullopt: the policy configures none
+};
+
+enum class Severity { Error, Warning, Info };
+const char* severity_name(Severity s);
+
+struct Warning {
+  std::string kind;
+  Severity severity;
+  std::string message;
+  std::vector<std::string> modules;  // module paths concerned
+  std::vector<std::string> classes;  // class names concerned
+  std::vector<std::string> params;   // parameter names concerned
+  std::vector<std::string> suggestions;
+};
+
+struct ModelSummary {
+  std::string path;
+  std::string root_class;
+  int64_t num_modules = 0;
+  int64_t param_numel = 0, param_bytes = 0, buffer_numel = 0, buffer_bytes = 0;
+};
+
+struct Plan {
+  const ModuleTree* tree = nullptr;
+  Policy policy;
+  ModelSummary model;
+  std::vector<Unit> units;
+  std::vector<Warning> warnings;
+
+  bool has_errors() const;
+  // Full dotted name of an owned parameter or buffer.
+  std::string param_name(const Owned& o) const;
+  std::string buffer_name(const Owned& o) const;
+};
+
+}  // namespace fsdp_plan

@@ -1,0 +1,14 @@
+// The pipeline from a module tree and a policy to a plan:
+// ignored state -> wrap policy -> wrapped modules -> units -> analysis.
+#pragma once
+
+#include <string>
+
+#include "plan.h"
+
+namespace fsdp_plan {
+
+// `tree` must outlive the plan. `model_path` is only reported.
+Plan make_plan(const ModuleTree& tree, const Policy& policy, const std::string& model_path);
+
+}  // namespace fsdp_plan

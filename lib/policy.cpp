@@ -1,0 +1,191 @@
+#include "policy.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <set>
+
+#include "errors.h"
+#include "file_io.h"
+#include "string_util.h"
+
+namespace fsdp_plan {
+namespace {
+
+using json = nlohmann::json;
+
+const std::vector<std::string> kTopKeys = {"$schema", "module_classes", "min_num_params",
+                                           "force_leaf_modules", "exclude_wrap_modules",
+                                           "mixed_precision", "ignored_modules", "ignored_params"};
+const std::vector<std::string> kMixedPrecisionKeys = {"param_dtype", "reduce_dtype", "buffer_dtype",
+                                                      "ignore_classes"};
+const std::vector<std::string> kDtypes = {"float32", "float16", "bfloat16", "float64"};
+
+class Parser {
+ public:
+  explicit Parser(std::string file) : file_(std::move(file)) {}
+
+  [[noreturn]] void fail(const std::string& what) const { throw InputError(file_, what); }
+
+  static std::string type_of(const json& v) {
+    if (v.is_number_integer()) return "an integer";
+    if (v.is_number_float()) return "a number";
+    if (v.is_string()) return "a string";
+    if (v.is_boolean()) return "a boolean";
+    if (v.is_null()) return "null";
+    if (v.is_array()) return "a list";
+    return "an object";
+  }
+
+  void check_keys(const json& obj, const std::vector<std::string>& allowed, const std::string& where) const {
+    for (const auto& [key, value] : obj.items()) {
+      (void)value;
+      if (std::find(allowed.begin(), allowed.end(), key) != allowed.end()) continue;
+      std::string msg = "unknown key \"" + key + "\"" + where;
+      auto near = closest(key, allowed, 1);
+      msg += near.empty() ? " (valid keys: " + join(allowed) + ")" : "; did you mean \"" + near[0] + "\"?";
+      fail(msg);
+    }
+  }
+
+  static std::string join(const std::vector<std::string>& v) {
+    std::string out;
+    for (const auto& s : v) out += (out.empty() ? "" : ", ") + s;
+    return out;
+  }
+
+  std::vector<std::string> string_list(const json& v, const std::string& key, bool names_classes) const {
+    if (!v.is_array()) fail("\"" + key + "\" must be a list of strings, not " + type_of(v));
+    std::vector<std::string> out;
+    std::set<std::string> seen;
+    for (const auto& item : v) {
+      if (!item.is_string()) fail("\"" + key + "\" must be a list of strings, but holds " + type_of(item));
+      std::string s = item.get<std::string>();
+      if (s.empty()) fail("\"" + key + "\" holds an empty string");
+      if (names_classes && s.find_first_of(" */") != std::string::npos)
+        fail("\"" + key + "\" holds \"" + s + "\", which is not a class name");
+      if (!seen.insert(s).second) fail("\"" + key + "\" lists \"" + s + "\" twice");
+      out.push_back(std::move(s));
+    }
+    return out;
+  }
+
+  int64_t count(const json& v, const std::string& key) const {
+    constexpr double kMax = 9.0e18;  // within int64, with room for sums
+    if (v.is_number_unsigned() || v.is_number_integer()) {
+      if (v.is_number_integer() && !v.is_number_unsigned() && v.get<int64_t>() < 0)
+        fail("\"" + key + "\" must be >= 0, not " + v.dump());
+      if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(kMax))
+        fail("\"" + key + "\" is too large: " + v.dump());
+      return v.get<int64_t>();
+    }
+    if (v.is_number_float()) {  // 1e8 is a float in JSON; accept it when whole
+      double d = v.get<double>();
+      if (d < 0) fail("\"" + key + "\" must be >= 0, not " + v.dump());
+      if (!std::isfinite(d) || d > kMax) fail("\"" + key + "\" is too large: " + v.dump());
+      if (d != std::floor(d)) fail("\"" + key + "\" must be a whole number, not " + v.dump());
+      return static_cast<int64_t>(d);
+    }
+    fail("\"" + key + "\" must be an integer, not " + type_of(v));
+  }
+
+  std::optional<std::string> dtype(const json& v, const std::string& key) const {
+    if (v.is_null()) return std::nullopt;
+    if (!v.is_string()) fail("\"mixed_precision." + key + "\" must be a dtype name or null, not " + type_of(v));
+    std::string s = v.get<std::string>();
+    if (s.rfind("torch.", 0) == 0) s = s.substr(6);
+    if (std::find(kDtypes.begin(), kDtypes.end(), s) == kDtypes.end()) {
+      auto near = closest(s, kDtypes, 1);
+      fail("\"mixed_precision." + key + "\" is \"" + v.get<std::string>() + "\", not a floating dtype" +
+           (near.empty() ? " (one of " + join(kDtypes) + ")" : "; did you mean \"" + near[0] + "\"?"));
+    }
+    return s;
+  }
+
+  Policy parse(const std::string& text) const {
+    json doc;
+    try {
+      doc = json::parse(text);
+    } catch (const json::parse_error& e) {
+      // nlohmann's message: "[json.exception.parse_error.101] parse error at line 3, column 5: ..."
+      std::string msg = e.what();
+      auto at = msg.find("parse error");
+      fail("invalid JSON: " + (at == std::string::npos ? msg : msg.substr(at)));
+    }
+    if (!doc.is_object()) fail("a policy must be a JSON object, not " + type_of(doc));
+    check_keys(doc, kTopKeys, "");
+
+    Policy p;
+    if (auto it = doc.find("module_classes"); it != doc.end() && !it->is_null()) {
+      p.module_classes = string_list(*it, "module_classes", true);
+      if (p.module_classes->empty())
+        fail("\"module_classes\" is empty; leave the key out to wrap by size or not at all");
+    }
+    if (auto it = doc.find("min_num_params"); it != doc.end() && !it->is_null())
+      p.min_num_params = count(*it, "min_num_params");
+    if (auto it = doc.find("force_leaf_modules"); it != doc.end() && !it->is_null()) {
+      p.force_leaf_modules = string_list(*it, "force_leaf_modules", true);
+      p.force_leaf_given = true;
+    }
+    if (auto it = doc.find("exclude_wrap_modules"); it != doc.end() && !it->is_null()) {
+      p.exclude_wrap_modules = string_list(*it, "exclude_wrap_modules", true);
+      p.exclude_wrap_given = true;
+    }
+    if (auto it = doc.find("mixed_precision"); it != doc.end() && !it->is_null()) {
+      if (!it->is_object()) fail("\"mixed_precision\" must be an object or null, not " + type_of(*it));
+      check_keys(*it, kMixedPrecisionKeys, " in \"mixed_precision\"");
+      MixedPrecision mp;
+      for (const char* key : {"param_dtype", "reduce_dtype", "buffer_dtype"}) {
+        auto f = it->find(key);
+        if (f == it->end()) continue;
+        auto d = dtype(*f, key);
+        if (std::string(key) == "param_dtype") mp.param_dtype = d;
+        if (std::string(key) == "reduce_dtype") mp.reduce_dtype = d;
+        if (std::string(key) == "buffer_dtype") mp.buffer_dtype = d;
+      }
+      if (auto f = it->find("ignore_classes"); f != it->end() && !f->is_null()) {
+        mp.ignore_classes = string_list(*f, "mixed_precision.ignore_classes", true);
+        mp.ignore_classes_given = true;
+      }
+      p.mixed_precision = std::move(mp);
+    }
+    if (auto it = doc.find("ignored_modules"); it != doc.end() && !it->is_null())
+      p.ignored_modules = string_list(*it, "ignored_modules", false);
+    if (auto it = doc.find("ignored_params"); it != doc.end() && !it->is_null())
+      p.ignored_params = string_list(*it, "ignored_params", false);
+    return p;
+  }
+
+ private:
+  std::string file_;
+};
+
+}  // namespace
+
+Policy parse_policy(const std::string& text, const std::string& file) { return Parser(file).parse(text); }
+
+Policy load_policy_file(const std::string& file) { return parse_policy(read_text_file(file), file); }
+
+nlohmann::ordered_json policy_to_json(const Policy& p) {
+  nlohmann::ordered_json out;
+  out["auto_wrap"] = p.auto_wrap();
+  out["module_classes"] = p.module_classes ? nlohmann::ordered_json(*p.module_classes) : nullptr;
+  out["min_num_params"] = p.min_num_params ? nlohmann::ordered_json(*p.min_num_params) : nullptr;
+  out["force_leaf_modules"] = p.force_leaf_modules;
+  out["exclude_wrap_modules"] = p.exclude_wrap_modules;
+  if (p.mixed_precision) {
+    const auto& mp = *p.mixed_precision;
+    auto opt = [](const std::optional<std::string>& s) { return s ? nlohmann::ordered_json(*s) : nullptr; };
+    out["mixed_precision"] = {{"param_dtype", opt(mp.param_dtype)},
+                              {"reduce_dtype", opt(mp.reduce_dtype)},
+                              {"buffer_dtype", opt(mp.buffer_dtype)},
+                              {"ignore_classes", mp.ignore_classes}};
+  } else {
+    out["mixed_precision"] = nullptr;
+  }
+  out["ignored_modules"] = p.ignored_modules;
+  out["ignored_params"] = p.ignored_params;
+  return out;
+}
+
+}  // namespace fsdp_plan

@@ -1,0 +1,44 @@
+// The auto-wrap policy as the user writes it in JSON, after validation and
+// FSDP's defaults. policies/policy.schema.json documents the format.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace fsdp_plan {
+
+struct MixedPrecision {
+  std::optional<std::string> param_dtype, reduce_dtype, buffer_dtype;
+  // Modules of these classes become their own unit and run in full precision.
+  std::vector<std::string> ignore_classes{"torch.nn.modules.batchnorm._BatchNorm"};
+  bool ignore_classes_given = false;
+};
+
+struct Policy {
+  std::optional<std::vector<std::string>> module_classes;  // ModuleWrapPolicy
+  std::optional<int64_t> min_num_params;                   // size_based_auto_wrap_policy
+  // size_based_auto_wrap_policy's FORCE_LEAF_MODULES / EXCLUDE_WRAP_MODULES.
+  std::vector<std::string> force_leaf_modules{"torch.nn.MultiheadAttention"};
+  std::vector<std::string> exclude_wrap_modules{"torch.nn.ModuleList", "torch.nn.ModuleDict"};
+  bool force_leaf_given = false, exclude_wrap_given = false;
+  std::optional<MixedPrecision> mixed_precision;
+  std::vector<std::string> ignored_modules;  // module path globs
+  std::vector<std::string> ignored_params;   // parameter path globs
+
+  // FSDP auto-wraps only when a wrapping policy is given; mixed precision
+  // alone changes no unit.
+  bool auto_wrap() const { return module_classes.has_value() || min_num_params.has_value(); }
+};
+
+// Parse and validate policy JSON text. Throws InputError naming `file`.
+Policy parse_policy(const std::string& text, const std::string& file);
+Policy load_policy_file(const std::string& file);
+
+// The effective policy, defaults filled in, as the plan reports it.
+nlohmann::ordered_json policy_to_json(const Policy& policy);
+
+}  // namespace fsdp_plan

@@ -1,0 +1,23 @@
+// Which modules the auto-wrap policy wraps: PyTorch's _recursive_wrap, run
+// with a recording wrapper as FSDP's dry-run grouping pass does.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "ignored.h"
+#include "module_tree.h"
+#include "wrap_policy.h"
+
+namespace fsdp_plan {
+
+// numel of the parameters in each module's subtree, each tensor counted once
+// (tied weights once) and ignored parameters left out: `sum(p.numel() for p
+// in module.parameters() if p not in ignored_params)`.
+std::vector<int64_t> subtree_numel(const ModuleTree& tree, const std::vector<bool>& ignored_tensor);
+
+// wrapped[m] is true for each module the policy wraps (the root only if the
+// policy itself picks it). Iterative: deep chains do not touch the C stack.
+std::vector<bool> select_wrapped(const ModuleTree& tree, const WrapPolicy& policy, const Ignored& ignored);
+
+}  // namespace fsdp_plan

@@ -1,0 +1,233 @@
+#!/usr/bin/python3
+"""Checks reference_plan.py (the oracle) on hand-built models whose plans can
+be worked out by hand from wrap.py and the seed. No fsdp-plan binary needed.
+
+    /usr/bin/python3 tests/differential/test_reference_plan.py
+"""
+import os
+import sys
+import unittest
+
+import torch
+import torch.nn as nn
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import reference_plan as rp  # noqa: E402
+
+
+def summary(plan):
+    """[(path, [param names], [buffer names], mixed_precision)]"""
+    return [(u["path"], [p["name"] for p in u["params"]], [b["name"] for b in u["buffers"]],
+             u["mixed_precision"]) for u in plan["units"]]
+
+
+def paths(plan):
+    return [u["path"] for u in plan["units"]]
+
+
+class TiedPair(nn.Module):
+    """a and b share one weight; b has its own bias."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(10, 10)
+        self.b = nn.Linear(10, 10)
+        self.b.weight = self.a.weight
+
+
+class TiedLM(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(20, 4)
+        self.body = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4))
+        self.head = nn.Linear(4, 20, bias=False)
+        self.head.weight = self.emb.weight
+
+
+class RootOwnsTied(nn.Module):
+    """The root holds a parameter directly that a wrapped child also holds."""
+
+    def __init__(self):
+        super().__init__()
+        self.child = nn.Linear(3, 3)
+        self.scale = self.child.weight  # same Parameter, registered on the root
+
+
+class Enc(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attn = nn.MultiheadAttention(8, 2)   # 4*64 + 4*8 = 288 params
+        self.ff = nn.Linear(8, 8)                 # 72 params
+
+
+class ListModel(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Linear(10, 10) for _ in range(3)])  # 110 each
+        self.bn = nn.BatchNorm1d(10)
+
+
+def recording(policy_fn, log):
+    def rec(module, recurse, unwrapped_params):
+        log.append((type(module).__name__, recurse, unwrapped_params))
+        return policy_fn(module=module, recurse=recurse, unwrapped_params=unwrapped_params)
+    return rec
+
+
+class ReferencePlanTest(unittest.TestCase):
+    def test_empty_policy_is_root_only(self):
+        m = TiedLM()
+        plan = rp.reference_plan(m, {})
+        self.assertEqual(summary(plan), [
+            ("", ["emb.weight", "body.0.weight", "body.0.bias", "body.2.weight", "body.2.bias"], [], None)])
+
+    def test_tied_weight_goes_to_first_unit_in_modules_order(self):
+        m = TiedPair()
+        plan = rp.reference_plan(m, {"module_classes": ["Linear"]})
+        self.assertEqual(summary(plan), [
+            ("", [], [], None),
+            ("a", ["a.weight", "a.bias"], [], None),
+            ("b", ["b.bias"], [], None),
+        ])
+
+    def test_tied_head_to_root_then_embedding_unit(self):
+        m = TiedLM()
+        # Only Linear wrapped: the root's DFS reaches emb.weight first; head's unit is empty.
+        plan = rp.reference_plan(m, {"module_classes": ["Linear"]})
+        self.assertEqual(summary(plan), [
+            ("", ["emb.weight"], [], None),
+            ("body.0", ["body.0.weight", "body.0.bias"], [], None),
+            ("body.2", ["body.2.weight", "body.2.bias"], [], None),
+            ("head", [], [], None),
+        ])
+        # Embedding wrapped too: it comes before head in .modules() order.
+        plan = rp.reference_plan(m, {"module_classes": ["Embedding", "Linear"]})
+        self.assertEqual(summary(plan)[1], ("emb", ["emb.weight"], [], None))
+        self.assertEqual(summary(plan)[-1], ("head", [], [], None))
+
+    def test_root_direct_param_precedes_children(self):
+        m = RootOwnsTied()
+        plan = rp.reference_plan(m, {"module_classes": ["Linear"]})
+        self.assertEqual(summary(plan), [("", ["scale"], [], None), ("child", ["child.bias"], [], None)])
+
+    def test_negative_remainder_with_tied_weights(self):
+        m = TiedPair()
+        # n(root) = 100 + 10 + 10 = 120 (tied weight once); a: 110, b: 110.
+        log = []
+        pol = rp.build_policy({"min_num_params": 110}, m)
+        ign_m, ign_p = rp.ignored_sets({}, m)
+        rp.get_fully_sharded_module_to_states(m, recording(pol, log), ign_m, ign_p)
+        self.assertIn(("TiedPair", True, 120), log)
+        self.assertIn(("TiedPair", False, 120 - 220), log)   # negative remainder
+        plan = rp.reference_plan(m, {"min_num_params": 110})
+        self.assertEqual(summary(plan), [
+            ("", [], [], None), ("a", ["a.weight", "a.bias"], [], None), ("b", ["b.bias"], [], None)])
+
+    def test_force_leaf_is_not_descended_nor_wrapped(self):
+        m = Enc()
+        # 360 >= 50: root recurses; attn (288) is a force leaf -> returns 0 and
+        # is NOT wrapped itself; ff (72) wrapped; root remainder 288 -> wrapped.
+        plan = rp.reference_plan(m, {"min_num_params": 50})
+        self.assertEqual(paths(plan), ["", "ff"])
+        self.assertEqual([p["name"] for p in plan["units"][0]["params"]],
+                         ["attn.in_proj_weight", "attn.in_proj_bias",
+                          "attn.out_proj.weight", "attn.out_proj.bias"])
+        # Without force leaves, attn's out_proj (72) and then attn's remainder (216) are wrapped.
+        plan = rp.reference_plan(m, {"min_num_params": 50, "force_leaf_modules": []})
+        self.assertEqual(paths(plan), ["", "attn", "attn.out_proj", "ff"])
+        self.assertEqual(summary(plan)[0], ("", [], [], None))
+
+    def test_module_classes_override_force_leaf(self):
+        m = Enc()
+        # _or_policy: the class policy always recurses, so the force leaf no longer stops descent.
+        plan = rp.reference_plan(m, {"min_num_params": 10 ** 9, "module_classes": ["torch.nn.Linear"]})
+        self.assertEqual(paths(plan), ["", "attn.out_proj", "ff"])  # NonDynamicallyQuantizableLinear is a Linear
+
+    def test_exclude_wrap_modules(self):
+        m = ListModel()  # layers: 330, bn: 20
+        plan = rp.reference_plan(m, {"min_num_params": 200})
+        self.assertEqual(paths(plan), [""])  # ModuleList excluded; children too small
+        plan = rp.reference_plan(m, {"min_num_params": 200, "exclude_wrap_modules": []})
+        self.assertEqual(paths(plan), ["", "layers"])
+        self.assertEqual(summary(plan)[0], ("", ["bn.weight", "bn.bias"],
+                                            ["bn.running_mean", "bn.running_var", "bn.num_batches_tracked"], None))
+
+    def test_class_name_resolution(self):
+        m = ListModel()
+        names = lambda spec: {c.__name__ for c in rp.resolve_classes(spec, m)}  # noqa: E731
+        self.assertIn("Linear", names(["torch.nn.Linear"]))
+        self.assertIn("_BatchNorm", names(["torch.nn.modules.batchnorm._BatchNorm"]))
+        self.assertEqual(names(["nn.Linear"]), set())          # prefix must be the module path's start
+        self.assertEqual(names(["torch.nn.linear.Linear"]), set())
+        self.assertEqual(names(["NoSuchClass"]), set())
+        plan = rp.reference_plan(m, {"module_classes": ["_BatchNorm"]})
+        self.assertEqual(paths(plan), ["", "bn"])
+
+    def test_mixed_precision(self):
+        m = ListModel()
+        # MP alone: no auto-wrap policy, root only.
+        plan = rp.reference_plan(m, {"mixed_precision": {"param_dtype": "bfloat16"}})
+        self.assertEqual(paths(plan), [""])
+        self.assertEqual(plan["units"][0]["mixed_precision"], True)
+        # With another policy: every _BatchNorm is its own unit with MP off.
+        plan = rp.reference_plan(m, {"min_num_params": 10 ** 9, "mixed_precision": {}})
+        self.assertEqual([(u["path"], u["mixed_precision"]) for u in plan["units"]],
+                         [("", True), ("bn", False)])
+        plan = rp.reference_plan(m, {"module_classes": ["Linear"],
+                                     "mixed_precision": {"ignore_classes": ["Linear"]}})
+        self.assertEqual([(u["path"], u["mixed_precision"]) for u in plan["units"]],
+                         [("", True), ("layers.0", False), ("layers.1", False), ("layers.2", False)])
+
+    def test_ignored_modules_and_params(self):
+        m = ListModel()
+        plan = rp.reference_plan(m, {"module_classes": ["Linear"], "ignored_modules": ["layers.1", "bn"]})
+        # Ignored modules are not wrapped; their params are owned by nobody;
+        # their buffers are still grouped (the seed does not filter buffers).
+        self.assertEqual(summary(plan), [
+            ("", [], ["bn.running_mean", "bn.running_var", "bn.num_batches_tracked"], None),
+            ("layers.0", ["layers.0.weight", "layers.0.bias"], [], None),
+            ("layers.2", ["layers.2.weight", "layers.2.bias"], [], None),
+        ])
+        plan = rp.reference_plan(m, {"module_classes": ["Linear"], "ignored_params": ["*.bias"]})
+        self.assertEqual(summary(plan)[0][1], ["bn.weight"])
+        self.assertEqual(summary(plan)[1][1], ["layers.0.weight"])
+        # `*` crosses dots; globs are anchored at both ends.
+        plan = rp.reference_plan(m, {"ignored_modules": ["lay*"]})
+        self.assertEqual(summary(plan)[0][1], ["bn.weight", "bn.bias"])
+        plan = rp.reference_plan(m, {"ignored_params": ["layers"]})
+        self.assertEqual(len(summary(plan)[0][1]), 8)
+
+    def test_ignored_params_reduce_counts(self):
+        m = ListModel()
+        # Ignoring weights leaves 10 per Linear: none reaches 50, so nothing but the root.
+        plan = rp.reference_plan(m, {"min_num_params": 50, "ignored_params": ["layers.*.weight"],
+                                     "exclude_wrap_modules": []})
+        self.assertEqual(paths(plan), [""])
+        plan = rp.reference_plan(m, {"min_num_params": 50, "exclude_wrap_modules": []})
+        self.assertEqual(paths(plan), ["", "layers.0", "layers.1", "layers.2"])
+
+    def test_ignored_tied_param_via_module(self):
+        m = TiedLM()
+        # Ignoring head ignores its (tied) weight, so emb.weight is owned by nobody.
+        plan = rp.reference_plan(m, {"ignored_modules": ["head"]})
+        self.assertEqual(summary(plan)[0][1], ["body.0.weight", "body.0.bias", "body.2.weight", "body.2.bias"])
+
+    def test_sample_models_script_to_same_tree(self):
+        import tempfile
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "sample_models"))
+        import models
+        for name in models.SAMPLE_MODELS:
+            eager = models.build(name)
+            with tempfile.TemporaryDirectory() as d:
+                p = os.path.join(d, name + ".pt")
+                torch.jit.save(torch.jit.script(eager), p)
+                loaded = torch.jit.load(p)
+            self.assertEqual([n for n, _ in eager.named_modules()], [n for n, _ in loaded.named_modules()], name)
+            self.assertEqual([(n, tuple(t.shape)) for n, t in eager.named_parameters()],
+                             [(n, tuple(t.shape)) for n, t in loaded.named_parameters()], name)
+            self.assertEqual([(n, tuple(t.shape)) for n, t in eager.named_buffers()],
+                             [(n, tuple(t.shape)) for n, t in loaded.named_buffers()], name)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
