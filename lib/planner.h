@@ -10,5 +10,7 @@ namespace fsdp_plan {
 
 // `tree` must outlive the plan. `model_path` is only reported.
 Plan make_plan(const ModuleTree& tree, const Policy& policy, const std::string& model_path);
+// The plan points into the tree: planning a temporary would leave it dangling.
+Plan make_plan(ModuleTree&& tree, const Policy& policy, const std::string& model_path) = delete;
 
 }  // namespace fsdp_plan

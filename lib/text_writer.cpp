@@ -56,6 +56,25 @@ std::string percent(int64_t part, int64_t whole) {
   return buf;
 }
 
+// Word-wraps `text` to `width` columns; lines after the first start with `indent`.
+std::string wrap(const std::string& text, size_t width, const std::string& indent) {
+  std::string out, line;
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t end = text.find(' ', pos);
+    if (end == std::string::npos) end = text.size();
+    std::string word = text.substr(pos, end - pos);
+    if (!line.empty() && line.size() + 1 + word.size() > width) {
+      out += line + "\n";
+      line = indent;
+    }
+    if (!line.empty() && line != indent) line += ' ';
+    line += word;
+    pos = end + 1;
+  }
+  return out + line + "\n";
+}
+
 }  // namespace
 
 std::string plan_to_text(const Plan& plan) {
@@ -65,7 +84,7 @@ std::string plan_to_text(const Plan& plan) {
   out += "model   " + m.path + "  (" + m.root_class + ", " + std::to_string(m.num_modules) + " modules)\n";
   out += "params  " + format_count(m.param_numel) + " (" + format_bytes(m.param_bytes) + "), buffers " +
          format_count(m.buffer_numel) + " (" + format_bytes(m.buffer_bytes) + ")\n";
-  out += "policy  " + describe_policy(plan.policy) + "\n\n";
+  out += wrap("policy  " + describe_policy(plan.policy), 100, std::string(8, ' ')) + "\n";
 
   out += pad("#", 4, true) + "  " + pad("unit", kUnitWidth) + "  " + pad("class", kClassWidth) + pad("params", 8, true) +
          pad("size", 11, true) + pad("buffers", 11, true) + pad("mp", 4, true) + "\n";
@@ -98,7 +117,7 @@ std::string plan_to_text(const Plan& plan) {
   if (!plan.warnings.empty()) {
     out += "\n";
     for (const auto& w : plan.warnings)
-      out += pad(severity_name(w.severity), 8) + w.kind + ": " + w.message + "\n";
+      out += wrap(pad(severity_name(w.severity), 8) + w.kind + ": " + w.message, 100, std::string(10, ' '));
   }
   return out;
 }

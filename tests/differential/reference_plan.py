@@ -58,10 +58,12 @@ DEFAULT_FORCE_LEAF = ["MultiheadAttention"]
 DEFAULT_EXCLUDE_WRAP = ["ModuleList", "ModuleDict"]
 DEFAULT_MP_IGNORE = ["_BatchNorm"]
 
-# How `ignored_params` globs see tied parameters. "canonical": a parameter is
-# matched by its first name in named_parameters() order only (the name that
-# `named_parameters()` reports). "any": matched if any of its names matches.
-IGNORED_PARAMS_NAMES = "canonical"
+# How `ignored_params` globs see tied parameters (the policy JSON is ours, not
+# PyTorch's, so this is a project decision): "any": a parameter is ignored if
+# any of its names (every module path that reaches it) matches -- what
+# fsdp-plan does ("a tied tensor is one parameter"); "canonical": only its
+# first name in named_parameters() order counts.
+IGNORED_PARAMS_NAMES = "any"
 
 
 class PolicyError(ValueError):

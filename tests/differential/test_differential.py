@@ -110,6 +110,10 @@ CASES: Dict[str, Tuple[Callable[[], nn.Module], Dict[str, Dict[str, Any]]]] = {
         "tied_linear_embedding": {"module_classes": ["Linear", "Embedding"]},
         "tied_linear_only": {"module_classes": ["torch.nn.Linear"]},
         "tied_head_ignored": {"module_classes": ["Block"], "ignored_modules": ["lm_head"]},
+        # `lm_head.weight` is the tied tensor's second name (named_parameters()
+        # reports it as tok_emb.weight); a glob on any name of a tied tensor
+        # ignores the tensor (reference_plan.IGNORED_PARAMS_NAMES).
+        "tied_alias_glob": {"module_classes": ["Block"], "ignored_params": ["lm_head.weight"]},
         "mp_only": {"mixed_precision": MP},
         "blocks_mp_ln": {"module_classes": ["Block"],
                          "mixed_precision": dict(MP, ignore_classes=["LayerNorm"])},
@@ -124,8 +128,10 @@ CASES: Dict[str, Tuple[Callable[[], nn.Module], Dict[str, Dict[str, Any]]]] = {
         "blocks": {"module_classes": ["ConvBNReLU"]},
         "size_3e4": {"min_num_params": 30000},
         "size_1e4": {"min_num_params": 10000},
-        "exclude_sequential": {"min_num_params": 20000,
-                               "exclude_wrap_modules": ["torch.nn.Sequential"]},
+        # head (9866) wraps as a whole at 9000 unless Sequential is excluded.
+        "size_9e3": {"min_num_params": 9000},
+        "size_9e3_exclude_sequential": {"min_num_params": 9000,
+                                        "exclude_wrap_modules": ["torch.nn.Sequential", "ModuleList"]},
         "batchnorm_base": {"module_classes": ["_BatchNorm"]},
         "conv_base": {"module_classes": ["torch.nn.modules.conv._ConvNd"]},
         "mp_only": {"mixed_precision": MP},
@@ -140,7 +146,9 @@ CASES: Dict[str, Tuple[Callable[[], nn.Module], Dict[str, Dict[str, Any]]]] = {
         # MHA (16640) is a force leaf: neither descended into nor wrapped.
         "size_5e3_forceleaf": {"min_num_params": 5000},
         "size_4e3_noleaf": {"min_num_params": 4000, "force_leaf_modules": []},
-        "size_500_moduledict": {"min_num_params": 500},
+        # heads (ModuleDict, 585) is above 550, each head below: excluded by default.
+        "size_550_moduledict": {"min_num_params": 550},
+        "size_550_noexclude": {"min_num_params": 550, "exclude_wrap_modules": []},
         "linear_base": {"module_classes": ["torch.nn.Linear"]},
         "linear_plus_size": {"module_classes": ["Linear"], "min_num_params": 10 ** 9},
         "layers_mp_ln": {"module_classes": ["TransformerEncoderLayer"],
@@ -246,6 +254,7 @@ def compare_plans(expected: Dict[str, Any], actual: Dict[str, Any]) -> List[str]
     for kind, label in (("params", "param"), ("buffers", "buffer")):
         aloc = where(aunits, kind)
         eloc = where(eunits, kind)
+        later: List[str] = []
         for ei, eu in enumerate(eunits):
             if eu["path"] not in aby_path:
                 continue
@@ -267,7 +276,7 @@ def compare_plans(expected: Dict[str, Any], actual: Dict[str, Any]) -> List[str]
                 if n not in enames:
                     if n in eloc:
                         j, p = eloc[n]
-                        msgs.append(f"{tag}: plan puts {label} {n!r} here, PyTorch puts it in unit {j} {p!r}")
+                        later.append(f"{tag}: plan puts {label} {n!r} here, PyTorch puts it in unit {j} {p!r}")
                     else:
                         msgs.append(f"{tag}: plan has {label} {n!r}, which PyTorch assigns to no unit")
             common_e = [n for n in enames if n in anames]
@@ -284,6 +293,7 @@ def compare_plans(expected: Dict[str, Any], actual: Dict[str, Any]) -> List[str]
                     msgs.append(f"{tag}: {label} expected {_tensor_desc(t)}, plan has {_tensor_desc(a)}")
                 elif "numel" in a and a["numel"] != t["numel"]:
                     msgs.append(f"{tag}: {label} {t['name']!r} numel expected {t['numel']}, plan has {a['numel']}")
+        msgs.extend(later)
     for ei, eu in enumerate(eunits):
         if eu["path"] not in aby_path:
             continue

@@ -1,0 +1,165 @@
+// Which unit owns what: the seed's _get_fully_sharded_module_to_states (SEMANTICS.md section 2).
+#include <doctest/doctest.h>
+
+#include "tree_builder.h"
+
+using namespace fsdp_plan;
+using namespace fsdp_plan::test;
+
+namespace {
+
+// tok (Embedding), blocks.{0,1} (Block: ln, fc), head (Linear sharing tok's weight).
+TreeBuilder gpt() {
+  TreeBuilder b("__torch__.GPT");
+  b.add("tok", "Embedding");
+  TensorId w = b.param("tok", "weight", {100, 8});
+  b.add("blocks", "ModuleList");
+  for (const char* i : {"0", "1"}) {
+    std::string p = std::string("blocks.") + i;
+    b.add(p, "Block").add(p + ".ln", "LayerNorm");
+    b.param(p + ".ln", "weight", {8});
+    b.param(p + ".ln", "bias", {8});
+    b.linear(p + ".fc", 8, 8);
+  }
+  b.add("head", "Linear");
+  b.tie("head", "weight", w);
+  return b;
+}
+}  // namespace
+
+TEST_CASE("units own their subtree minus wrapped descendants, in pre-order") {
+  auto b = gpt();
+  auto plan = plan_of(b, R"({"module_classes": ["Block"]})");
+  CHECK(unit_paths(plan) == Names{"", "blocks.0", "blocks.1"});
+  CHECK(param_names(plan, 0) == Names{"tok.weight"});  // head.weight is the same tensor
+  CHECK(param_names(plan, 1) ==
+        Names{"blocks.0.ln.weight", "blocks.0.ln.bias", "blocks.0.fc.weight", "blocks.0.fc.bias"});
+  CHECK(plan.units[0].param_numel == 800);
+  CHECK(plan.units[1].param_numel == 8 + 8 + 64 + 8);
+  CHECK(plan.units[1].param_bytes == 4 * (8 + 8 + 64 + 8));
+  CHECK(plan.model.param_numel == 800 + 2 * 88);
+  CHECK(count_warnings(plan, "shared_param_across_units") == 0);  // both uses sit in the root unit
+}
+
+TEST_CASE("a tied tensor goes to the first unit in module order that reaches it") {
+  // The embedding sits in a wrapped unit, the head in the root: the root comes first.
+  TreeBuilder b;
+  b.add("emb_block", "Block").add("emb_block.emb", "Embedding");
+  TensorId w = b.param("emb_block.emb", "weight", {10, 4});
+  b.add("head", "Linear");
+  b.tie("head", "weight", w);
+  auto plan = plan_of(b, R"({"module_classes": ["Block"]})");
+  CHECK(unit_paths(plan) == Names{"", "emb_block"});
+  CHECK(param_names(plan, 0) == Names{"head.weight"});
+  CHECK(param_names(plan, 1).empty());
+  const Warning* shared = find_warning(plan, "shared_param_across_units");
+  REQUIRE(shared);
+  CHECK(shared->params == Names{"emb_block.emb.weight", "head.weight"});
+  const Warning* empty = find_warning(plan, "empty_unit");
+  REQUIRE(empty);
+  CHECK(empty->modules == Names{"emb_block"});
+  CHECK(empty->severity == Severity::Warning);
+
+  // Between two wrapped siblings, the earlier one owns it.
+  auto both = plan_of(b, R"({"module_classes": ["Block", "Linear"]})");
+  CHECK(unit_paths(both) == Names{"", "emb_block", "head"});
+  CHECK(param_names(both, 1) == Names{"emb_block.emb.weight"});
+  CHECK(param_names(both, 2).empty());
+}
+
+TEST_CASE("every parameter and buffer is owned exactly once") {
+  auto b = gpt();
+  b.buffer("blocks.1.ln", "stat", {3});
+  TensorId shared_buf = b.buffer("blocks.0", "mask", {4, 4});
+  b.tree.add_buffer(b.id("blocks.1"), "mask", shared_buf);
+  auto plan = plan_of(b, R"({"module_classes": ["Block", "Linear", "LayerNorm"]})");
+  std::vector<int> owners(b.tree.num_tensors(), 0);
+  for (const auto& u : plan.units) {
+    for (const auto& o : u.params) ++owners[static_cast<size_t>(o.tensor)];
+    for (const auto& o : u.buffers) ++owners[static_cast<size_t>(o.tensor)];
+  }
+  for (int n : owners) CHECK(n == 1);
+  CHECK(buffer_names(plan, 1) == Names{"blocks.0.mask"});
+}
+
+TEST_CASE("ignored modules: not wrapped, parameters owned by no unit, buffers still grouped") {
+  TreeBuilder b;
+  b.linear("a", 2, 2);
+  b.add("b", "Block").linear("b.fc", 2, 2).add("b.bn", "BatchNorm1d");
+  b.param("b.bn", "weight", {2});
+  b.buffer("b.bn", "running_mean", {2});
+  auto plan = plan_of(b, R"({"module_classes": ["Linear", "BatchNorm1d"], "ignored_modules": ["b"]})");
+  CHECK(unit_paths(plan) == Names{"", "a"});
+  CHECK(param_names(plan, 0).empty());
+  CHECK(buffer_names(plan, 0) == Names{"b.bn.running_mean"});
+  CHECK(plan.model.param_numel == 6 + 6 + 2);  // the model's totals still count them
+
+  auto by_param = plan_of(b, R"({"module_classes": ["Linear"], "ignored_params": ["*.bias"]})");
+  CHECK(unit_paths(by_param) == Names{"", "a", "b.fc"});
+  CHECK(param_names(by_param, 1) == Names{"a.weight"});
+  CHECK(param_names(by_param, 0) == Names{"b.bn.weight"});
+}
+
+TEST_CASE("ignore globs that match nothing, and an ignored root, are reported") {
+  TreeBuilder b;
+  b.linear("a", 2, 2);
+  auto plan = plan_of(b, R"({"ignored_modules": ["nope.*"], "ignored_params": ["*.gamma"]})");
+  CHECK(count_warnings(plan, "unmatched_ignore") == 2);
+  auto all = plan_of(b, R"({"ignored_modules": ["*"]})");
+  CHECK(find_warning(all, "ignored_root"));
+  CHECK(param_names(all, 0).empty());
+}
+
+TEST_CASE("mixed precision: ignore classes become units of their own, without mixed precision") {
+  TreeBuilder b;
+  b.add("conv", "Conv2d");
+  b.param("conv", "weight", {4, 3, 3, 3});
+  b.add("bn", "BatchNorm2d");
+  b.param("bn", "weight", {4});
+  b.buffer("bn", "running_mean", {4});
+  b.linear("fc", 4, 2);
+  auto plan = plan_of(b, R"({"module_classes": ["Linear"], "mixed_precision": {"param_dtype": "bfloat16"}})");
+  CHECK(unit_paths(plan) == Names{"", "bn", "fc"});
+  CHECK(plan.units[0].mixed_precision == true);
+  CHECK(plan.units[1].mixed_precision == false);
+  CHECK(plan.units[2].mixed_precision == true);
+  const Warning* w = find_warning(plan, "mixed_precision_override");
+  REQUIRE(w);
+  CHECK(w->classes == Names{"BatchNorm2d"});
+  CHECK(w->modules == Names{"bn"});
+
+  // Mixed precision alone auto-wraps nothing, so nothing is overridden.
+  auto alone = plan_of(b, R"({"mixed_precision": {"param_dtype": "bfloat16"}})");
+  CHECK(unit_paths(alone) == Names{""});
+  CHECK(alone.units[0].mixed_precision == true);
+  CHECK_FALSE(find_warning(alone, "mixed_precision_override"));
+
+  // No mixed precision: null per unit.
+  CHECK_FALSE(plan_of(b, R"({"module_classes": ["Linear"]})").units[0].mixed_precision.has_value());
+
+  // Its OR part always recurses, so even a size policy that wraps nothing reaches bn.
+  auto sized = plan_of(b, R"({"min_num_params": 100000, "mixed_precision": {"ignore_classes": ["_BatchNorm"]}})");
+  CHECK(unit_paths(sized) == Names{"", "bn"});
+}
+
+TEST_CASE("a 100,000-deep chain and a 100,000-wide module plan without recursion") {
+  TreeBuilder deep;
+  ModuleId parent = 0;
+  for (int i = 0; i < 100000; ++i) {
+    parent = deep.tree.add_module(parent, "c", i % 2 ? "__torch__.Block" : "__torch__.Other");
+    deep.tree.add_param(parent, "w", deep.tree.add_tensor({{2}, "float32", 4}));
+  }
+  auto plan = plan_of(deep, R"({"module_classes": ["Block"], "min_num_params": 1})");
+  CHECK(plan.units.size() == 100001);
+  CHECK(plan.units.back().depth == 100000);
+  CHECK(plan.model.param_numel == 200000);
+
+  TreeBuilder wide;
+  for (int i = 0; i < 100000; ++i) {
+    ModuleId m = wide.tree.add_module(0, std::to_string(i), "__torch__.Block");
+    wide.tree.add_param(m, "w", wide.tree.add_tensor({{3}, "float32", 4}));
+  }
+  auto wplan = plan_of(wide, R"({"module_classes": ["Block"]})");
+  CHECK(wplan.units.size() == 100001);
+  CHECK(param_names(wplan, 100000) == Names{"99999.w"});
+}

@@ -1,0 +1,67 @@
+#include <doctest/doctest.h>
+
+#include "errors.h"
+#include "policy.h"
+
+using namespace fsdp_plan;
+
+namespace {
+std::string error_of(const std::string& json) {
+  try {
+    parse_policy(json, "p.json");
+  } catch (const InputError& e) {
+    CHECK(e.file() == "p.json");
+    return e.what();
+  }
+  return "";
+}
+}  // namespace
+
+TEST_CASE("an empty policy auto-wraps nothing and has FSDP's defaults") {
+  Policy p = parse_policy("{}", "p.json");
+  CHECK_FALSE(p.auto_wrap());
+  CHECK(p.force_leaf_modules == std::vector<std::string>{"torch.nn.MultiheadAttention"});
+  CHECK(p.exclude_wrap_modules == std::vector<std::string>{"torch.nn.ModuleList", "torch.nn.ModuleDict"});
+  CHECK_FALSE(p.mixed_precision.has_value());
+}
+
+TEST_CASE("a full policy parses") {
+  Policy p = parse_policy(R"({
+    "module_classes": ["Block", "torch.nn.TransformerEncoderLayer"],
+    "min_num_params": 1e8,
+    "force_leaf_modules": [],
+    "mixed_precision": {"param_dtype": "torch.bfloat16", "reduce_dtype": "float32", "buffer_dtype": null},
+    "ignored_modules": ["blocks.0"],
+    "ignored_params": ["*.bias"]
+  })", "p.json");
+  CHECK(p.auto_wrap());
+  CHECK(p.module_classes->size() == 2);
+  CHECK(*p.min_num_params == 100000000);
+  CHECK(p.force_leaf_modules.empty());
+  CHECK(p.force_leaf_given);
+  REQUIRE(p.mixed_precision.has_value());
+  CHECK(*p.mixed_precision->param_dtype == "bfloat16");
+  CHECK_FALSE(p.mixed_precision->buffer_dtype.has_value());
+  CHECK(p.mixed_precision->ignore_classes == std::vector<std::string>{"torch.nn.modules.batchnorm._BatchNorm"});
+  CHECK(p.ignored_params == std::vector<std::string>{"*.bias"});
+  CHECK_FALSE(parse_policy(R"({"mixed_precision": null})", "p").mixed_precision.has_value());
+}
+
+TEST_CASE("policy errors name the problem") {
+  CHECK(error_of("{\n  \"min_num_params\": 5,\n}").find("line 3, column 1") != std::string::npos);
+  CHECK(error_of("{\"min_num_param\": 5}") == "unknown key \"min_num_param\"; did you mean \"min_num_params\"?");
+  CHECK(error_of("{\"mixed_precision\": {\"param_dtyp\": \"bfloat16\"}}").find("did you mean \"param_dtype\"") !=
+        std::string::npos);
+  CHECK(error_of("{\"min_num_params\": -1}") == "\"min_num_params\" must be >= 0, not -1");
+  CHECK(error_of("{\"min_num_params\": 1.5}") == "\"min_num_params\" must be a whole number, not 1.5");
+  CHECK(error_of("{\"min_num_params\": 1e30}").find("too large") != std::string::npos);
+  CHECK(error_of("{\"min_num_params\": \"100\"}") == "\"min_num_params\" must be an integer, not a string");
+  CHECK(error_of("{\"module_classes\": \"Block\"}") == "\"module_classes\" must be a list of strings, not a string");
+  CHECK(error_of("{\"module_classes\": []}").find("is empty") != std::string::npos);
+  CHECK(error_of("{\"module_classes\": [\"A\", \"A\"]}") == "\"module_classes\" lists \"A\" twice");
+  CHECK(error_of("{\"module_classes\": [1]}").find("holds an integer") != std::string::npos);
+  CHECK(error_of("[]") == "a policy must be a JSON object, not a list");
+  CHECK(error_of("{\"mixed_precision\": {\"param_dtype\": \"bf16\"}}").find("not a floating dtype") !=
+        std::string::npos);
+  CHECK(error_of("{\"ignored_modules\": [\"\"]}") == "\"ignored_modules\" holds an empty string");
+}
