@@ -155,11 +155,52 @@ class MHAEncoder(nn.Module):
         return {"cls": self.heads["cls"](pooled), "aux": self.heads["aux"](pooled)}
 
 
+# --------------------------------------------------------------------------
+# tied_trunk: tensors shared across units at several levels, so that
+# _recursive_wrap's remainder goes negative below the root, plus non-float32
+# dtypes and a 0-dim buffer.
+# --------------------------------------------------------------------------
+class Trunk(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(3000))  # own parameter, next to children
+        self.enc = nn.Embedding(100, 50)               # 5000
+        self.dec = nn.Linear(50, 100, bias=False)      # 5000, tied to enc.weight
+        self.dec.weight = self.enc.weight
+        self.extra = nn.Linear(50, 50)                 # 2550
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        h = self.extra(self.enc(idx)) * self.scale[:50]
+        return self.dec(h)
+
+
+class TiedTrunk(nn.Module):
+    """With min_num_params=2000, Trunk counts 3000 + 5000 + 2550 = 10550 but its
+    children report 5000 + 5000 + 2550 wrapped, so its remainder is -2000 and it
+    is not wrapped (counting the tied weight once would give 3000 and wrap it)."""
+
+    def __init__(self):
+        super().__init__()
+        self.trunk = Trunk()
+        self.norm = nn.LayerNorm(100)
+        self.out = nn.Linear(100, 10).to(torch.float64)
+        # Registered on the root and tied to a grandchild's parameter.
+        self.proj = self.trunk.extra.weight
+        self.register_buffer("table", torch.arange(16, dtype=torch.float32).to(torch.bfloat16).view(4, 4))
+        self.register_buffer("steps", torch.zeros((), dtype=torch.int64))
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        h = self.norm(self.trunk(idx))
+        h = h + self.proj.sum() + self.table.float().sum() + self.steps.float()
+        return self.out(h.double())
+
+
 # name -> (constructor, example input builder); seeds fixed per model.
 SAMPLE_MODELS = {
     "tiny_gpt": (TinyGPT, lambda: torch.randint(0, 512, (2, 16))),
     "small_cnn": (SmallCNN, lambda: torch.randn(2, 3, 32, 32)),
     "mha_encoder": (MHAEncoder, lambda: torch.randint(0, 256, (2, 12))),
+    "tied_trunk": (TiedTrunk, lambda: torch.randint(0, 100, (2, 5))),
 }
 
 SEED = 0

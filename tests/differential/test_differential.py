@@ -119,6 +119,8 @@ CASES: Dict[str, Tuple[Callable[[], nn.Module], Dict[str, Dict[str, Any]]]] = {
                          "mixed_precision": dict(MP, ignore_classes=["LayerNorm"])},
         "ignored_globs": {"module_classes": ["Block"], "ignored_modules": ["blocks.*.mlp"],
                           "ignored_params": ["*.bias"]},
+        "ignore_whole_block": {"module_classes": ["Block"], "ignored_modules": ["blocks.1"]},
+        "all_modules": {"module_classes": ["Module"]},
         "combo": {"module_classes": ["models.Block"], "min_num_params": 30000,
                   "mixed_precision": dict(MP, ignore_classes=["torch.nn.LayerNorm"]),
                   "ignored_params": ["pos_emb.*"], "ignored_modules": ["blocks.2.attn"]},
@@ -138,6 +140,10 @@ CASES: Dict[str, Tuple[Callable[[], nn.Module], Dict[str, Dict[str, Any]]]] = {
         "size_mp": {"min_num_params": 30000, "mixed_precision": MP},
         "ignored": {"module_classes": ["ConvBNReLU"], "ignored_modules": ["stage2.1", "head"],
                     "ignored_params": ["stem.*"]},
+        # stem.bn is ignored: not a unit even though mixed precision wraps _BatchNorm.
+        "size_mp_ignored_bn": {"min_num_params": 30000, "mixed_precision": MP,
+                               "ignored_modules": ["stem"]},
+        "size_0": {"min_num_params": 0},
     }),
     "mha_encoder": (sample("mha_encoder"), {
         "empty": {},
@@ -156,6 +162,20 @@ CASES: Dict[str, Tuple[Callable[[], nn.Module], Dict[str, Dict[str, Any]]]] = {
         "ignored": {"module_classes": ["TransformerEncoderLayer"],
                     "ignored_modules": ["encoder.layers.1.self_attn"],
                     "ignored_params": ["*in_proj*", "heads.*"]},
+    }),
+    "tied_trunk": (sample("tied_trunk"), {
+        "empty": {},
+        # trunk's remainder is 10550 - 12550 = -2000: not wrapped.
+        "size_2e3_negative_remainder": {"min_num_params": 2000},
+        "size_0": {"min_num_params": 0},
+        # root's own `proj` is trunk.extra.weight: the root unit claims it first.
+        "linear": {"module_classes": ["Linear"]},
+        "trunk_and_linear": {"module_classes": ["Trunk", "Linear"]},
+        "all_modules": {"module_classes": ["torch.nn.Module"]},
+        "ignore_dec_alias": {"module_classes": ["Trunk"], "ignored_params": ["trunk.dec.weight"]},
+        "ignore_dec_module": {"module_classes": ["Linear"], "ignored_modules": ["trunk.dec"]},
+        "root_class_mp": {"module_classes": ["Linear"],
+                          "mixed_precision": {"ignore_classes": ["TiedTrunk", "Embedding"]}},
     }),
     "resnet18": (tv(tv_resnet18), {
         "empty": {},
