@@ -212,6 +212,26 @@ class ReferencePlanTest(unittest.TestCase):
         plan = rp.reference_plan(m, {"ignored_modules": ["head"]})
         self.assertEqual(summary(plan)[0][1], ["body.0.weight", "body.0.bias", "body.2.weight", "body.2.bias"])
 
+    def test_tied_trunk_negative_remainder_below_root(self):
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "sample_models"))
+        import models
+        m = models.build("tied_trunk")
+        log = []
+        pol = rp.build_policy({"min_num_params": 2000}, m)
+        rp.get_fully_sharded_module_to_states(m, recording(pol, log), set(), set())
+        self.assertIn(("Trunk", True, 10550), log)
+        self.assertIn(("Trunk", False, -2000), log)
+        plan = rp.reference_plan(m, {"min_num_params": 2000})
+        self.assertEqual(summary(plan), [
+            ("", ["proj", "trunk.scale", "norm.weight", "norm.bias", "out.weight", "out.bias"], ["table", "steps"], None),
+            ("trunk.enc", ["trunk.enc.weight"], [], None),
+            ("trunk.dec", [], [], None),
+            ("trunk.extra", ["trunk.extra.bias"], [], None),
+        ])
+        self.assertEqual([p["dtype"] for p in plan["units"][0]["params"]][-2:], ["float64", "float64"])
+        self.assertEqual([(b["shape"], b["dtype"]) for b in plan["units"][0]["buffers"]],
+                         [([4, 4], "bfloat16"), ([], "int64")])
+
     def test_sample_models_script_to_same_tree(self):
         import tempfile
         sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "sample_models"))
@@ -227,6 +247,63 @@ class ReferencePlanTest(unittest.TestCase):
                              [(n, tuple(t.shape)) for n, t in loaded.named_parameters()], name)
             self.assertEqual([(n, tuple(t.shape)) for n, t in eager.named_buffers()],
                              [(n, tuple(t.shape)) for n, t in loaded.named_buffers()], name)
+
+
+class CompareTest(unittest.TestCase):
+    """test_differential.compare_plans reports each kind of difference."""
+
+    def setUp(self):
+        import copy
+        import test_differential as td
+        self.td = td
+        self.expected = rp.reference_plan(TiedLM(), {"module_classes": ["Linear"], "mixed_precision": {}})
+        self.copy = lambda: copy.deepcopy(self.expected)
+
+    def diff(self, actual):
+        return self.td.compare_plans(self.expected, actual)
+
+    def test_equal(self):
+        self.assertEqual(self.diff(self.copy()), [])
+
+    def test_moved_param(self):
+        a = self.copy()
+        a["units"][0]["params"].append(a["units"][1]["params"].pop(0))
+        d = self.diff(a)
+        self.assertEqual(d[0], "unit 1 'body.0': param 'body.0.weight' expected in this unit, plan has it in unit 0 ''")
+
+    def test_missing_extra_and_reordered_units(self):
+        a = self.copy()
+        a["units"].pop(1)
+        self.assertIn("units missing from the plan: ['body.0']", self.diff(a))
+        a = self.copy()
+        a["units"].append(dict(a["units"][-1], path="extra", params=[], buffers=[]))
+        self.assertIn("units in the plan that PyTorch does not make: ['extra']", self.diff(a))
+        a = self.copy()
+        a["units"][1], a["units"][2] = a["units"][2], a["units"][1]
+        self.assertIn("unit order differs at unit 1: expected 'body.0', plan has 'body.2'", self.diff(a))
+
+    def test_order_shape_dtype_mp_class(self):
+        a = self.copy()
+        a["units"][1]["params"].reverse()
+        self.assertIn("order differs", self.diff(a)[0])
+        a = self.copy()
+        a["units"][1]["params"][0]["dtype"] = "bfloat16"
+        self.assertIn("param expected 'body.0.weight' [4, 4] float32, plan has 'body.0.weight' [4, 4] bfloat16",
+                      self.diff(a)[0])
+        a = self.copy()
+        a["units"][2]["mixed_precision"] = False
+        self.assertEqual(self.diff(a), ["unit 2 'body.2': mixed_precision expected true, plan has false"])
+        a = self.copy()
+        a["units"][0]["class"] = "Other"
+        self.assertEqual(self.diff(a), ["unit 0 '': class expected 'TiedLM', plan has 'Other'"])
+
+    def test_unowned_and_foreign_tensor(self):
+        a = self.copy()
+        a["units"][0]["params"] = []
+        self.assertEqual(self.diff(a), ["unit 0 '': param 'emb.weight' expected in this unit, plan has it in no unit"])
+        a = self.copy()
+        a["units"][3]["params"].append({"name": "head.weight", "shape": [20, 4], "dtype": "float32", "numel": 80})
+        self.assertEqual(self.diff(a), ["unit 3 'head': plan has param 'head.weight', which PyTorch assigns to no unit"])
 
 
 if __name__ == "__main__":
