@@ -11,11 +11,13 @@
 
 #include <chrono>
 #include <iostream>
+#include <optional>
 
 #include "errors.h"
 #include "file_io.h"
 #include "json_writer.h"
 #include "loaders/loader.h"
+#include "memory.h"
 #include "planner.h"
 #include "policy.h"
 #include "text_writer.h"
@@ -28,6 +30,11 @@ constexpr int kExitRefused = 1;
 constexpr int kExitInputError = 2;
 constexpr int kExitInternal = 3;
 
+// A command line that parses but makes no sense (exit 2, no file to name).
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 struct Options {
   std::string model;
   std::string policy;
@@ -35,6 +42,10 @@ struct Options {
   std::string output;
   std::string loader = "jit";
   bool dump_tree = false;
+  // Memory model overrides of the policy's "fsdp" settings; unset: keep the policy's.
+  std::optional<int64_t> world_size, shard_group_size;
+  std::optional<std::string> strategy, optimizer;
+  bool use_orig_params = false;
   int verbosity = 0;
   bool quiet = false;
 };
@@ -58,6 +69,18 @@ int run(const Options& opt) {
   // The policy first: it is cheap, and a typo should not wait for a big model.
   Policy policy;
   if (!opt.policy.empty()) policy = load_policy_file(opt.policy);
+  MemorySettings& fsdp = policy.fsdp;
+  if (opt.world_size) fsdp.world_size = *opt.world_size;
+  if (opt.shard_group_size) fsdp.shard_group_size = *opt.shard_group_size;
+  if (opt.strategy) fsdp.strategy = *parse_strategy(*opt.strategy);
+  if (opt.optimizer) fsdp.optimizer = *parse_optimizer(*opt.optimizer);
+  if (opt.use_orig_params) fsdp.use_orig_params = true;
+  if (fsdp.strategy == ShardingStrategy::HybridShard) {
+    int64_t g = fsdp.shard_group_size > 0 ? fsdp.shard_group_size : std::min<int64_t>(8, fsdp.world_size);
+    if (fsdp.world_size % g != 0)
+      throw UsageError("the hybrid shard group size (" + std::to_string(g) + ") must divide the world size (" +
+                       std::to_string(fsdp.world_size) + ")");
+  }
 
   auto t0 = std::chrono::steady_clock::now();
   check_readable_file(opt.model);
@@ -107,6 +130,16 @@ int main(int argc, char** argv) {
   app.add_option("--loader", opt.loader, "how to read the model")
       ->check(CLI::IsMember({"jit"}))
       ->capture_default_str();
+  app.add_option("--world-size", opt.world_size, "ranks, for the memory model (default 1)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--sharding-strategy", opt.strategy, "FSDP sharding strategy (default FULL_SHARD)")
+      ->check(CLI::IsMember({"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"}));
+  app.add_option("--shard-group-size", opt.shard_group_size,
+                 "HYBRID_SHARD: ranks a parameter is sharded over (default min(8, world size))")
+      ->check(CLI::PositiveNumber);
+  app.add_flag("--use-orig-params", opt.use_orig_params, "FSDP use_orig_params=True (adds alignment padding)");
+  app.add_option("--optimizer", opt.optimizer, "optimizer state for the memory model (default adam)")
+      ->check(CLI::IsMember({"adam", "adamw", "sgd", "sgd-momentum", "none"}));
   app.add_flag("--dump-tree", opt.dump_tree, "print the loaded module tree as JSON instead of a plan");
   app.add_flag("-v,--verbose", opt.verbosity, "log progress to stderr (-vv for more)");
   app.add_flag("-q,--quiet", opt.quiet, "log only errors");
@@ -126,6 +159,9 @@ int main(int argc, char** argv) {
   setup_logging(opt);
   try {
     return run(opt);
+  } catch (const UsageError& e) {
+    std::cerr << "fsdp-plan: error: " << e.what() << "\n";
+    return kExitInputError;
   } catch (const fsdp_plan::InputError& e) {
     std::cerr << "fsdp-plan: error: " << e.file() << ": " << e.what() << "\n";
     return kExitInputError;

@@ -21,6 +21,39 @@ ojson tensor_list(const Plan& plan, const std::vector<Owned>& owned, bool params
 
 ojson optional_bool(const std::optional<bool>& b) { return b ? ojson(*b) : ojson(nullptr); }
 
+ojson unit_memory(const UnitMemory& m) {
+  return {{"flat_numel", m.flat_numel},
+          {"sharded_numel", m.sharded_numel},
+          {"sharded_bytes", m.sharded_bytes},
+          {"unsharded_bytes", m.unsharded_bytes}};
+}
+
+ojson memory_json(const Plan& plan) {
+  const MemoryPlan& m = plan.memory;
+  const RankMemory& r = m.per_rank;
+  ojson gathered = ojson::array();
+  for (int u : r.peak_gathered) gathered.push_back(plan.tree->path(plan.units[static_cast<size_t>(u)].module));
+  ojson peak = {{"phase", r.peak_phase},
+                {"unit", r.peak_unit < 0 ? ojson(nullptr) : ojson(r.peak_unit)},
+                {"unit_path", r.peak_unit < 0 ? ojson(nullptr)
+                                              : ojson(plan.tree->path(plan.units[static_cast<size_t>(r.peak_unit)].module))},
+                {"gathered_units", std::move(gathered)}};
+  return {{"world_size", m.settings.world_size},
+          {"sharding_strategy", strategy_name(m.effective_strategy)},
+          {"requested_sharding_strategy", strategy_name(m.settings.strategy)},
+          {"shard_group_size", m.shard_group_size},
+          {"use_orig_params", m.settings.use_orig_params},
+          {"optimizer", optimizer_name(m.settings.optimizer)},
+          {"per_rank", {{"params_bytes", r.params_bytes},
+                        {"grads_bytes", r.grads_bytes},
+                        {"optimizer_bytes", r.optimizer_bytes},
+                        {"buffers_bytes", r.buffers_bytes},
+                        {"steady_bytes", r.steady_bytes},
+                        {"peak_bytes", r.peak_bytes}}},
+          {"peak", std::move(peak)},
+          {"notes", m.notes}};
+}
+
 }  // namespace
 
 nlohmann::ordered_json plan_to_json(const Plan& plan) {
@@ -53,7 +86,8 @@ nlohmann::ordered_json plan_to_json(const Plan& plan) {
                      {"buffer_numel", u.buffer_numel},
                      {"buffer_bytes", u.buffer_bytes},
                      {"buffers", tensor_list(plan, u.buffers, false)},
-                     {"mixed_precision", optional_bool(u.mixed_precision)}});
+                     {"mixed_precision", optional_bool(u.mixed_precision)},
+                     {"memory", unit_memory(plan.memory.units[i])}});
   }
   out["units"] = std::move(units);
 
@@ -67,6 +101,7 @@ nlohmann::ordered_json plan_to_json(const Plan& plan) {
     warnings.push_back(std::move(j));
   }
   out["warnings"] = std::move(warnings);
+  out["memory"] = memory_json(plan);
   return out;
 }
 

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "memory.h"
 #include "module_tree.h"
 #include "policy.h"
 
@@ -54,6 +55,7 @@ struct Plan {
   ModelSummary model;
   std::vector<Unit> units;
   std::vector<Warning> warnings;
+  MemoryPlan memory;
 
   bool has_errors() const;
   // Full dotted name of an owned parameter or buffer.

@@ -3,6 +3,7 @@
 #include "analysis.h"
 #include "grouping.h"
 #include "ignored.h"
+#include "memory.h"
 #include "selection.h"
 #include "wrap_policy.h"
 
@@ -21,6 +22,7 @@ Plan make_plan(const ModuleTree& tree, const Policy& policy, const std::string& 
   plan.model.path = model_path;
   plan.units = group_units(tree, wrapped, ignored.tensor);
   analyse(plan, ignored, matcher);
+  plan.memory = estimate_memory(plan, policy.fsdp);
   return plan;
 }
 

@@ -16,9 +16,13 @@ using json = nlohmann::json;
 
 const std::vector<std::string> kTopKeys = {"$schema", "module_classes", "min_num_params",
                                            "force_leaf_modules", "exclude_wrap_modules",
-                                           "mixed_precision", "ignored_modules", "ignored_params"};
+                                           "mixed_precision", "ignored_modules", "ignored_params", "fsdp"};
 const std::vector<std::string> kMixedPrecisionKeys = {"param_dtype", "reduce_dtype", "buffer_dtype",
                                                       "ignore_classes"};
+const std::vector<std::string> kFsdpKeys = {"world_size", "sharding_strategy", "shard_group_size",
+                                            "use_orig_params", "optimizer"};
+const std::vector<std::string> kStrategies = {"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"};
+const std::vector<std::string> kOptimizers = {"adam", "adamw", "sgd", "sgd-momentum", "none"};
 const std::vector<std::string> kDtypes = {"float32", "float16", "bfloat16", "float64"};
 
 class Parser {
@@ -102,6 +106,36 @@ class Parser {
     return s;
   }
 
+  std::string one_of(const json& v, const std::string& key, const std::vector<std::string>& allowed) const {
+    if (!v.is_string()) fail("\"" + key + "\" must be a string, not " + type_of(v));
+    std::string s = v.get<std::string>();
+    if (std::find(allowed.begin(), allowed.end(), s) != allowed.end()) return s;
+    auto near = closest(s, allowed, 1);
+    fail("\"" + key + "\" is \"" + s + "\"" +
+         (near.empty() ? ", not one of " + join(allowed) : "; did you mean \"" + near[0] + "\"?"));
+  }
+
+  void parse_fsdp(const json& v, MemorySettings& out) const {
+    if (!v.is_object()) fail("\"fsdp\" must be an object, not " + type_of(v));
+    check_keys(v, kFsdpKeys, " in \"fsdp\"");
+    if (auto it = v.find("world_size"); it != v.end()) {
+      out.world_size = count(*it, "fsdp.world_size");
+      if (out.world_size < 1) fail("\"fsdp.world_size\" must be at least 1");
+    }
+    if (auto it = v.find("sharding_strategy"); it != v.end())
+      out.strategy = *parse_strategy(one_of(*it, "fsdp.sharding_strategy", kStrategies));
+    if (auto it = v.find("shard_group_size"); it != v.end()) {
+      out.shard_group_size = count(*it, "fsdp.shard_group_size");
+      if (out.shard_group_size < 1) fail("\"fsdp.shard_group_size\" must be at least 1");
+    }
+    if (auto it = v.find("use_orig_params"); it != v.end()) {
+      if (!it->is_boolean()) fail("\"fsdp.use_orig_params\" must be true or false, not " + type_of(*it));
+      out.use_orig_params = it->get<bool>();
+    }
+    if (auto it = v.find("optimizer"); it != v.end())
+      out.optimizer = *parse_optimizer(one_of(*it, "fsdp.optimizer", kOptimizers));
+  }
+
   Policy parse(const std::string& text) const {
     json doc;
     try {
@@ -149,6 +183,7 @@ class Parser {
       }
       p.mixed_precision = std::move(mp);
     }
+    if (auto it = doc.find("fsdp"); it != doc.end() && !it->is_null()) parse_fsdp(*it, p.fsdp);
     if (auto it = doc.find("ignored_modules"); it != doc.end() && !it->is_null())
       p.ignored_modules = string_list(*it, "ignored_modules", false);
     if (auto it = doc.find("ignored_params"); it != doc.end() && !it->is_null())
@@ -185,6 +220,12 @@ nlohmann::ordered_json policy_to_json(const Policy& p) {
   }
   out["ignored_modules"] = p.ignored_modules;
   out["ignored_params"] = p.ignored_params;
+  out["fsdp"] = {{"world_size", p.fsdp.world_size},
+                 {"sharding_strategy", strategy_name(p.fsdp.strategy)},
+                 {"shard_group_size", p.fsdp.shard_group_size > 0 ? nlohmann::ordered_json(p.fsdp.shard_group_size)
+                                                                  : nlohmann::ordered_json(nullptr)},
+                 {"use_orig_params", p.fsdp.use_orig_params},
+                 {"optimizer", optimizer_name(p.fsdp.optimizer)}};
   return out;
 }
 

@@ -9,6 +9,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "memory.h"
+
 namespace fsdp_plan {
 
 struct MixedPrecision {
@@ -28,6 +30,8 @@ struct Policy {
   std::optional<MixedPrecision> mixed_precision;
   std::vector<std::string> ignored_modules;  // module path globs
   std::vector<std::string> ignored_params;   // parameter path globs
+  // FSDP and training settings for the memory model ("fsdp" in JSON).
+  MemorySettings fsdp;
 
   // FSDP auto-wraps only when a wrapping policy is given; mixed precision
   // alone changes no unit.

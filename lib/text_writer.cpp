@@ -57,8 +57,8 @@ std::string percent(int64_t part, int64_t whole) {
 }
 
 // Word-wraps `text` to `width` columns; lines after the first start with `indent`.
-std::string wrap(const std::string& text, size_t width, const std::string& indent) {
-  std::string out, line;
+std::string wrap(const std::string& text, size_t width, const std::string& indent, const std::string& first = "") {
+  std::string out, line = first;
   size_t pos = 0;
   while (pos < text.size()) {
     size_t end = text.find(' ', pos);
@@ -68,11 +68,35 @@ std::string wrap(const std::string& text, size_t width, const std::string& inden
       out += line + "\n";
       line = indent;
     }
-    if (!line.empty() && line != indent) line += ' ';
+    if (!line.empty() && line != indent && line != first) line += ' ';
     line += word;
     pos = end + 1;
   }
   return out + line + "\n";
+}
+
+std::string memory_text(const Plan& plan) {
+  const MemoryPlan& m = plan.memory;
+  const RankMemory& r = m.per_rank;
+  std::string strategy = strategy_name(m.effective_strategy);
+  if (m.effective_strategy == ShardingStrategy::HybridShard)
+    strategy += " (groups of " + std::to_string(m.shard_group_size) + ")";
+  if (m.effective_strategy != m.settings.strategy)
+    strategy += std::string(", from ") + strategy_name(m.settings.strategy);
+  std::string out = wrap("memory  per rank, world size " + std::to_string(m.settings.world_size) + ", " + strategy +
+                             ", " + optimizer_name(m.settings.optimizer) +
+                             (m.settings.use_orig_params ? ", use_orig_params" : "") + "; activations not included",
+                         100, std::string(8, ' '));
+  out += "        params " + format_bytes(r.params_bytes) + " + grads " + format_bytes(r.grads_bytes) +
+         " + optimizer " + format_bytes(r.optimizer_bytes) + " + buffers " + format_bytes(r.buffers_bytes) +
+         " = steady " + format_bytes(r.steady_bytes) + "\n";
+  std::string peak = "peak " + format_bytes(r.peak_bytes) + " in " + r.peak_phase;
+  if (r.peak_unit >= 0) {
+    std::string path = plan.tree->path(plan.units[static_cast<size_t>(r.peak_unit)].module);
+    peak += " at unit " + std::to_string(r.peak_unit) + " " + (path.empty() ? "(root)" : path) + ", " +
+            std::to_string(r.peak_gathered.size()) + " unit" + (r.peak_gathered.size() == 1 ? "" : "s") + " gathered";
+  }
+  return out + wrap(peak, 100, std::string(10, ' '), std::string(8, ' '));
 }
 
 }  // namespace
@@ -113,6 +137,8 @@ std::string plan_to_text(const Plan& plan) {
   out += "; largest unit " + (largest_path.empty() ? "(root)" : largest_path) + " " +
          percent(largest->param_numel, owned_numel) + "; root unit " +
          percent(plan.units.front().param_numel, owned_numel) + "\n";
+
+  out += "\n" + memory_text(plan);
 
   if (!plan.warnings.empty()) {
     out += "\n";

@@ -1,0 +1,223 @@
+#include "memory.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+#include "plan.h"
+
+namespace fsdp_plan {
+namespace {
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Bytes per element the unit's parameters have; FSDP requires one dtype per
+// flat parameter, so the largest stands for all when a model mixes them.
+int64_t param_itemsize(const Plan& plan, const Unit& u) {
+  int64_t size = 0;
+  for (const auto& o : u.params) size = std::max(size, plan.tree->tensor(o.tensor).itemsize);
+  return size == 0 ? 4 : size;
+}
+
+// FlatParamHandle with use_orig_params (align_addresses): each parameter
+// starts at a multiple of 16 bytes, and the whole is padded to a multiple of
+// the shard group size. Without it, only sharding pads (see sharded_numel).
+int64_t flat_numel(const Plan& plan, const Unit& u, int64_t itemsize, bool align, int64_t group) {
+  int64_t total = 0;
+  const int64_t aligned = std::max<int64_t>(1, 16 / itemsize);
+  for (const auto& o : u.params) {
+    if (align && total % aligned != 0) total += aligned - total % aligned;
+    total += plan.tree->tensor(o.tensor).numel();
+  }
+  if (align && total % group != 0) total += group - total % group;
+  return total;
+}
+
+int optimizer_states(Optimizer o) {
+  switch (o) {
+    case Optimizer::Adam: return 2;  // exp_avg, exp_avg_sq
+    case Optimizer::SgdMomentum: return 1;  // momentum_buffer
+    case Optimizer::Sgd:
+    case Optimizer::None: return 0;
+  }
+  return 0;
+}
+
+}  // namespace
+
+const char* strategy_name(ShardingStrategy s) {
+  switch (s) {
+    case ShardingStrategy::FullShard: return "FULL_SHARD";
+    case ShardingStrategy::ShardGradOp: return "SHARD_GRAD_OP";
+    case ShardingStrategy::NoShard: return "NO_SHARD";
+    case ShardingStrategy::HybridShard: return "HYBRID_SHARD";
+  }
+  return "FULL_SHARD";
+}
+
+std::optional<ShardingStrategy> parse_strategy(const std::string& name) {
+  for (auto s : {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp, ShardingStrategy::NoShard,
+                 ShardingStrategy::HybridShard})
+    if (name == strategy_name(s)) return s;
+  return std::nullopt;
+}
+
+const char* optimizer_name(Optimizer o) {
+  switch (o) {
+    case Optimizer::Adam: return "adam";
+    case Optimizer::Sgd: return "sgd";
+    case Optimizer::SgdMomentum: return "sgd-momentum";
+    case Optimizer::None: return "none";
+  }
+  return "adam";
+}
+
+std::optional<Optimizer> parse_optimizer(const std::string& name) {
+  if (name == "adamw") return Optimizer::Adam;  // same state as adam
+  for (auto o : {Optimizer::Adam, Optimizer::Sgd, Optimizer::SgdMomentum, Optimizer::None})
+    if (name == optimizer_name(o)) return o;
+  return std::nullopt;
+}
+
+int64_t dtype_itemsize(const std::string& dtype) {
+  if (dtype == "float32") return 4;
+  if (dtype == "float16" || dtype == "bfloat16") return 2;
+  if (dtype == "float64") return 8;
+  return 0;
+}
+
+MemoryPlan estimate_memory(const Plan& plan, const MemorySettings& settings) {
+  if (settings.world_size < 1) throw std::invalid_argument("the world size must be at least 1");
+  MemoryPlan mem;
+  mem.settings = settings;
+  mem.effective_strategy = settings.strategy;
+  if (settings.world_size == 1 && settings.strategy != ShardingStrategy::NoShard) {
+    mem.effective_strategy = ShardingStrategy::NoShard;
+    mem.notes.push_back(std::string("world size 1: FSDP switches ") + strategy_name(settings.strategy) +
+                        " to NO_SHARD");
+  }
+  switch (mem.effective_strategy) {
+    case ShardingStrategy::NoShard: mem.shard_group_size = 1; break;
+    case ShardingStrategy::HybridShard: {
+      int64_t g = settings.shard_group_size > 0 ? settings.shard_group_size : std::min<int64_t>(8, settings.world_size);
+      if (g > settings.world_size || settings.world_size % g != 0)
+        throw std::invalid_argument("the hybrid shard group size (" + std::to_string(g) +
+                                    ") must divide the world size (" + std::to_string(settings.world_size) + ")");
+      mem.shard_group_size = g;
+      break;
+    }
+    default: mem.shard_group_size = settings.world_size;
+  }
+  const bool sharded = mem.effective_strategy != ShardingStrategy::NoShard;
+  const int64_t group = mem.shard_group_size;
+  const auto& mp = plan.policy.mixed_precision;
+  const int64_t mp_param = mp && mp->param_dtype ? dtype_itemsize(*mp->param_dtype) : 0;
+  const int64_t mp_buffer = mp && mp->buffer_dtype ? dtype_itemsize(*mp->buffer_dtype) : 0;
+  const int states = optimizer_states(settings.optimizer);
+
+  // Per unit: what it holds for good, and what it adds while gathered.
+  const size_t n = plan.units.size();
+  std::vector<int64_t> gathered(n), grad_unsharded(n), grad_sharded(n);
+  RankMemory& r = mem.per_rank;
+  for (size_t i = 0; i < n; ++i) {
+    const Unit& u = plan.units[i];
+    UnitMemory um;
+    const int64_t itemsize = param_itemsize(plan, u);
+    const bool low = u.mixed_precision.value_or(false) && mp_param > 0 && mp_param != itemsize;
+    um.compute_itemsize = low ? mp_param : itemsize;
+    um.flat_numel = flat_numel(plan, u, itemsize, settings.use_orig_params, group);
+    um.sharded_numel = ceil_div(um.flat_numel, group);
+    um.sharded_bytes = um.sharded_numel * itemsize;
+    um.unsharded_bytes = um.sharded_numel * group * um.compute_itemsize;
+    // Sharded strategies gather into a separate padded buffer and compute the
+    // gradient there before reduce-scatter; NO_SHARD computes in place unless
+    // mixed precision needs a low-precision copy.
+    gathered[i] = sharded || low ? um.unsharded_bytes : 0;
+    grad_unsharded[i] = gathered[i];
+    grad_sharded[i] = um.sharded_bytes;
+    r.params_bytes += um.sharded_bytes;
+    r.grads_bytes += um.sharded_bytes;
+    r.optimizer_bytes += states * um.sharded_bytes;
+    for (const auto& o : u.buffers) {
+      const int64_t own = plan.tree->tensor(o.tensor).itemsize;
+      const bool cast = u.mixed_precision.value_or(false) && mp_buffer > 0;
+      r.buffers_bytes += plan.tree->tensor(o.tensor).numel() * (cast ? mp_buffer : own);
+    }
+    mem.units.push_back(um);
+  }
+  // Ignored parameters stay whole on every rank, with whole gradients and state.
+  int64_t owned = 0;
+  for (const auto& u : plan.units) owned += u.param_bytes;
+  const int64_t ignored = plan.model.param_bytes - owned;
+  r.params_bytes += ignored;
+  r.grads_bytes += ignored;
+  r.optimizer_bytes += states * ignored;
+  r.steady_bytes = r.params_bytes + r.grads_bytes + r.optimizer_bytes + r.buffers_bytes;
+
+  // Walk a training step. Gradients were freed by zero_grad before forward;
+  // sharded gradients reappear unit by unit in backward.
+  const int64_t base = r.params_bytes + r.optimizer_bytes + r.buffers_bytes;
+  std::vector<int64_t> ancestors_gathered(n, 0), ancestors_grad(n, 0);
+  for (size_t i = 1; i < n; ++i) {
+    const auto p = static_cast<size_t>(plan.units[i].parent);
+    ancestors_gathered[i] = ancestors_gathered[p] + gathered[p];
+    ancestors_grad[i] = ancestors_grad[p] + grad_unsharded[p];
+  }
+  // In pre-order, the unit before j is one of j's ancestors only if it is its parent.
+  auto parent_is_previous = [&](size_t j) { return j > 0 && plan.units[j].parent == static_cast<int>(j - 1); };
+  const bool keep_after_forward = mem.effective_strategy == ShardingStrategy::ShardGradOp;
+  r.peak_bytes = r.steady_bytes;
+  r.peak_phase = "optimizer step";
+  auto consider = [&](int64_t bytes, const char* phase, size_t unit) {
+    if (bytes <= r.peak_bytes) return;
+    r.peak_bytes = bytes;
+    r.peak_phase = phase;
+    r.peak_unit = static_cast<int>(unit);
+  };
+
+  // Forward: unit j runs inside its ancestors' forwards, so they are gathered
+  // too; the next unit's all-gather may already be in flight (FSDP's rate
+  // limiter allows two). SHARD_GRAD_OP keeps every unit gathered after forward.
+  int64_t prefix = 0;  // sum of gathered[k] for k < j
+  for (size_t j = 0; j < n; ++j) {
+    const int64_t next = j + 1 < n ? gathered[j + 1] : 0;
+    const int64_t live = keep_after_forward ? prefix + gathered[j] : ancestors_gathered[j] + gathered[j];
+    consider(base + live + next, "forward", j);
+    prefix += gathered[j];
+  }
+  // Backward, in reverse: unit j and its ancestors are gathered (the root was
+  // never freed), with BACKWARD_PRE prefetch of the unit before it; their
+  // unsharded gradients exist until reduce-scatter; every unit after j has
+  // already left its sharded gradient.
+  int64_t sharded_grads_done = 0;
+  for (size_t j = n; j-- > 0;) {
+    prefix -= gathered[j];  // now the sum for k < j
+    int64_t live;
+    if (keep_after_forward) {
+      live = prefix + gathered[j];
+    } else {
+      const bool prefetch = j > 0 && !parent_is_previous(j);
+      live = ancestors_gathered[j] + gathered[j] + (prefetch ? gathered[j - 1] : 0);
+    }
+    // Ignored parameters' gradients are whole and counted from the start of backward.
+    consider(base + ignored + live + ancestors_grad[j] + grad_unsharded[j] + sharded_grads_done, "backward", j);
+    sharded_grads_done += grad_sharded[j];
+  }
+  if (r.peak_unit >= 0) {
+    const size_t j = static_cast<size_t>(r.peak_unit);
+    std::vector<bool> ancestor(n, false);
+    for (int cur = plan.units[j].parent; cur >= 0; cur = plan.units[static_cast<size_t>(cur)].parent)
+      ancestor[static_cast<size_t>(cur)] = true;
+    for (size_t k = 0; k < n; ++k) {
+      bool live = k == j || ancestor[k] ||
+                  (keep_after_forward && k < j) ||
+                  (r.peak_phase == "forward" && k == j + 1) ||
+                  (r.peak_phase == "backward" && !keep_after_forward && k + 1 == j);
+      if (live && gathered[k] > 0) r.peak_gathered.push_back(static_cast<int>(k));
+    }
+  }
+  mem.notes.push_back("activations are not included");
+  mem.notes.push_back("module order stands for execution order, as FSDP assumes before its first step");
+  return mem;
+}
+
+}  // namespace fsdp_plan

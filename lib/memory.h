@@ -1,0 +1,67 @@
+// Per-rank memory of a plan under FSDP's rules: flat parameters padded for
+// sharding, gathered units in the order FSDP gathers and frees them, sharded
+// gradients and optimizer state. docs/memory-model.md gives every formula and
+// the FSDP behaviour it follows. Activations are out of scope.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace fsdp_plan {
+
+struct Plan;
+
+enum class ShardingStrategy { FullShard, ShardGradOp, NoShard, HybridShard };
+enum class Optimizer { Adam, Sgd, SgdMomentum, None };
+
+const char* strategy_name(ShardingStrategy s);
+std::optional<ShardingStrategy> parse_strategy(const std::string& name);
+const char* optimizer_name(Optimizer o);
+std::optional<Optimizer> parse_optimizer(const std::string& name);
+// Bytes per element of a floating dtype name ("bfloat16" -> 2); 0 if unknown.
+int64_t dtype_itemsize(const std::string& dtype);
+
+struct MemorySettings {
+  int64_t world_size = 1;
+  ShardingStrategy strategy = ShardingStrategy::FullShard;
+  int64_t shard_group_size = 0;  // HYBRID_SHARD only; 0: min(8, world_size), one node
+  bool use_orig_params = false;
+  Optimizer optimizer = Optimizer::Adam;
+};
+
+struct UnitMemory {
+  int64_t flat_numel = 0;     // the flat parameter, alignment padding included
+  int64_t sharded_numel = 0;  // per rank: ceil(flat_numel / shard group size)
+  int64_t sharded_bytes = 0;  // in the parameters' own dtype
+  int64_t unsharded_bytes = 0;  // gathered, padded, in the dtype it is gathered in
+  int64_t compute_itemsize = 0;
+};
+
+struct RankMemory {
+  int64_t params_bytes = 0;     // sharded flat parameters + ignored parameters
+  int64_t grads_bytes = 0;      // sharded gradients (+ ignored parameters' gradients)
+  int64_t optimizer_bytes = 0;  // optimizer state of what this rank holds
+  int64_t buffers_bytes = 0;    // buffers are replicated, never sharded
+  int64_t steady_bytes = 0;
+  int64_t peak_bytes = 0;
+  std::string peak_phase;  // "forward", "backward" or "optimizer step"
+  int peak_unit = -1;      // the unit being computed at the peak
+  std::vector<int> peak_gathered;  // units gathered at the peak
+};
+
+struct MemoryPlan {
+  MemorySettings settings;
+  ShardingStrategy effective_strategy = ShardingStrategy::FullShard;
+  int64_t shard_group_size = 1;  // ranks a flat parameter is sharded over
+  std::vector<UnitMemory> units;  // parallel to Plan::units
+  RankMemory per_rank;
+  std::vector<std::string> notes;
+};
+
+// Throws std::invalid_argument for settings FSDP would reject (e.g. a hybrid
+// shard group that does not divide the world size).
+MemoryPlan estimate_memory(const Plan& plan, const MemorySettings& settings);
+
+}  // namespace fsdp_plan

@@ -1,0 +1,158 @@
+// The memory model against figures worked out by hand (docs/memory-model.md).
+#include <doctest/doctest.h>
+
+#include "memory.h"
+#include "tree_builder.h"
+
+using namespace fsdp_plan;
+using namespace fsdp_plan::test;
+
+namespace {
+// root owns p [10]; blocks a [30], b [21] (and c [40] when asked): fp32.
+TreeBuilder blocks(bool with_c = false) {
+  TreeBuilder b;
+  b.param("", "p", {10});
+  b.add("a", "Block");
+  b.param("a", "w", {30});
+  b.add("b", "Block");
+  b.param("b", "w", {21});
+  if (with_c) {
+    b.add("c", "Block");
+    b.param("c", "w", {40});
+  }
+  return b;
+}
+
+MemoryPlan memory_of(const TreeBuilder& b, const std::string& json, MemorySettings s) {
+  Plan plan = plan_of(b, json);
+  return estimate_memory(plan, s);
+}
+
+MemorySettings ranks(int64_t world, ShardingStrategy st = ShardingStrategy::FullShard) {
+  MemorySettings s;
+  s.world_size = world;
+  s.strategy = st;
+  return s;
+}
+}  // namespace
+
+TEST_CASE("FULL_SHARD: shards padded to the world size, peak in backward") {
+  auto b = blocks();
+  auto m = memory_of(b, R"({"module_classes": ["Block"]})", ranks(4));
+  REQUIRE(m.units.size() == 3);
+  // ceil(10/4)=3, ceil(30/4)=8, ceil(21/4)=6 elements per rank.
+  CHECK(m.units[0].sharded_numel == 3);
+  CHECK(m.units[1].sharded_numel == 8);
+  CHECK(m.units[2].sharded_numel == 6);
+  CHECK(m.units[1].sharded_bytes == 32);
+  CHECK(m.units[1].unsharded_bytes == 8 * 4 * 4);  // padded to 32 elements, fp32
+  const RankMemory& r = m.per_rank;
+  CHECK(r.params_bytes == 68);
+  CHECK(r.grads_bytes == 68);
+  CHECK(r.optimizer_bytes == 136);  // adam: two states
+  CHECK(r.steady_bytes == 272);
+  // Backward at b: root (48) + b (96) + prefetched a (128) gathered, unsharded grads of root
+  // and b (48 + 96), over params + optimizer (204).
+  CHECK(r.peak_bytes == 204 + 48 + 96 + 128 + 48 + 96);
+  CHECK(r.peak_phase == "backward");
+  CHECK(r.peak_unit == 2);
+  CHECK(r.peak_gathered == std::vector<int>{0, 1, 2});
+}
+
+TEST_CASE("SHARD_GRAD_OP keeps units gathered after forward") {
+  auto b = blocks(true);
+  auto full = memory_of(b, R"({"module_classes": ["Block"]})", ranks(4));
+  auto grad_op = memory_of(b, R"({"module_classes": ["Block"]})", ranks(4, ShardingStrategy::ShardGradOp));
+  // c: ceil(40/4)=10 per rank, 160 B gathered. base = params 108 + adam 216 = 324.
+  // FULL_SHARD, backward at c: root 48 + c 160 + prefetched b 96; grads root 48 + c 160.
+  CHECK(full.per_rank.peak_bytes == 324 + 48 + 160 + 96 + 48 + 160);
+  // SHARD_GRAD_OP, backward at c: root, a, b, c all still gathered (48+128+96+160).
+  CHECK(grad_op.per_rank.peak_bytes == 324 + 432 + 48 + 160);
+  CHECK(grad_op.per_rank.steady_bytes == full.per_rank.steady_bytes);
+}
+
+TEST_CASE("mixed precision gathers in the low precision dtype, shards stay full precision") {
+  auto b = blocks();
+  auto m = memory_of(b, R"({"module_classes": ["Block"], "mixed_precision": {"param_dtype": "bfloat16"}})", ranks(4));
+  CHECK(m.units[1].sharded_bytes == 32);
+  CHECK(m.units[1].unsharded_bytes == 8 * 4 * 2);
+  CHECK(m.per_rank.steady_bytes == 272);
+  CHECK(m.per_rank.peak_bytes == 204 + (24 + 48 + 64) + (24 + 48));
+}
+
+TEST_CASE("units of ignored classes keep full precision") {
+  TreeBuilder b;
+  b.add("bn", "BatchNorm2d");
+  b.param("bn", "weight", {16});
+  b.add("fc", "Linear");
+  b.param("fc", "weight", {16});
+  auto m = memory_of(b, R"({"module_classes": ["Linear"], "mixed_precision": {"param_dtype": "float16"}})", ranks(2));
+  REQUIRE(m.units.size() == 3);
+  CHECK(m.units[1].unsharded_bytes == 16 * 4);  // bn: fp32
+  CHECK(m.units[2].unsharded_bytes == 16 * 2);  // fc: fp16
+}
+
+TEST_CASE("use_orig_params aligns each parameter to 16 bytes and pads to the world size") {
+  TreeBuilder b;
+  b.param("", "x", {3});
+  b.param("", "y", {5});
+  MemorySettings s = ranks(4);
+  CHECK(memory_of(b, "{}", s).units[0].flat_numel == 8);
+  CHECK(memory_of(b, "{}", s).units[0].sharded_numel == 2);
+  s.use_orig_params = true;
+  // x at 0..3, one element of padding, y at 4..9, padded to 12.
+  CHECK(memory_of(b, "{}", s).units[0].flat_numel == 12);
+  CHECK(memory_of(b, "{}", s).units[0].sharded_numel == 3);
+}
+
+TEST_CASE("world size 1 is NO_SHARD, as FSDP switches it") {
+  auto b = blocks();
+  auto m = memory_of(b, R"({"module_classes": ["Block"]})", ranks(1));
+  CHECK(m.effective_strategy == ShardingStrategy::NoShard);
+  CHECK(m.units[1].sharded_numel == 30);
+  CHECK(m.per_rank.params_bytes == 244);
+  // Nothing to gather without mixed precision: the peak is the optimizer step.
+  CHECK(m.per_rank.peak_bytes == m.per_rank.steady_bytes);
+  CHECK(m.per_rank.peak_phase == "optimizer step");
+  auto mp = memory_of(b, R"({"module_classes": ["Block"], "mixed_precision": {"param_dtype": "bfloat16"}})", ranks(1));
+  // With mixed precision NO_SHARD makes a low-precision copy to compute in (a: 30 x 2 B).
+  CHECK(mp.units[1].unsharded_bytes == 60);
+  // Backward at the root: base 732 + root copy 20 + its bf16 grad 20 + a's and b's fp32 grads
+  // 204 = 976, which here equals the steady state (root's 40 B fp32 grad not yet made).
+  CHECK(mp.per_rank.peak_bytes == 976);
+}
+
+TEST_CASE("HYBRID_SHARD shards within groups and replicates across them") {
+  auto b = blocks();
+  MemorySettings s = ranks(16, ShardingStrategy::HybridShard);
+  s.shard_group_size = 4;
+  auto hybrid = memory_of(b, R"({"module_classes": ["Block"]})", s);
+  auto full4 = memory_of(b, R"({"module_classes": ["Block"]})", ranks(4));
+  CHECK(hybrid.shard_group_size == 4);
+  CHECK(hybrid.per_rank.peak_bytes == full4.per_rank.peak_bytes);
+  s.shard_group_size = 5;
+  CHECK_THROWS_AS(memory_of(b, R"({"module_classes": ["Block"]})", s), std::invalid_argument);
+}
+
+TEST_CASE("optimizers hold different state; ignored parameters stay whole on every rank") {
+  auto b = blocks();
+  MemorySettings s = ranks(4);
+  s.optimizer = Optimizer::SgdMomentum;
+  CHECK(memory_of(b, R"({"module_classes": ["Block"]})", s).per_rank.optimizer_bytes == 68);
+  s.optimizer = Optimizer::None;
+  CHECK(memory_of(b, R"({"module_classes": ["Block"]})", s).per_rank.optimizer_bytes == 0);
+  s.optimizer = Optimizer::Adam;
+  auto ignored = memory_of(b, R"({"module_classes": ["Block"], "ignored_modules": ["a"]})", s);
+  // a's 30 params (120 B) are not sharded: params 12 + 24 + 120.
+  CHECK(ignored.per_rank.params_bytes == 156);
+  CHECK(ignored.per_rank.optimizer_bytes == 2 * 156);
+}
+
+TEST_CASE("buffers are replicated, cast to buffer_dtype under mixed precision") {
+  TreeBuilder b;
+  b.buffer("", "stat", {100});
+  auto plain = memory_of(b, "{}", ranks(8));
+  CHECK(plain.per_rank.buffers_bytes == 400);
+  auto mp = memory_of(b, R"({"mixed_precision": {"buffer_dtype": "bfloat16"}})", ranks(8));
+  CHECK(mp.per_rank.buffers_bytes == 200);
+}
