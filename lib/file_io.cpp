@@ -25,7 +25,11 @@ void check_readable_file(const std::string& path) {
 }
 
 std::string read_text_file(const std::string& path) {
-  check_readable_file(path);
+  // Pipes are fine here (--policy <(...), /dev/stdin); only a directory is not.
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0)
+    throw InputError(path, errno == ENOENT ? "no such file" : std::strerror(errno));
+  if (S_ISDIR(st.st_mode)) throw InputError(path, "is a directory, not a file");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw InputError(path, "cannot be opened for reading");
   std::ostringstream ss;
