@@ -140,11 +140,12 @@ class Parser {
     json doc;
     try {
       doc = json::parse(text);
-    } catch (const json::parse_error& e) {
-      // nlohmann's message: "[json.exception.parse_error.101] parse error at line 3, column 5: ..."
+    } catch (const json::exception& e) {
+      // nlohmann's messages: "[json.exception.parse_error.101] parse error at line 3, column 5: ...",
+      // "[json.exception.out_of_range.406] number overflow parsing '1e400'": keep what follows the tag.
       std::string msg = e.what();
-      auto at = msg.find("parse error");
-      fail("invalid JSON: " + (at == std::string::npos ? msg : msg.substr(at)));
+      auto tag_end = msg.find("] ");
+      fail("invalid JSON: " + (tag_end == std::string::npos ? msg : msg.substr(tag_end + 2)));
     }
     if (!doc.is_object()) fail("a policy must be a JSON object, not " + type_of(doc));
     check_keys(doc, kTopKeys, "");

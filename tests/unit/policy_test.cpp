@@ -64,4 +64,6 @@ TEST_CASE("policy errors name the problem") {
   CHECK(error_of("{\"mixed_precision\": {\"param_dtype\": \"bf16\"}}").find("not a floating dtype") !=
         std::string::npos);
   CHECK(error_of("{\"ignored_modules\": [\"\"]}") == "\"ignored_modules\" holds an empty string");
+  // Found by the fuzzer: a number too big for a double is not a parse_error in nlohmann.
+  CHECK(error_of("{\"min_num_params\": 1e400}") == "invalid JSON: number overflow parsing '1e400'");
 }
