@@ -1,0 +1,273 @@
+// Structure-only loader: reads a TorchScript archive's module tree from
+// data.pkl and the class headers under code/, without compiling any method and
+// without reading any tensor storage. Tensors are rebuilt by LibTorch's
+// unpickler on storages that have the right byte size but no bytes, so shape,
+// dtype and identity (the pickle memo: tied weights are one object) are exact.
+#include "archive_loader.h"
+
+#include <caffe2/serialize/file_adapter.h>
+#include <caffe2/serialize/inline_container.h>
+#include <torch/csrc/jit/api/compilation_unit.h>
+#include <torch/csrc/jit/serialization/unpickler.h>
+
+#include <cstring>
+#include <fstream>
+#include <unordered_map>
+
+#include "../errors.h"
+#include "class_decls.h"
+#include "dtype.h"
+#include "loader.h"
+
+namespace fsdp_plan {
+namespace {
+
+using caffe2::serialize::PyTorchStreamReader;
+using ObjectPtr = c10::intrusive_ptr<c10::ivalue::Object>;
+
+const char kHowToExport[] =
+    "export the model as TorchScript: torch.jit.save(torch.jit.script(model), "
+    "\"model.pt\") (or torch.jit.trace(model, example_inputs) instead of script)";
+
+std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
+
+// A FileAdapter that counts what the zip reader pulls from disk.
+class CountingAdapter final : public caffe2::serialize::ReadAdapterInterface {
+ public:
+  CountingAdapter(const std::string& path, ArchiveReadStats& stats) : file_(path), stats_(stats) {
+    stats_.file_size = file_.size();
+  }
+  size_t size() const override { return file_.size(); }
+  size_t read(uint64_t pos, void* buf, size_t n, const char* what) const override {
+    size_t got = file_.read(pos, buf, n, what);
+    stats_.bytes_read += got;
+    return got;
+  }
+
+ private:
+  caffe2::serialize::FileAdapter file_;
+  ArchiveReadStats& stats_;
+};
+
+std::string read_record(PyTorchStreamReader& reader, const std::string& name) {
+  auto [ptr, size] = reader.getRecord(name);
+  return std::string(static_cast<const char*>(ptr.get()), size);
+}
+
+// Refuses files that are not TorchScript archives, saying what they are.
+void check_is_torchscript(const std::string& path, PyTorchStreamReader& reader) {
+  bool has_code = false;
+  for (const auto& r : reader.getAllRecords()) {
+    if (r.rfind("code/", 0) == 0) has_code = true;
+  }
+  if (!reader.hasRecord("data.pkl")) {
+    throw InputError(path, std::string("a zip archive without data.pkl, not a PyTorch model; ") +
+                               kHowToExport);
+  }
+  if (has_code) return;
+  if (reader.hasRecord("constants.pkl")) {
+    throw InputError(path, "a TorchScript archive without code/, cannot tell modules apart");
+  }
+  // torch.save(): a state_dict pickles as collections.OrderedDict first thing.
+  std::string head = read_record(reader, "data.pkl").substr(0, 64);
+  const bool state_dict = head.find("collections\nOrderedDict") != std::string::npos;
+  throw InputError(path, std::string("a torch.save() checkpoint (") +
+                             (state_dict ? "a state_dict" : "a pickled Python object") +
+                             "), not a TorchScript archive; " + kHowToExport);
+}
+
+// Checks the first bytes before handing the file to the zip reader.
+void sniff(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw InputError(path, "cannot open file");
+  unsigned char head[4] = {0, 0, 0, 0};
+  in.read(reinterpret_cast<char*>(head), 4);
+  const auto got = in.gcount();
+  if (got == 0) throw InputError(path, "empty file, not a TorchScript archive");
+  if (got == 4 && std::memcmp(head, "PK\x03\x04", 4) == 0) return;
+  if (head[0] == 0x80 && got > 1 && head[1] >= 2 && head[1] <= 5) {
+    throw InputError(path, std::string("a legacy torch.save() pickle, not a TorchScript archive; ") +
+                               kHowToExport);
+  }
+  throw InputError(path, std::string("not a zip archive, so not a TorchScript model; ") +
+                             kHowToExport);
+}
+
+class ArchiveLoader {
+ public:
+  ArchiveLoader(std::string path, ArchiveReadStats& stats)
+      : path_(std::move(path)),
+        stats_(stats),
+        reader_(std::make_shared<CountingAdapter>(path_, stats)),
+        cu_(std::make_shared<torch::jit::CompilationUnit>()) {}
+
+  ModuleTree load() {
+    check_is_torchscript(path_, reader_);
+    c10::IValue root = unpickle();
+    if (!root.isObject() || !decl_of(*root.toObject()).is_module) {
+      throw InputError(path_, "data.pkl does not hold a module");
+    }
+    return build(root.toObject());
+  }
+
+ private:
+  c10::IValue unpickle() {
+    const std::string pickle = read_record(reader_, "data.pkl");
+    size_t pos = 0;
+    auto read = [&](char* buf, size_t n) {
+      n = std::min(n, pickle.size() - pos);
+      std::memcpy(buf, pickle.data() + pos, n);
+      pos += n;
+      return n;
+    };
+    // Class names resolve to empty ClassTypes; what a class holds comes from
+    // code/. The unpickler also asks for container types ("List[int]") to tag
+    // lists and dicts; any element type will do for us.
+    auto resolve = [this](const c10::QualifiedName& qn) -> c10::StrongTypePtr {
+      const std::string& name = qn.qualifiedName();
+      if (name.rfind("List[", 0) == 0) return {cu_, c10::ListType::create(c10::AnyType::get())};
+      if (name.rfind("Dict[", 0) == 0) {
+        return {cu_, c10::DictType::create(c10::AnyType::get(), c10::AnyType::get())};
+      }
+      auto& type = types_[name];
+      if (!type) type = c10::ClassType::create(qn, cu_);
+      return {cu_, type};
+    };
+    // Objects keep no slots: their pickled state (a dict for ordinary
+    // classes) is kept aside. So no object owns another, and tearing down a
+    // 100,000-deep chain does not recurse.
+    auto load_object = [this](const c10::StrongTypePtr& type, const c10::IValue& state) {
+      auto obj = c10::ivalue::Object::create(type, 0);
+      states_.emplace(obj.get(), std::make_pair(obj, state));
+      return obj;
+    };
+    // The storage gets its byte size but no bytes: nothing under data/ is read.
+    auto no_bytes = [this](const std::string&) {
+      ++stats_.storages_requested;
+      return at::DataPtr(nullptr, c10::Device(c10::kCPU));
+    };
+    torch::jit::Unpickler unpickler(read, resolve, load_object, no_bytes, c10::Device(c10::kCPU));
+    unpickler.set_version(reader_.version());
+    return unpickler.parse_ivalue();
+  }
+
+  // The declaration of obj's class, parsing its code/ file on first use.
+  const ClassDecl& decl_of(const c10::ivalue::Object& obj) {
+    const std::string name = obj.type()->name()->qualifiedName();
+    auto it = decls_.find(name);
+    if (it != decls_.end()) return it->second;
+    const auto dot = name.rfind('.');
+    // __torch__.a.b.Cls is declared in code/__torch__/a/b.py
+    std::string file = name.substr(0, dot == std::string::npos ? 0 : dot);
+    for (auto& c : file) c = c == '.' ? '/' : c;
+    file = "code/" + file + ".py";
+    ClassDecl decl;  // TorchBind classes (torch.classes.*) have no source: not modules
+    if (reader_.hasRecord(file)) {
+      auto parsed = parse_class_decls(read_record(reader_, file));
+      auto found = parsed.find(name.substr(dot + 1));  // npos + 1 == 0
+      if (found == parsed.end()) {
+        throw InputError(path_, "class " + name + " is not declared in " + file);
+      }
+      decl = std::move(found->second);
+    }
+    return decls_.emplace(name, std::move(decl)).first->second;
+  }
+
+  // Pre-order walk with an explicit stack, visiting attributes in slot order
+  // exactly as the JIT loader's TreeBuilder does.
+  ModuleTree build(const ObjectPtr& root) {
+    ModuleTree tree;
+    tree.module(0).type_name = root->type()->name()->qualifiedName();
+    std::vector<std::pair<ObjectPtr, ModuleId>> stack{{root, 0}};
+    std::vector<std::pair<ObjectPtr, ModuleId>> children;
+    while (!stack.empty()) {
+      auto [obj, id] = stack.back();
+      stack.pop_back();
+      children.clear();
+      const ClassDecl& decl = decl_of(*obj);
+      const c10::IValue& state = states_.at(obj.get()).second;
+      if (!state.isGenericDict()) {
+        // A __setstate__ class pickles whatever its __getstate__ returned and
+        // the JIT loader runs __setstate__ to fill the slots; we cannot run
+        // it, so such a module contributes no tensors and no children.
+        // (Quantized modules and their packed params are like this, and hold
+        // no parameters or buffers once loaded.)
+        if (decl.has_setstate) continue;
+        throw InputError(path_, "pickled state of " + obj->type()->name()->qualifiedName() +
+                                    " is not a dict");
+      }
+      const auto dict = state.toGenericDict();
+      for (const AttributeDecl& attr : decl.attributes) {
+        auto found = dict.find(attr.name);
+        if (found == dict.end()) {
+          if (decl.has_setstate) continue;  // __setstate__ may fill it from another key
+          throw InputError(path_, "data.pkl lacks attribute " + attr.name + " of " +
+                                      obj->type()->name()->qualifiedName());
+        }
+        const c10::IValue& v = found->value();
+        if (attr.is_param) {
+          if (v.isTensor()) tree.add_param(id, attr.name, tensor_id(tree, v.toTensor()));
+        } else if (attr.is_buffer) {
+          if (v.isTensor()) tree.add_buffer(id, attr.name, tensor_id(tree, v.toTensor()));
+        } else if (v.isObject() && decl_of(v.toObjectRef()).is_module) {
+          ObjectPtr child = v.toObject();
+          ModuleId cid = tree.add_module(id, attr.name, child->type()->name()->qualifiedName());
+          children.emplace_back(std::move(child), cid);
+        }
+      }
+      for (auto it = children.rbegin(); it != children.rend(); ++it) stack.push_back(*it);
+    }
+    return tree;
+  }
+
+  TensorId tensor_id(ModuleTree& tree, const at::Tensor& t) {
+    auto [it, fresh] = tensor_ids_.try_emplace(t.unsafeGetTensorImpl(), 0);
+    if (fresh) {
+      TensorInfo info;
+      info.shape = t.sizes().vec();
+      info.dtype = dtype_name(t.scalar_type());
+      info.itemsize = static_cast<int64_t>(t.element_size());
+      it->second = tree.add_tensor(std::move(info));
+    }
+    return it->second;
+  }
+
+  std::string path_;
+  ArchiveReadStats& stats_;
+  PyTorchStreamReader reader_;
+  std::shared_ptr<torch::jit::CompilationUnit> cu_;
+  std::unordered_map<std::string, c10::ClassTypePtr> types_;
+  std::unordered_map<const c10::ivalue::Object*, std::pair<ObjectPtr, c10::IValue>> states_;
+  std::unordered_map<std::string, ClassDecl> decls_;
+  std::unordered_map<const c10::TensorImpl*, TensorId> tensor_ids_;
+};
+
+}  // namespace
+
+ModuleTree load_archive(const std::string& path, ArchiveReadStats* stats) {
+  ArchiveReadStats local;
+  ArchiveReadStats& s = stats ? *stats : local;
+  sniff(path);
+  try {
+    std::unique_ptr<ArchiveLoader> loader;
+    try {
+      loader = std::make_unique<ArchiveLoader>(path, s);
+    } catch (const c10::Error& e) {
+      throw InputError(path, "a zip archive PyTorch cannot read (" +
+                                 first_line(e.what_without_backtrace()) +
+                                 "), not a TorchScript model; " + kHowToExport);
+    }
+    return loader->load();
+  } catch (const InputError&) {
+    throw;
+  } catch (const c10::Error& e) {
+    throw InputError(path, "cannot read TorchScript archive: " +
+                               first_line(e.what_without_backtrace()));
+  } catch (const std::exception& e) {
+    throw InputError(path, std::string("cannot read TorchScript archive: ") + first_line(e.what()));
+  }
+}
+
+ModuleTree load_archive(const std::string& path) { return load_archive(path, nullptr); }
+
+}  // namespace fsdp_plan
