@@ -11,6 +11,7 @@
 #include <torch/csrc/jit/serialization/unpickler.h>
 
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <unordered_map>
 
@@ -29,7 +30,19 @@ const char kHowToExport[] =
     "export the model as TorchScript: torch.jit.save(torch.jit.script(model), "
     "\"model.pt\") (or torch.jit.trace(model, example_inputs) instead of script)";
 
-std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
+// LibTorch's message, first line only, without its "[enforce fail at ...] ."
+// prefix and "(Could this error message be improved? ...)" suffix.
+std::string torch_message(const std::string& what) {
+  std::string s = what.substr(0, what.find('\n'));
+  if (s.rfind("[enforce fail at ", 0) == 0) {
+    auto end = s.find("] ");
+    if (end != std::string::npos) s = s.substr(end + 2);
+    if (s.rfind(". ", 0) == 0) s = s.substr(2);
+  }
+  auto junk = s.find("  (Could this error message be improved?");
+  if (junk != std::string::npos) s = s.substr(0, junk);
+  return s;
+}
 
 // A FileAdapter that counts what the zip reader pulls from disk.
 class CountingAdapter final : public caffe2::serialize::ReadAdapterInterface {
@@ -78,6 +91,11 @@ void check_is_torchscript(const std::string& path, PyTorchStreamReader& reader) 
 
 // Checks the first bytes before handing the file to the zip reader.
 void sniff(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) throw InputError(path, "cannot open file: no such file");
+  if (!std::filesystem::is_regular_file(path, ec)) {
+    throw InputError(path, "cannot open file: not a regular file");
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) throw InputError(path, "cannot open file");
   unsigned char head[4] = {0, 0, 0, 0};
@@ -115,6 +133,10 @@ class ArchiveLoader {
     const std::string pickle = read_record(reader_, "data.pkl");
     size_t pos = 0;
     auto read = [&](char* buf, size_t n) {
+      // A well-formed pickle stops before its end; asking for more means it
+      // is truncated. Throw rather than return 0: the unpickler's string
+      // reader would loop on an empty refill.
+      if (pos >= pickle.size()) throw std::runtime_error("data.pkl ends early");
       n = std::min(n, pickle.size() - pos);
       std::memcpy(buf, pickle.data() + pos, n);
       pos += n;
@@ -161,8 +183,13 @@ class ArchiveLoader {
     std::string file = name.substr(0, dot == std::string::npos ? 0 : dot);
     for (auto& c : file) c = c == '.' ? '/' : c;
     file = "code/" + file + ".py";
-    ClassDecl decl;  // TorchBind classes (torch.classes.*) have no source: not modules
-    if (reader_.hasRecord(file)) {
+    // TorchBind classes (__torch__.torch.classes.*) live in the binary, not in
+    // code/ (their file is written empty); they are never modules.
+    ClassDecl decl;
+    if (name.rfind("__torch__.torch.classes.", 0) != 0) {
+      if (!reader_.hasRecord(file)) {
+        throw InputError(path_, "class " + name + " has no declaration: " + file + " is missing");
+      }
       auto parsed = parse_class_decls(read_record(reader_, file));
       auto found = parsed.find(name.substr(dot + 1));  // npos + 1 == 0
       if (found == parsed.end()) {
@@ -253,18 +280,18 @@ ModuleTree load_archive(const std::string& path, ArchiveReadStats* stats) {
     try {
       loader = std::make_unique<ArchiveLoader>(path, s);
     } catch (const c10::Error& e) {
-      throw InputError(path, "a zip archive PyTorch cannot read (" +
-                                 first_line(e.what_without_backtrace()) +
-                                 "), not a TorchScript model; " + kHowToExport);
+      throw InputError(path, "a zip archive but not a PyTorch file (" +
+                                 torch_message(e.what_without_backtrace()) +
+                                 "); " + kHowToExport);
     }
     return loader->load();
   } catch (const InputError&) {
     throw;
   } catch (const c10::Error& e) {
     throw InputError(path, "cannot read TorchScript archive: " +
-                               first_line(e.what_without_backtrace()));
+                               torch_message(e.what_without_backtrace()));
   } catch (const std::exception& e) {
-    throw InputError(path, std::string("cannot read TorchScript archive: ") + first_line(e.what()));
+    throw InputError(path, std::string("cannot read TorchScript archive: ") + torch_message(e.what()));
   }
 }
 
