@@ -65,7 +65,22 @@ def assert_same(name, path):
                     break
             detail += f"\n      modules: archive {len(a)} jit {len(j)}"
     check(same, f"{name}: loaders agree{detail}")
+    check_no_storage_read(name, path)
     return out_a
+
+
+def check_no_storage_read(name, path):
+    """The archive loader must not read any data/ record: what it reads from
+    the file plus the bytes of all storages must fit in the file."""
+    with zipfile.ZipFile(path) as z:
+        data_bytes = sum(i.file_size for i in z.infolist() if "/data/" in i.filename)
+        n_storages = sum(1 for i in z.infolist() if "/data/" in i.filename)
+    rc, _, err = run("archive", path, "--stats")
+    stats = dict(kv.split("=") for kv in err.split())
+    size, read = int(stats["file_size"]), int(stats["bytes_read"])
+    check(rc == 0 and read + data_bytes <= size and int(stats["storages_requested"]) > 0,
+          f"{name}: no storage read (file {size} B, read {read} B, storages {data_bytes} B "
+          f"in {n_storages} records, requested {stats['storages_requested']})")
 
 
 # ---------------------------------------------------------------- models
