@@ -44,6 +44,22 @@ std::string torch_message(const std::string& what) {
   return s;
 }
 
+// Messages can quote names from a corrupt file: keep them one line of ASCII.
+std::string printable(const std::string& s) {
+  static const char hex[] = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : s) {
+    if (c >= 0x20 && c < 0x7f) {
+      out.push_back(static_cast<char>(c));
+    } else {
+      out += "\\x";
+      out.push_back(hex[c >> 4]);
+      out.push_back(hex[c & 15]);
+    }
+  }
+  return out;
+}
+
 // A FileAdapter that counts what the zip reader pulls from disk.
 class CountingAdapter final : public caffe2::serialize::ReadAdapterInterface {
  public:
@@ -173,31 +189,29 @@ class ArchiveLoader {
     return unpickler.parse_ivalue();
   }
 
-  // The declaration of obj's class, parsing its code/ file on first use.
+  // The declaration of obj's class. __torch__.a.b.Cls is declared in
+  // code/__torch__/a/b.py; the first lookup in a file records all its classes.
   const ClassDecl& decl_of(const c10::ivalue::Object& obj) {
     const std::string name = obj.type()->name()->qualifiedName();
     auto it = decls_.find(name);
     if (it != decls_.end()) return it->second;
-    const auto dot = name.rfind('.');
-    // __torch__.a.b.Cls is declared in code/__torch__/a/b.py
-    std::string file = name.substr(0, dot == std::string::npos ? 0 : dot);
-    for (auto& c : file) c = c == '.' ? '/' : c;
-    file = "code/" + file + ".py";
     // TorchBind classes (__torch__.torch.classes.*) live in the binary, not in
     // code/ (their file is written empty); they are never modules.
-    ClassDecl decl;
-    if (name.rfind("__torch__.torch.classes.", 0) != 0) {
-      if (!reader_.hasRecord(file)) {
-        throw InputError(path_, "class " + name + " has no declaration: " + file + " is missing");
-      }
-      auto parsed = parse_class_decls(read_record(reader_, file));
-      auto found = parsed.find(name.substr(dot + 1));  // npos + 1 == 0
-      if (found == parsed.end()) {
-        throw InputError(path_, "class " + name + " is not declared in " + file);
-      }
-      decl = std::move(found->second);
+    if (name.rfind("__torch__.torch.classes.", 0) == 0) return decls_[name];
+    const auto dot = name.rfind('.');
+    const std::string prefix = name.substr(0, dot == std::string::npos ? 0 : dot);
+    std::string file = prefix;
+    for (auto& c : file) c = c == '.' ? '/' : c;
+    file = "code/" + file + ".py";
+    if (!reader_.hasRecord(file)) {
+      throw InputError(path_, "class " + name + " has no declaration: " + file + " is missing");
     }
-    return decls_.emplace(name, std::move(decl)).first->second;
+    for (auto& [cls, decl] : parse_class_decls(read_record(reader_, file))) {
+      decls_.emplace(prefix + "." + cls, std::move(decl));
+    }
+    it = decls_.find(name);
+    if (it == decls_.end()) throw InputError(path_, "class " + name + " is not declared in " + file);
+    return it->second;
   }
 
   // Pre-order walk with an explicit stack, visiting attributes in slot order
@@ -285,13 +299,13 @@ ModuleTree load_archive(const std::string& path, ArchiveReadStats* stats) {
                                  "); " + kHowToExport);
     }
     return loader->load();
-  } catch (const InputError&) {
-    throw;
+  } catch (const InputError& e) {
+    throw InputError(path, printable(e.what()));
   } catch (const c10::Error& e) {
     throw InputError(path, "cannot read TorchScript archive: " +
-                               torch_message(e.what_without_backtrace()));
+                               printable(torch_message(e.what_without_backtrace())));
   } catch (const std::exception& e) {
-    throw InputError(path, std::string("cannot read TorchScript archive: ") + torch_message(e.what()));
+    throw InputError(path, "cannot read TorchScript archive: " + printable(torch_message(e.what())));
   }
 }
 
