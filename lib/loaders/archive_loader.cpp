@@ -10,6 +10,7 @@
 #include <torch/csrc/jit/api/compilation_unit.h>
 #include <torch/csrc/jit/serialization/unpickler.h>
 
+#include <cctype>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -192,7 +193,9 @@ class ArchiveLoader {
   // The declaration of obj's class. __torch__.a.b.Cls is declared in
   // code/__torch__/a/b.py; the first lookup in a file records all its classes.
   const ClassDecl& decl_of(const c10::ivalue::Object& obj) {
-    const std::string name = obj.type()->name()->qualifiedName();
+    return decl_of(obj.type()->name()->qualifiedName());
+  }
+  const ClassDecl& decl_of(const std::string& name) {
     auto it = decls_.find(name);
     if (it != decls_.end()) return it->second;
     // TorchBind classes (__torch__.torch.classes.*) live in the binary, not in
@@ -214,6 +217,27 @@ class ArchiveLoader {
     return it->second;
   }
 
+  // Whether an attribute annotated `type` could hold a module: it names a
+  // module class, possibly inside Optional[...] or another container.
+  bool may_hold_module(const std::string& type) {
+    size_t pos = 0;
+    while ((pos = type.find("__torch__.", pos)) != std::string::npos) {
+      size_t end = pos;
+      while (end < type.size() && (std::isalnum(static_cast<unsigned char>(type[end])) ||
+                                   type[end] == '_' || type[end] == '.')) {
+        ++end;
+      }
+      const std::string name = type.substr(pos, end - pos);
+      pos = end;
+      try {
+        if (decl_of(name).is_module) return true;
+      } catch (const InputError&) {
+        return true;  // an interface or a class we cannot see: assume the worst
+      }
+    }
+    return false;
+  }
+
   // Pre-order walk with an explicit stack, visiting attributes in slot order
   // exactly as the JIT loader's TreeBuilder does.
   ModuleTree build(const ObjectPtr& root) {
@@ -229,13 +253,20 @@ class ArchiveLoader {
       const c10::IValue& state = states_.at(obj.get()).second;
       if (!state.isGenericDict()) {
         // A __setstate__ class pickles whatever its __getstate__ returned and
-        // the JIT loader runs __setstate__ to fill the slots; we cannot run
-        // it, so such a module contributes no tensors and no children.
-        // (Quantized modules and their packed params are like this, and hold
-        // no parameters or buffers once loaded.)
-        if (decl.has_setstate) continue;
-        throw InputError(path_, "pickled state of " + obj->type()->name()->qualifiedName() +
-                                    " is not a dict");
+        // the JIT loader runs __setstate__ to fill the slots. We cannot run
+        // it; that is harmless when no slot could hold a parameter, buffer or
+        // submodule (quantized modules and their packed params), and we
+        // refuse otherwise rather than guess.
+        const std::string cls = obj->type()->name()->qualifiedName();
+        if (!decl.has_setstate) throw InputError(path_, "pickled state of " + cls + " is not a dict");
+        for (const AttributeDecl& attr : decl.attributes) {
+          if (attr.is_param || attr.is_buffer || may_hold_module(attr.type)) {
+            throw InputError(path_, "module " + cls + " restores attribute " + attr.name +
+                                        " in its __setstate__ method, which only the jit "
+                                        "loader can run");
+          }
+        }
+        continue;
       }
       const auto dict = state.toGenericDict();
       for (const AttributeDecl& attr : decl.attributes) {

@@ -118,7 +118,10 @@ std::unordered_map<std::string, ClassDecl> parse_class_decls(const std::string& 
       if (q >= line.size() || (line[q] != '"' && line[q] != '\'')) {
         throw std::runtime_error("malformed attribute: " + line);
       }
-      cur->attributes.push_back({read_string_literal(line, q), false, false});
+      std::string name = read_string_literal(line, q);
+      const size_t eq = line.find(" = ", q);
+      if (eq == std::string::npos) throw std::runtime_error("malformed attribute: " + line);
+      cur->attributes.push_back({std::move(name), line.substr(eq + 3), false, false});
     } else if (is_ident_char(line[p])) {
       // `name : Type` is an attribute; `name : Final[T] = v` a constant;
       // `__forward_hooks__ = [...]` and friends have no annotation.
@@ -127,7 +130,8 @@ std::unordered_map<std::string, ClassDecl> parse_class_decls(const std::string& 
       if (!starts_with(line, name_end, " : ")) continue;
       // Types never contain '=', so an '=' after the annotation means a value.
       if (line.find('=', name_end) != std::string::npos) continue;
-      cur->attributes.push_back({line.substr(p, name_end - p), false, false});
+      cur->attributes.push_back(
+          {line.substr(p, name_end - p), line.substr(name_end + 3), false, false});
     }
   }
   finish();

@@ -14,6 +14,7 @@ namespace fsdp_plan {
 
 struct AttributeDecl {
   std::string name;
+  std::string type;  // the annotation as written: "Tensor", "__torch__.foo.Bar", ...
   bool is_param = false;
   bool is_buffer = false;
 };

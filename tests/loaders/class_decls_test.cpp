@@ -43,6 +43,8 @@ TEST_CASE("module header: attributes in order, flags by name, constants skipped"
   CHECK(lin.is_module);
   CHECK_FALSE(lin.has_setstate);
   CHECK(names(lin) == std::vector<std::string>{"weight", "bias", "training", "0"});
+  CHECK(lin.attributes[0].type == "Tensor");
+  CHECK(lin.attributes[3].type == "__torch__.torch.nn.modules.linear.Linear");
   CHECK(lin.attributes[0].is_param);
   CHECK(lin.attributes[1].is_param);
   CHECK_FALSE(lin.attributes[2].is_param);

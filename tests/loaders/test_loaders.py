@@ -22,7 +22,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -160,6 +160,27 @@ class Traceable(nn.Module):
         return self.fc(self.features(x).flatten(1)) + self.ids
 
 
+class WithSetstate(nn.Module):
+    """Restores its parameter in __setstate__: the archive loader cannot run
+    that and must say so rather than guess."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.zeros(3))
+
+    def forward(self, x):
+        return x * self.w.sum()
+
+    @torch.jit.export
+    def __getstate__(self):
+        return (self.w, self.training)
+
+    @torch.jit.export
+    def __setstate__(self, state: Tuple[torch.Tensor, bool]):
+        self.w = state[0]
+        self.training = state[1]
+
+
 class QStatic(nn.Module):
     def __init__(self):
         super().__init__()
@@ -244,6 +265,13 @@ def group_archive_only():
     check(rc == 2, f"unknown-op archive: jit loader refuses it (rc={rc}: {err.strip()[:150]})")
     rc, out, err = run("archive", bad_op)
     check(rc == 0 and out == want, f"unknown-op archive: archive loader gives the original tree {err}")
+
+    p = save("setstate", torch.jit.script(WithSetstate()))
+    rc, out, err = run("jit", p)
+    rc_a, _, err_a = run("archive", p)
+    check(rc == 0 and rc_a == 2 and "__setstate__" in err_a and "jit" in err_a,
+          f"__setstate__ module: jit reads it (rc={rc} {err.strip()[:100]}), archive refuses "
+          f"clearly (rc={rc_a} {err_a.strip()})")
 
     newer = os.path.join(TMP, "newer.pt")
     rewrite_zip(orig, newer, extra={"byteorder": b"little", ".data/version": b"3\n",
