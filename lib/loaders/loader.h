@@ -9,6 +9,7 @@
 namespace fsdp_plan {
 
 enum class LoaderKind {
+  Archive,  // structure only: data.pkl and the class headers in code/, no weights, no compiling
   Jit,  // torch::jit::load: reads every byte, compiles every method
 };
 
@@ -16,5 +17,6 @@ ModuleTree load_model(const std::string& path, LoaderKind kind);
 
 // One loader each; load_model dispatches.
 ModuleTree load_with_jit(const std::string& path);
+ModuleTree load_archive(const std::string& path);
 
 }  // namespace fsdp_plan

@@ -1,0 +1,32 @@
+// Class declarations read from the Python source TorchScript stores under
+// `code/` in an archive. Only the class headers matter to us: which classes
+// are modules, and their attributes in declaration order with the
+// parameter/buffer flags. That order is the ClassType slot order torch::jit::load
+// builds (SourceImporterImpl::importClass), so walking it reproduces the JIT
+// loader's registration order. No torch headers here.
+#pragma once
+
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace fsdp_plan {
+
+struct AttributeDecl {
+  std::string name;
+  std::string type;  // the annotation as written: "Tensor", "__torch__.foo.Bar", ...
+  bool is_param = false;
+  bool is_buffer = false;
+};
+
+struct ClassDecl {
+  bool is_module = false;      // `class X(Module):`
+  bool has_setstate = false;   // defines __setstate__: its pickled state is not a plain dict
+  std::vector<AttributeDecl> attributes;  // declaration order
+};
+
+// Parses one `code/...py` file. Keys are the bare class names ("Linear").
+// Throws std::runtime_error with a one-line message on a malformed class header.
+std::unordered_map<std::string, ClassDecl> parse_class_decls(const std::string& source);
+
+}  // namespace fsdp_plan
