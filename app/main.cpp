@@ -40,7 +40,7 @@ struct Options {
   std::string policy;
   std::string format = "text";
   std::string output;
-  std::string loader = "jit";
+  std::string loader = "archive";
   bool dump_tree = false;
   // Memory model overrides of the policy's "fsdp" settings; unset: keep the policy's.
   std::optional<int64_t> world_size, shard_group_size;
@@ -84,7 +84,7 @@ int run(const Options& opt) {
 
   auto t0 = std::chrono::steady_clock::now();
   check_readable_file(opt.model);
-  ModuleTree tree = load_model(opt.model, LoaderKind::Jit);
+  ModuleTree tree = load_model(opt.model, opt.loader == "jit" ? LoaderKind::Jit : LoaderKind::Archive);
   spdlog::info("loaded {} modules, {} tensors in {:.1f} ms ({} loader)", tree.num_modules(),
                tree.num_tensors(), ms_since(t0), opt.loader);
 
@@ -127,8 +127,10 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"text", "json"}))
       ->capture_default_str();
   app.add_option("-o,--output", opt.output, "write the plan to FILE (atomically) instead of stdout");
-  app.add_option("--loader", opt.loader, "how to read the model")
-      ->check(CLI::IsMember({"jit"}))
+  app.add_option("--loader", opt.loader,
+                 "archive: read the structure only (no weights, no compiling); "
+                 "jit: torch::jit::load, reads and compiles everything")
+      ->check(CLI::IsMember({"archive", "jit"}))
       ->capture_default_str();
   app.add_option("--world-size", opt.world_size, "ranks, for the memory model (default 1)")
       ->check(CLI::PositiveNumber);

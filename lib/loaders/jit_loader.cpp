@@ -13,9 +13,11 @@
 namespace fsdp_plan {
 namespace {
 
+// LibTorch's messages span lines and may start with a blank one.
 std::string first_line(const std::string& s) {
-  auto end = s.find('\n');
-  return s.substr(0, end);
+  auto start = s.find_first_not_of(" \n\t");
+  if (start == std::string::npos) return "(no message)";
+  return s.substr(start, s.find('\n', start) - start);
 }
 
 class TreeBuilder {
