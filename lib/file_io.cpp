@@ -38,7 +38,41 @@ std::string read_text_file(const std::string& path) {
   return ss.str();
 }
 
+namespace {
+
+[[noreturn]] void fail_errno(const char* what) {
+  throw std::runtime_error(std::string(what) + ": " + std::strerror(errno));
+}
+
+// Devices and pipes (/dev/stdout, a FIFO) cannot be replaced by a rename, and
+// must not be: write to them in place.
+void write_in_place(const std::string& path, const std::string& data) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_TRUNC | O_CLOEXEC);
+  if (fd < 0) fail_errno("cannot open for writing");
+  size_t done = 0;
+  while (done < data.size()) {
+    ssize_t n = ::write(fd, data.data() + done, data.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      int err = errno;
+      ::close(fd);
+      errno = err;
+      fail_errno("write failed");
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (::close(fd) != 0) fail_errno("close failed");
+}
+
+}  // namespace
+
 void write_file_atomic(const std::string& path, const std::string& data) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+    if (S_ISDIR(st.st_mode)) throw std::runtime_error("it is a directory");
+    write_in_place(path, data);
+    return;
+  }
   std::string tmp = path + ".tmp-XXXXXX";
   int fd = ::mkstemp(tmp.data());
   if (fd < 0) throw std::runtime_error(std::string("cannot create a file beside it: ") + std::strerror(errno));
