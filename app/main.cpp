@@ -64,6 +64,19 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// CLI11's PositiveNumber prints its whole double range; say it plainly instead.
+const CLI::Validator kPositiveCount(
+    [](std::string& text) -> std::string {
+      try {
+        size_t used = 0;
+        long long v = std::stoll(text, &used);
+        if (used == text.size() && v >= 1 && v <= fsdp_plan::kMaxWorldSize) return "";
+      } catch (const std::exception&) {
+      }
+      return "must be a whole number from 1 to " + std::to_string(fsdp_plan::kMaxWorldSize) + ", not " + text;
+    },
+    "N");
+
 int run(const Options& opt) {
   using namespace fsdp_plan;
   // The policy first: it is cheap, and a typo should not wait for a big model.
@@ -133,12 +146,12 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"archive", "jit"}))
       ->capture_default_str();
   app.add_option("--world-size", opt.world_size, "ranks, for the memory model (default 1)")
-      ->check(CLI::PositiveNumber);
+      ->check(kPositiveCount);
   app.add_option("--sharding-strategy", opt.strategy, "FSDP sharding strategy (default FULL_SHARD)")
       ->check(CLI::IsMember({"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"}));
   app.add_option("--shard-group-size", opt.shard_group_size,
                  "HYBRID_SHARD: ranks a parameter is sharded over (default min(8, world size))")
-      ->check(CLI::PositiveNumber);
+      ->check(kPositiveCount);
   app.add_flag("--use-orig-params", opt.use_orig_params, "FSDP use_orig_params=True (adds alignment padding)");
   app.add_option("--optimizer", opt.optimizer, "optimizer state for the memory model (default adam)")
       ->check(CLI::IsMember({"adam", "adamw", "sgd", "sgd-momentum", "none"}));

@@ -86,7 +86,8 @@ int64_t dtype_itemsize(const std::string& dtype) {
 }
 
 MemoryPlan estimate_memory(const Plan& plan, const MemorySettings& settings) {
-  if (settings.world_size < 1) throw std::invalid_argument("the world size must be at least 1");
+  if (settings.world_size < 1 || settings.world_size > kMaxWorldSize)
+    throw std::invalid_argument("the world size must be from 1 to " + std::to_string(kMaxWorldSize));
   MemoryPlan mem;
   mem.settings = settings;
   mem.effective_strategy = settings.strategy;

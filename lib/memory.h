@@ -23,6 +23,9 @@ std::optional<Optimizer> parse_optimizer(const std::string& name);
 // Bytes per element of a floating dtype name ("bfloat16" -> 2); 0 if unknown.
 int64_t dtype_itemsize(const std::string& dtype);
 
+// Far beyond any real job; keeps every byte count well inside int64.
+constexpr int64_t kMaxWorldSize = int64_t{1} << 24;
+
 struct MemorySettings {
   int64_t world_size = 1;
   ShardingStrategy strategy = ShardingStrategy::FullShard;

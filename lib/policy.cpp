@@ -120,13 +120,15 @@ class Parser {
     check_keys(v, kFsdpKeys, " in \"fsdp\"");
     if (auto it = v.find("world_size"); it != v.end()) {
       out.world_size = count(*it, "fsdp.world_size");
-      if (out.world_size < 1) fail("\"fsdp.world_size\" must be at least 1");
+      if (out.world_size < 1 || out.world_size > kMaxWorldSize)
+        fail("\"fsdp.world_size\" must be from 1 to " + std::to_string(kMaxWorldSize));
     }
     if (auto it = v.find("sharding_strategy"); it != v.end())
       out.strategy = *parse_strategy(one_of(*it, "fsdp.sharding_strategy", kStrategies));
     if (auto it = v.find("shard_group_size"); it != v.end()) {
       out.shard_group_size = count(*it, "fsdp.shard_group_size");
-      if (out.shard_group_size < 1) fail("\"fsdp.shard_group_size\" must be at least 1");
+      if (out.shard_group_size < 1 || out.shard_group_size > kMaxWorldSize)
+        fail("\"fsdp.shard_group_size\" must be from 1 to " + std::to_string(kMaxWorldSize));
     }
     if (auto it = v.find("use_orig_params"); it != v.end()) {
       if (!it->is_boolean()) fail("\"fsdp.use_orig_params\" must be true or false, not " + type_of(*it));

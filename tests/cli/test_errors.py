@@ -1,0 +1,176 @@
+#!/usr/bin/python3
+"""Checks every row of docs/errors.md: each bad input is made here, the binary
+runs on it, and its exit code and exact message must match the table.
+
+Usage: test_errors.py FSDP_PLAN_BINARY
+"""
+import json
+import os
+import pickle
+import re
+import struct
+import subprocess
+import sys
+import tempfile
+import unittest
+import zipfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BINARY = os.path.join(ROOT, "build", "app", "fsdp-plan")
+GPT = os.path.join(ROOT, "sample_models", "tiny_gpt.pt")
+ERRORS_MD = os.path.join(ROOT, "docs", "errors.md")
+
+
+def read_table():
+    """{id: (exit code, message)} from the rows of docs/errors.md's tables."""
+    rows = {}
+    for line in open(ERRORS_MD):
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 4 or not re.fullmatch(r"`[a-z0-9-]+`", cells[0]):
+            continue
+        message = cells[3]
+        assert message.startswith("`") and message.endswith("`"), line
+        rows[cells[0].strip("`")] = (int(cells[2]), message[1:-1])
+    return rows
+
+
+# --- inputs, each made in the scratch directory; returns the argv after the binary ---
+
+def model(name, data):
+    with open(name, "wb") as f:
+        f.write(data)
+    return [name]
+
+
+def policy(text):
+    with open("policy.json", "w") as f:
+        f.write(text)
+    return [GPT, "--policy", "policy.json"]
+
+
+def gpt_bytes():
+    with open(GPT, "rb") as f:
+        return f.read()
+
+
+def rezip(name, keep=lambda n: True, edit=None):
+    """A copy of the sample model with records dropped or rewritten."""
+    with zipfile.ZipFile(GPT) as src, zipfile.ZipFile(name, "w", zipfile.ZIP_STORED) as dst:
+        for info in src.infolist():
+            if not keep(info.filename):
+                continue
+            data = src.read(info.filename)
+            dst.writestr(info.filename, edit(info.filename, data) if edit else data)
+    return [name]
+
+
+def damaged_pickle(name):
+    """Change a name inside data.pkl (stored uncompressed) without fixing its CRC:
+    the pickle still parses, only the CRC can tell."""
+    blob = bytearray(gpt_bytes())
+    with zipfile.ZipFile(GPT) as z:
+        pkl = z.read("tiny_gpt/data.pkl")
+    at = bytes(blob).find(pkl)
+    assert at > 0
+    where = pkl.find(b"ln_f")
+    blob[at + where:at + where + 4] = b"ln_g"
+    return model(name, bytes(blob))
+
+
+def huge_sizes(name):
+    """The central directory claims data.pkl is nearly 4 GiB."""
+    blob = bytearray(gpt_bytes())
+    at = blob.find(b"PK\x01\x02")
+    while at != -1:
+        name_len = struct.unpack_from("<H", blob, at + 28)[0]
+        if bytes(blob[at + 46:at + 46 + name_len]).endswith(b"data.pkl"):
+            struct.pack_into("<II", blob, at + 20, 0xFFFFFFF0, 0xFFFFFFF0)
+        at = blob.find(b"PK\x01\x02", at + 4)
+    return model(name, bytes(blob))
+
+
+def torch_save(name, obj_factory):
+    import torch
+    torch.save(obj_factory(), name)
+    return [name]
+
+
+def linear():
+    import torch.nn as nn
+    return nn.Linear(2, 2)
+
+
+CASES = {
+    "model-missing": lambda: ["missing.pt"],
+    "model-directory": lambda: (os.mkdir("adir"), ["adir"])[1],
+    "model-empty": lambda: model("empty.pt", b""),
+    "model-not-zip": lambda: model("notes.pt", b"these are notes, not a model\n"),
+    "model-truncated-10": lambda: model("cut10.pt", gpt_bytes()[:10]),
+    "model-truncated-100": lambda: model("cut100.pt", gpt_bytes()[:100]),
+    "model-truncated-half": lambda: model("half.pt", gpt_bytes()[:len(gpt_bytes()) // 2]),
+    "model-truncated-end": lambda: model("end.pt", gpt_bytes()[:-10]),
+    "model-damaged-record": lambda: damaged_pickle("damaged.pt"),
+    "model-no-data-pkl": lambda: rezip("nodata.pt", keep=lambda n: not n.endswith("data.pkl")),
+    "model-no-code": lambda: rezip("nocode.pt", keep=lambda n: "/code/" not in n),
+    "model-huge-sizes": lambda: huge_sizes("huge.pt"),
+    "model-state-dict": lambda: torch_save("state_dict.pt", lambda: linear().state_dict()),
+    "model-eager-save": lambda: torch_save("eager.pt", linear),
+    "model-other-pickle": lambda: model("other.pkl", pickle.dumps({"epoch": 3})),
+    "model-other-zip": lambda: (zipfile.ZipFile("docs.zip", "w").writestr("a.txt", "text"), ["docs.zip"])[1],
+    "policy-missing": lambda: [GPT, "--policy", "missing.json"],
+    "policy-invalid-json": lambda: policy('{\n  "module_classes": ["Block"],\n}\n'),
+    "policy-not-object": lambda: policy('["Block"]'),
+    "policy-wrong-type": lambda: policy('{"module_classes": "Block"}'),
+    "policy-unknown-key": lambda: policy('{"min_num_param": 100000}'),
+    "policy-unknown-nested-key": lambda: policy('{"mixed_precision": {"param_type": "bfloat16"}}'),
+    "policy-negative": lambda: policy('{"min_num_params": -5}'),
+    "policy-fractional": lambda: policy('{"min_num_params": 2.5}'),
+    "policy-huge": lambda: policy('{"min_num_params": 1e30}'),
+    "policy-overflow": lambda: policy('{"min_num_params": 1e400}'),
+    "policy-empty-classes": lambda: policy('{"module_classes": []}'),
+    "policy-duplicate-class": lambda: policy('{"module_classes": ["Block", "Block"]}'),
+    "policy-bad-dtype": lambda: policy('{"mixed_precision": {"param_dtype": "bf16"}}'),
+    "policy-bad-strategy": lambda: policy('{"fsdp": {"sharding_strategy": "FULL_SHARDS"}}'),
+    "policy-glob-no-module": lambda: policy('{"ignored_modules": ["decoder.*"]}'),
+    "policy-glob-no-param": lambda: policy('{"ignored_params": ["*.gamma"]}'),
+    "policy-class-no-module": lambda: policy('{"module_classes": ["Blok"]}'),
+    "output-no-directory": lambda: [GPT, "-o", "missing/plan.json"],
+    "output-is-directory": lambda: (os.mkdir("out"), [GPT, "-o", "out"])[1],
+    "output-disk-full": lambda: [GPT, "-o", "/dev/full"],
+    "usage-no-model": lambda: [],
+    "usage-bad-format": lambda: [GPT, "--format", "yaml"],
+    "usage-bad-world-size": lambda: [GPT, "--world-size", "0"],
+    "usage-hybrid-group": lambda: [GPT, "--world-size", "12", "--sharding-strategy", "HYBRID_SHARD",
+                                   "--shard-group-size", "8"],
+}
+
+
+class ErrorTable(unittest.TestCase):
+    def test_every_row(self):
+        rows = read_table()
+        self.assertEqual(sorted(rows), sorted(CASES), "docs/errors.md rows and this test's cases differ")
+        for case, (code, message) in sorted(rows.items()):
+            with self.subTest(case=case), tempfile.TemporaryDirectory() as tmp:
+                cwd = os.getcwd()
+                os.chdir(tmp)
+                try:
+                    argv = CASES[case]()
+                    before = set(os.listdir("."))
+                    r = subprocess.run([BINARY, *argv, "-f", "json"], capture_output=True, text=True, timeout=120)
+                    after = set(os.listdir("."))
+                finally:
+                    os.chdir(cwd)
+                self.assertEqual(r.returncode, code, f"{case}: {r.stderr}")
+                if code == 2:
+                    self.assertEqual(r.stdout, "", case)
+                    self.assertEqual(r.stderr, message + "\n", case)
+                    self.assertEqual(after, before, f"{case}: left files behind")
+                else:
+                    warnings = [w["kind"] + ": " + w["message"] for w in json.loads(r.stdout)["warnings"]]
+                    self.assertIn(message, warnings, case)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1:
+        BINARY = os.path.abspath(sys.argv.pop(1))
+    unittest.main(verbosity=2)
