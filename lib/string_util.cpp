@@ -59,36 +59,31 @@ std::vector<std::string> closest(std::string_view word, const std::vector<std::s
   return out;
 }
 
-std::string format_bytes(int64_t bytes) {
-  static const char* const kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
-  double v = static_cast<double>(bytes);
+namespace {
+
+// n in the largest unit (each `base` times the last) that keeps it >= 1:
+// whole numbers below the first step, `decimals` places above it.
+std::string scaled(int64_t n, double base, const std::vector<const char*>& units, int decimals) {
+  double v = static_cast<double>(n);
   size_t u = 0;
-  while (v >= 1024.0 && u + 1 < std::size(kUnits)) {
-    v /= 1024.0;
+  while (v >= base && u + 1 < units.size()) {
+    v /= base;
     ++u;
   }
-  char buf[32];
+  char buf[48];
   if (u == 0)
-    std::snprintf(buf, sizeof buf, "%lld B", static_cast<long long>(bytes));
+    std::snprintf(buf, sizeof buf, "%lld%s", static_cast<long long>(n), units[0]);
   else
-    std::snprintf(buf, sizeof buf, "%.1f %s", v, kUnits[u]);
+    std::snprintf(buf, sizeof buf, "%.*f%s", decimals, v, units[u]);
   return buf;
 }
 
-std::string format_count(int64_t n) {
-  static const char* const kUnits[] = {"", "K", "M", "B", "T"};
-  double v = static_cast<double>(n);
-  size_t u = 0;
-  while (v >= 1000.0 && u + 1 < std::size(kUnits)) {
-    v /= 1000.0;
-    ++u;
-  }
-  char buf[32];
-  if (u == 0)
-    std::snprintf(buf, sizeof buf, "%lld", static_cast<long long>(n));
-  else
-    std::snprintf(buf, sizeof buf, "%.2f%s", v, kUnits[u]);
-  return buf;
+}  // namespace
+
+std::string format_bytes(int64_t bytes) {
+  return scaled(bytes, 1024.0, {" B", " KiB", " MiB", " GiB", " TiB", " PiB"}, 1);
 }
+
+std::string format_count(int64_t n) { return scaled(n, 1000.0, {"", "K", "M", "B", "T"}, 2); }
 
 }  // namespace fsdp_plan
