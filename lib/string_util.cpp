@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
+#include <limits>
 
 namespace fsdp_plan {
 
@@ -89,6 +90,51 @@ std::string format_count(int64_t n) {
   else
     std::snprintf(buf, sizeof buf, "%.2f%s", v, kUnits[u]);
   return buf;
+}
+
+}  // namespace fsdp_plan
+
+namespace fsdp_plan {
+
+std::optional<int64_t> parse_size(std::string_view text) {
+  // Exact decimal arithmetic in 128 bits: "0.3GB" must be 300000000, which
+  // a double does not guarantee.
+  size_t i = 0;
+  __int128 mantissa = 0, scale = 1;
+  size_t digits = 0;
+  bool dot = false;
+  for (; i < text.size(); ++i) {
+    char c = text[i];
+    if (c == '.' && !dot) {
+      dot = true;
+      continue;
+    }
+    if (c < '0' || c > '9') break;
+    if (++digits > 20) return std::nullopt;  // keeps mantissa * 2^50 within 128 bits
+    mantissa = mantissa * 10 + (c - '0');
+    if (dot) scale *= 10;
+  }
+  if (digits == 0) return std::nullopt;
+  while (i < text.size() && text[i] == ' ') ++i;
+  std::string unit;
+  for (; i < text.size(); ++i) unit += static_cast<char>(std::tolower(static_cast<unsigned char>(text[i])));
+
+  static const std::pair<const char*, __int128> kUnits[] = {
+      {"", 1},          {"b", 1},
+      {"k", 1000},      {"kb", 1000},      {"kib", __int128{1} << 10},
+      {"m", 1000000},   {"mb", 1000000},   {"mib", __int128{1} << 20},
+      {"g", 1000000000}, {"gb", 1000000000}, {"gib", __int128{1} << 30},
+      {"t", 1000000000000}, {"tb", 1000000000000}, {"tib", __int128{1} << 40},
+      {"p", 1000000000000000}, {"pb", 1000000000000000}, {"pib", __int128{1} << 50},
+  };
+  for (const auto& [name, multiplier] : kUnits) {
+    if (unit != name) continue;
+    if (dot && multiplier == 1) return std::nullopt;  // a fraction of a byte
+    __int128 bytes = (mantissa * multiplier + scale / 2) / scale;
+    if (bytes > std::numeric_limits<int64_t>::max()) return std::nullopt;
+    return static_cast<int64_t>(bytes);
+  }
+  return std::nullopt;
 }
 
 }  // namespace fsdp_plan
