@@ -9,6 +9,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "checks.h"
+
 namespace fsdp_plan {
 
 struct MixedPrecision {
@@ -28,6 +30,7 @@ struct Policy {
   std::optional<MixedPrecision> mixed_precision;
   std::vector<std::string> ignored_modules;  // module path globs
   std::vector<std::string> ignored_params;   // parameter path globs
+  Budgets checks;                            // CI budgets; not part of the wrapping
 
   // FSDP auto-wraps only when a wrapping policy is given; mixed precision
   // alone changes no unit.
@@ -37,6 +40,10 @@ struct Policy {
 // Parse and validate policy JSON text. Throws InputError naming `file`.
 Policy parse_policy(const std::string& text, const std::string& file);
 Policy load_policy_file(const std::string& file);
+
+// Why `kind` cannot be a "fail_on" entry ("names \"x\", not a warning kind;
+// did you mean ...?"), or "" if it can.
+std::string fail_on_error(const std::string& kind);
 
 // The effective policy, defaults filled in, as the plan reports it.
 nlohmann::ordered_json policy_to_json(const Policy& policy);

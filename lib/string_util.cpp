@@ -96,6 +96,24 @@ std::string format_count(int64_t n) {
 
 namespace fsdp_plan {
 
+std::string wrap_words(const std::string& text, size_t width, const std::string& indent) {
+  std::string out, line;
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t end = text.find(' ', pos);
+    if (end == std::string::npos) end = text.size();
+    std::string word = text.substr(pos, end - pos);
+    if (!line.empty() && line != indent && line.size() + 1 + word.size() > width) {
+      out += line + "\n";
+      line = indent;
+    }
+    if (!line.empty() && line != indent) line += ' ';
+    line += word;
+    pos = end + 1;
+  }
+  return out + line + "\n";
+}
+
 std::optional<int64_t> parse_size(std::string_view text) {
   // Exact decimal arithmetic in 128 bits: "0.3GB" must be 300000000, which
   // a double does not guarantee.
