@@ -26,12 +26,13 @@ void add_gate_options(CLI::App& app, GateOptions& opt) {
       ->type_name("SIZE")
       ->check(CLI::Validator(
           [](std::string& v) { return parse_size(v) ? std::string() : "\"" + v + "\" is not a size (e.g. 80GiB)"; },
-          "SIZE"))
+          ""))
       ->group(group);
   app.add_option("--fail-on", b.fail_on, "fail if the plan has a warning of KIND (repeatable; \"any\": any "
                                          "warning or error, not info)")
       ->type_name("KIND")
-      ->check(CLI::Validator([](std::string& v) { return fail_on_error(v); }, "KIND"))
+      ->check(CLI::Validator([](std::string& v) { return fail_on_error(v); }, ""))
+      ->allow_extra_args(false)
       ->group(group);
   app.add_option("--expect", opt.expect, "exit 1 unless the plan equals this reviewed plan (JSON); the "
                                          "difference is printed as `fsdp-plan diff` would")

@@ -51,6 +51,8 @@ class Budgets(Scratch):
         self.assertEqual(v[0]["units"], ["tok_emb", "lm_head"])
         self.assertEqual(run(GPT, "--policy", SIZE, "--fail-on", "any").returncode, 1)
         self.assertEqual(run(GPT, "--policy", SIZE, "--fail-on", "nested_wrap").returncode, 0)
+        # One kind per --fail-on: the model after it is not taken for a kind.
+        self.assertEqual(run("--fail-on", "any", "--policy", SIZE, GPT).returncode, 1)
 
     def test_json_lists_violations(self):
         r = self.gpt("--max-unit-numel", "40000", "--max-units", "8", "-f", "json")
