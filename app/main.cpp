@@ -2,7 +2,8 @@
 //
 // Exit codes (README "Exit codes"):
 //   0  plan produced
-//   1  plan produced, but FSDP would refuse the model (an error-severity warning)
+//   1  plan produced, but FSDP would refuse the model (an error-severity warning),
+//      a budget is violated, or the plan differs from --expect (gate.h)
 //   2  usage, input or output error: one line on stderr, nothing on stdout
 //   3  internal error (a bug: please report it)
 #include <CLI/CLI.hpp>
@@ -13,8 +14,10 @@
 #include <iostream>
 #include <optional>
 
+#include "diff_command.h"
 #include "errors.h"
 #include "file_io.h"
+#include "gate.h"
 #include "json_writer.h"
 #include "loaders/loader.h"
 #include "memory.h"
@@ -48,6 +51,7 @@ struct Options {
   bool use_orig_params = false;
   int verbosity = 0;
   bool quiet = false;
+  fsdp_plan::GateOptions gate;
 };
 
 void setup_logging(const Options& opt) {
@@ -109,8 +113,10 @@ int run(const Options& opt) {
     t0 = std::chrono::steady_clock::now();
     Plan plan = make_plan(tree, policy, opt.model);
     spdlog::info("planned {} units in {:.1f} ms", plan.units.size(), ms_since(t0));
-    text = opt.format == "json" ? plan_to_json(plan).dump(1) + "\n" : plan_to_text(plan);
-    if (plan.has_errors()) code = kExitRefused;
+    auto json = plan_to_json(plan);
+    Gate gate(json, policy.checks, opt.gate, opt.model);
+    text = opt.format == "json" ? gate.annotate(std::move(json)).dump(1) + "\n" : plan_to_text(plan) + gate.text();
+    if (plan.has_errors() || !gate.passed()) code = kExitRefused;
   }
 
   if (opt.output.empty()) {
@@ -129,6 +135,8 @@ int run(const Options& opt) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A subcommand by its first word; a model file named "diff" is ./diff.
+  if (argc > 1 && std::string(argv[1]) == "diff") return fsdp_plan::diff_main(argc - 1, argv + 1);
   Options opt;
   CLI::App app{"fsdp-plan: the PyTorch FSDP wrapping plan of a TorchScript model", "fsdp-plan"};
   app.set_version_flag("--version", "fsdp-plan 0.1.0");
@@ -158,8 +166,10 @@ int main(int argc, char** argv) {
   app.add_flag("--dump-tree", opt.dump_tree, "print the loaded module tree as JSON instead of a plan");
   app.add_flag("-v,--verbose", opt.verbosity, "log progress to stderr (-vv for more)");
   app.add_flag("-q,--quiet", opt.quiet, "log only errors");
-  app.footer("Exit codes: 0 plan produced; 1 FSDP would refuse the model; 2 usage, input or output "
-             "error; 3 internal error.");
+  fsdp_plan::add_gate_options(app, opt.gate);
+  app.footer("Also: fsdp-plan diff OLD.json NEW.json (see fsdp-plan diff --help).\n"
+             "Exit codes: 0 plan produced; 1 FSDP would refuse the model, a budget is violated, or the plan "
+             "differs from --expect; 2 usage, input or output error; 3 internal error.");
 
   try {
     app.parse(argc, argv);

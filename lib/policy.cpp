@@ -16,7 +16,10 @@ using json = nlohmann::json;
 
 const std::vector<std::string> kTopKeys = {"$schema", "module_classes", "min_num_params",
                                            "force_leaf_modules", "exclude_wrap_modules",
-                                           "mixed_precision", "ignored_modules", "ignored_params", "fsdp"};
+                                           "mixed_precision", "ignored_modules", "ignored_params",
+                                           "fsdp", "checks"};
+const std::vector<std::string> kChecksKeys = {"max_unit_numel", "max_units", "max_root_share", "max_peak_bytes",
+                                              "fail_on"};
 const std::vector<std::string> kMixedPrecisionKeys = {"param_dtype", "reduce_dtype", "buffer_dtype",
                                                       "ignore_classes"};
 const std::vector<std::string> kFsdpKeys = {"world_size", "sharding_strategy", "shard_group_size",
@@ -138,6 +141,40 @@ class Parser {
       out.optimizer = *parse_optimizer(one_of(*it, "fsdp.optimizer", kOptimizers));
   }
 
+  Budgets checks(const json& obj) const {
+    if (!obj.is_object()) fail("\"checks\" must be an object, not " + type_of(obj));
+    check_keys(obj, kChecksKeys, " in \"checks\"");
+    Budgets b;
+    if (auto it = obj.find("max_unit_numel"); it != obj.end()) b.max_unit_numel = count(*it, "checks.max_unit_numel");
+    if (auto it = obj.find("max_units"); it != obj.end()) b.max_units = count(*it, "checks.max_units");
+    if (auto it = obj.find("max_root_share"); it != obj.end()) {
+      if (!it->is_number()) fail("\"checks.max_root_share\" must be a number, not " + type_of(*it));
+      double share = it->get<double>();
+      if (share < 0 || share > 1)
+        fail("\"checks.max_root_share\" is a share between 0 and 1, not " + it->dump());
+      b.max_root_share = share;
+    }
+    if (auto it = obj.find("max_peak_bytes"); it != obj.end()) {
+      if (it->is_string()) {
+        auto size = parse_size(it->get<std::string>());
+        if (!size) fail("\"checks.max_peak_bytes\" is " + it->dump() + ", not a size (e.g. 80GiB, 80GB, 1.5TiB)");
+        b.max_peak_bytes = size;
+      } else if (it->is_number()) {
+        b.max_peak_bytes = count(*it, "checks.max_peak_bytes");
+      } else {
+        fail("\"checks.max_peak_bytes\" must be a byte count or a size string, not " + type_of(*it));
+      }
+    }
+    if (auto it = obj.find("fail_on"); it != obj.end()) {
+      b.fail_on = string_list(*it, "checks.fail_on", false);
+      for (const auto& kind : b.fail_on) {
+        std::string why = fail_on_error(kind);
+        if (!why.empty()) fail("\"checks.fail_on\" " + why);
+      }
+    }
+    return b;
+  }
+
   Policy parse(const std::string& text) const {
     json doc;
     try {
@@ -191,6 +228,7 @@ class Parser {
       p.ignored_modules = string_list(*it, "ignored_modules", false);
     if (auto it = doc.find("ignored_params"); it != doc.end() && !it->is_null())
       p.ignored_params = string_list(*it, "ignored_params", false);
+    if (auto it = doc.find("checks"); it != doc.end() && !it->is_null()) p.checks = checks(*it);
     return p;
   }
 
@@ -199,6 +237,15 @@ class Parser {
 };
 
 }  // namespace
+
+std::string fail_on_error(const std::string& kind) {
+  std::vector<std::string> valid = warning_kinds();
+  valid.push_back("any");
+  if (std::find(valid.begin(), valid.end(), kind) != valid.end()) return "";
+  auto near = closest(kind, valid, 1);
+  return "names \"" + kind + "\", not a warning kind" +
+         (near.empty() ? " (one of " + Parser::join(valid) + ")" : "; did you mean \"" + near[0] + "\"?");
+}
 
 Policy parse_policy(const std::string& text, const std::string& file) { return Parser(file).parse(text); }
 

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "memory.h"
+#include "checks.h"
 
 namespace fsdp_plan {
 
@@ -32,6 +33,7 @@ struct Policy {
   std::vector<std::string> ignored_params;   // parameter path globs
   // FSDP and training settings for the memory model ("fsdp" in JSON).
   MemorySettings fsdp;
+  Budgets checks;                            // CI budgets; not part of the wrapping
 
   // FSDP auto-wraps only when a wrapping policy is given; mixed precision
   // alone changes no unit.
@@ -41,6 +43,10 @@ struct Policy {
 // Parse and validate policy JSON text. Throws InputError naming `file`.
 Policy parse_policy(const std::string& text, const std::string& file);
 Policy load_policy_file(const std::string& file);
+
+// Why `kind` cannot be a "fail_on" entry ("names \"x\", not a warning kind;
+// did you mean ...?"), or "" if it can.
+std::string fail_on_error(const std::string& kind);
 
 // The effective policy, defaults filled in, as the plan reports it.
 nlohmann::ordered_json policy_to_json(const Policy& policy);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
+#include <limits>
 
 namespace fsdp_plan {
 
@@ -85,5 +86,68 @@ std::string format_bytes(int64_t bytes) {
 }
 
 std::string format_count(int64_t n) { return scaled(n, 1000.0, {"", "K", "M", "B", "T"}, 2); }
+
+}  // namespace fsdp_plan
+
+namespace fsdp_plan {
+
+std::string wrap_words(const std::string& text, size_t width, const std::string& indent) {
+  std::string out, line;
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t end = text.find(' ', pos);
+    if (end == std::string::npos) end = text.size();
+    std::string word = text.substr(pos, end - pos);
+    if (!line.empty() && line != indent && line.size() + 1 + word.size() > width) {
+      out += line + "\n";
+      line = indent;
+    }
+    if (!line.empty() && line != indent) line += ' ';
+    line += word;
+    pos = end + 1;
+  }
+  return out + line + "\n";
+}
+
+std::optional<int64_t> parse_size(std::string_view text) {
+  // Exact decimal arithmetic in 128 bits: "0.3GB" must be 300000000, which
+  // a double does not guarantee.
+  size_t i = 0;
+  __int128 mantissa = 0, scale = 1;
+  size_t digits = 0;
+  bool dot = false;
+  for (; i < text.size(); ++i) {
+    char c = text[i];
+    if (c == '.' && !dot) {
+      dot = true;
+      continue;
+    }
+    if (c < '0' || c > '9') break;
+    if (++digits > 20) return std::nullopt;  // keeps mantissa * 2^50 within 128 bits
+    mantissa = mantissa * 10 + (c - '0');
+    if (dot) scale *= 10;
+  }
+  if (digits == 0) return std::nullopt;
+  while (i < text.size() && text[i] == ' ') ++i;
+  std::string unit;
+  for (; i < text.size(); ++i) unit += static_cast<char>(std::tolower(static_cast<unsigned char>(text[i])));
+
+  static const std::pair<const char*, __int128> kUnits[] = {
+      {"", 1},          {"b", 1},
+      {"k", 1000},      {"kb", 1000},      {"kib", __int128{1} << 10},
+      {"m", 1000000},   {"mb", 1000000},   {"mib", __int128{1} << 20},
+      {"g", 1000000000}, {"gb", 1000000000}, {"gib", __int128{1} << 30},
+      {"t", 1000000000000}, {"tb", 1000000000000}, {"tib", __int128{1} << 40},
+      {"p", 1000000000000000}, {"pb", 1000000000000000}, {"pib", __int128{1} << 50},
+  };
+  for (const auto& [name, multiplier] : kUnits) {
+    if (unit != name) continue;
+    if (dot && multiplier == 1) return std::nullopt;  // a fraction of a byte
+    __int128 bytes = (mantissa * multiplier + scale / 2) / scale;
+    if (bytes > std::numeric_limits<int64_t>::max()) return std::nullopt;
+    return static_cast<int64_t>(bytes);
+  }
+  return std::nullopt;
+}
 
 }  // namespace fsdp_plan

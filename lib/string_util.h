@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -24,5 +25,17 @@ std::vector<std::string> closest(std::string_view word, const std::vector<std::s
 std::string format_bytes(int64_t bytes);
 // 1234567 -> "1.23M"; 999 -> "999"
 std::string format_count(int64_t n);
+
+// Word-wraps `text` to `width` columns; lines after the first start with
+// `indent`. Ends with a newline.
+std::string wrap_words(const std::string& text, size_t width, const std::string& indent);
+
+// A byte size as people write it: "1073741824", "80GiB", "80 GB", "1.5TiB",
+// "512k". Binary units (KiB, MiB, GiB, TiB, PiB) are powers of 1024; decimal
+// ones (KB/K, MB/M, GB/G, TB/T, PB/P) powers of 1000; the unit is
+// case-insensitive and "B" alone means bytes. A fraction is allowed with a
+// unit and rounds to the nearest byte. Returns nullopt for anything else,
+// negative numbers and sizes beyond int64.
+std::optional<int64_t> parse_size(std::string_view text);
 
 }  // namespace fsdp_plan

@@ -67,3 +67,35 @@ TEST_CASE("policy errors name the problem") {
   // Found by the fuzzer: a number too big for a double is not a parse_error in nlohmann.
   CHECK(error_of("{\"min_num_params\": 1e400}") == "invalid JSON: number overflow parsing '1e400'");
 }
+
+TEST_CASE("policy checks parse, with sizes as strings or numbers") {
+  Policy p = parse_policy(R"({"checks": {"max_unit_numel": 1e6, "max_units": 10, "max_root_share": 0.25,
+                              "max_peak_bytes": "80GiB", "fail_on": ["empty_unit", "any"]}})", "p.json");
+  CHECK(p.checks.max_unit_numel == 1000000);
+  CHECK(p.checks.max_units == 10);
+  CHECK(p.checks.max_root_share == doctest::Approx(0.25));
+  CHECK(p.checks.max_peak_bytes == int64_t{80} << 30);
+  CHECK(p.checks.fail_on == std::vector<std::string>{"empty_unit", "any"});
+  CHECK(parse_policy(R"({"checks": {"max_peak_bytes": 1024}})", "p").checks.max_peak_bytes == 1024);
+  CHECK(parse_policy("{}", "p").checks.empty());
+  CHECK(parse_policy(R"({"checks": null})", "p").checks.empty());
+}
+
+TEST_CASE("policy checks errors name the problem") {
+  CHECK(error_of(R"({"checks": {"max_unit_numels": 5}})") ==
+        "unknown key \"max_unit_numels\" in \"checks\"; did you mean \"max_unit_numel\"?");
+  CHECK(error_of(R"({"checks": []})") == "\"checks\" must be an object, not a list");
+  CHECK(error_of(R"({"checks": {"max_units": -1}})") == "\"checks.max_units\" must be >= 0, not -1");
+  CHECK(error_of(R"({"checks": {"max_units": "4"}})") == "\"checks.max_units\" must be an integer, not a string");
+  CHECK(error_of(R"({"checks": {"max_root_share": 25}})") ==
+        "\"checks.max_root_share\" is a share between 0 and 1, not 25");
+  CHECK(error_of(R"({"checks": {"max_root_share": "25%"}})") ==
+        "\"checks.max_root_share\" must be a number, not a string");
+  CHECK(error_of(R"({"checks": {"max_peak_bytes": "80XB"}})").find("not a size") != std::string::npos);
+  CHECK(error_of(R"({"checks": {"max_peak_bytes": true}})") ==
+        "\"checks.max_peak_bytes\" must be a byte count or a size string, not a boolean");
+  CHECK(error_of(R"({"checks": {"fail_on": ["empty_unt"]}})") ==
+        "\"checks.fail_on\" names \"empty_unt\", not a warning kind; did you mean \"empty_unit\"?");
+  CHECK(error_of(R"({"checks": {"fail_on": "any"}})") == "\"checks.fail_on\" must be a list of strings, not a string");
+  CHECK(error_of(R"({"check": {}})") == "unknown key \"check\"; did you mean \"checks\"?");
+}

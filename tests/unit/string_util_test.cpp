@@ -37,3 +37,36 @@ TEST_CASE("human-readable sizes") {
   CHECK(format_count(1234567) == "1.23M");
   CHECK(format_count(86567656) == "86.57M");
 }
+
+TEST_CASE("parse_size reads plain, decimal and binary sizes") {
+  CHECK(parse_size("0") == 0);
+  CHECK(parse_size("1073741824") == int64_t{1} << 30);
+  CHECK(parse_size("80GiB") == int64_t{80} << 30);
+  CHECK(parse_size("80 GiB") == int64_t{80} << 30);
+  CHECK(parse_size("80gib") == int64_t{80} << 30);
+  CHECK(parse_size("80GB") == int64_t{80} * 1000 * 1000 * 1000);
+  CHECK(parse_size("80G") == int64_t{80} * 1000 * 1000 * 1000);
+  CHECK(parse_size("1.5TiB") == (int64_t{3} << 40) / 2);
+  CHECK(parse_size("0.3GB") == 300000000);  // exact, not 299999999
+  CHECK(parse_size("512k") == 512000);
+  CHECK(parse_size("512KiB") == 524288);
+  CHECK(parse_size("12B") == 12);
+  CHECK(parse_size("1.0001KiB") == 1024);  // rounds to the nearest byte
+  CHECK(parse_size("7PiB") == int64_t{7} << 50);
+}
+
+TEST_CASE("parse_size rejects what is not a size") {
+  CHECK_FALSE(parse_size(""));
+  CHECK_FALSE(parse_size("GiB"));
+  CHECK_FALSE(parse_size("-1"));
+  CHECK_FALSE(parse_size("1.5"));  // a fraction of a byte
+  CHECK_FALSE(parse_size("1.5B"));
+  CHECK_FALSE(parse_size("80XB"));
+  CHECK_FALSE(parse_size("80 GiB extra"));
+  CHECK_FALSE(parse_size("1.2.3G"));
+  CHECK_FALSE(parse_size("8EiB"));                      // no exbibytes
+  CHECK_FALSE(parse_size("9223372036854775808"));      // int64 max + 1
+  CHECK(parse_size("9223372036854775807") == INT64_MAX);
+  CHECK_FALSE(parse_size("100000PiB"));
+  CHECK_FALSE(parse_size("123456789012345678901"));    // too many digits
+}

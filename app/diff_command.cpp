@@ -1,0 +1,75 @@
+#include "diff_command.h"
+
+#include <CLI/CLI.hpp>
+
+#include <iostream>
+
+#include "diff_writer.h"
+#include "errors.h"
+#include "file_io.h"
+#include "plan_diff.h"
+
+namespace fsdp_plan {
+namespace {
+
+nlohmann::json load_plan(const std::string& file) {
+  std::string text = read_text_file(file);
+  nlohmann::json doc;
+  try {
+    doc = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    std::string msg = e.what();
+    auto at = msg.find("parse error");
+    throw InputError(file, "invalid JSON: " + (at == std::string::npos ? msg : msg.substr(at)));
+  }
+  if (std::string why = plan_shape_error(doc); !why.empty()) throw InputError(file, why);
+  return doc;
+}
+
+}  // namespace
+
+int diff_main(int argc, char** argv) {
+  std::string old_file, new_file, format = "text", output;
+  CLI::App app{"fsdp-plan diff: what changed between two plans (units, parameters, sizes, warnings)",
+               "fsdp-plan diff"};
+  app.add_option("old", old_file, "the reviewed plan (fsdp-plan MODEL --format json)")->required();
+  app.add_option("new", new_file, "the plan to compare with it")->required();
+  app.add_option("-f,--format", format, "output format")->check(CLI::IsMember({"text", "json"}))->capture_default_str();
+  app.add_option("-o,--output", output, "write the difference to FILE (atomically) instead of stdout");
+  app.footer("Not differences: the model's path, key order, unit indices, warning wording.\n"
+             "Exit codes: 0 same plan; 1 the plans differ; 2 usage, input or output error; 3 internal error.");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::cerr << "fsdp-plan: error: diff: " << e.what() << " (see fsdp-plan diff --help)\n";
+    return 2;
+  }
+  try {
+    nlohmann::json a = load_plan(old_file), b = load_plan(new_file);
+    PlanDiff d = diff_plans(a, b);
+    DiffSide old_side{old_file, &a}, new_side{new_file, &b};
+    std::string text = format == "json" ? diff_to_json(d, old_side, new_side).dump(1) + "\n"
+                                        : diff_to_text(d, old_side, new_side);
+    if (output.empty()) {
+      std::cout << text << std::flush;
+      if (!std::cout) throw std::runtime_error("writing to standard output failed");
+    } else {
+      try {
+        write_file_atomic(output, text);
+      } catch (const std::runtime_error& e) {
+        throw InputError(output, std::string("cannot write the difference: ") + e.what());
+      }
+    }
+    return d.equal() ? 0 : 1;
+  } catch (const InputError& e) {
+    std::cerr << "fsdp-plan: error: " << e.file() << ": " << e.what() << "\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "fsdp-plan: internal error: " << e.what() << "\n";
+    return 3;
+  }
+}
+
+}  // namespace fsdp_plan

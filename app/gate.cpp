@@ -1,0 +1,90 @@
+#include "gate.h"
+
+#include "diff_writer.h"
+#include "errors.h"
+#include "file_io.h"
+#include "policy.h"
+#include "string_util.h"
+
+namespace fsdp_plan {
+
+void add_gate_options(CLI::App& app, GateOptions& opt) {
+  Budgets& b = opt.budgets;
+  const char* group = "Budgets (exit 1 when violated; also settable under \"checks\" in the policy)";
+  app.add_option_function<int64_t>("--max-unit-numel", [&b](const int64_t& v) { b.max_unit_numel = v; },
+                                   "at most N parameters in any one unit")
+      ->type_name("N")->check(CLI::NonNegativeNumber)->group(group);
+  app.add_option_function<int64_t>("--max-units", [&b](const int64_t& v) { b.max_units = v; },
+                                   "at most N units, the root included")
+      ->type_name("N")->check(CLI::NonNegativeNumber)->group(group);
+  app.add_option_function<double>("--max-root-share", [&b](const double& v) { b.max_root_share = v; },
+                                  "at most this share (0..1) of the sharded parameters left in the root unit")
+      ->type_name("F")->check(CLI::Range(0.0, 1.0))->group(group);
+  app.add_option_function<std::string>(
+         "--max-peak-bytes", [&b](const std::string& v) { b.max_peak_bytes = parse_size(v); },
+         "at most this peak memory per rank (memory.per_rank.peak_bytes), e.g. 80GiB, 80GB, 1.5TiB")
+      ->type_name("SIZE")
+      ->check(CLI::Validator(
+          [](std::string& v) { return parse_size(v) ? std::string() : "\"" + v + "\" is not a size (e.g. 80GiB)"; },
+          ""))
+      ->group(group);
+  app.add_option("--fail-on", b.fail_on, "fail if the plan has a warning of KIND (repeatable; \"any\": any "
+                                         "warning or error, not info)")
+      ->type_name("KIND")
+      ->check(CLI::Validator([](std::string& v) { return fail_on_error(v); }, ""))
+      ->allow_extra_args(false)
+      ->group(group);
+  app.add_option("--expect", opt.expect, "exit 1 unless the plan equals this reviewed plan (JSON); the "
+                                         "difference is printed as `fsdp-plan diff` would")
+      ->type_name("PLAN.json")
+      ->group("Reviewed plans");
+}
+
+Gate::Gate(const nlohmann::ordered_json& plan, const Budgets& policy_budgets, const GateOptions& opt,
+           const std::string& model_file) {
+  Budgets budgets = policy_budgets;
+  budgets.override_with(opt.budgets);
+  if (!budgets.empty()) checks_ = evaluate_checks(plan, budgets, model_file);
+
+  if (!opt.expect.empty()) {
+    expect_file_ = opt.expect;
+    std::string text = read_text_file(expect_file_);
+    try {
+      expected_ = nlohmann::json::parse(text);
+    } catch (const nlohmann::json::parse_error& e) {
+      std::string msg = e.what();
+      auto at = msg.find("parse error");
+      throw InputError(expect_file_, "invalid JSON: " + (at == std::string::npos ? msg : msg.substr(at)));
+    }
+    if (std::string why = plan_shape_error(expected_); !why.empty()) throw InputError(expect_file_, why);
+    actual_ = nlohmann::json::parse(plan.dump());  // sorted keys: key order cannot differ
+    diff_ = diff_plans(expected_, actual_);
+  }
+}
+
+bool Gate::passed() const { return (!checks_ || checks_->passed()) && (!diff_ || diff_->equal()); }
+
+nlohmann::ordered_json Gate::annotate(nlohmann::ordered_json plan) const {
+  if (checks_) plan["checks"] = checks_to_json(*checks_);
+  if (diff_)
+    plan["expect"] = {{"file", expect_file_},
+                      {"equal", diff_->equal()},
+                      {"diff", diff_to_json(*diff_, {expect_file_, &expected_}, {"(this run)", &actual_})}};
+  return plan;
+}
+
+std::string Gate::text() const {
+  std::string out;
+  if (checks_) out += checks_to_text(*checks_);
+  if (diff_) {
+    if (diff_->equal()) {
+      out += "\nexpect  same plan as " + expect_file_ + "\n";
+    } else {
+      out += "\nexpect  the plan differs from " + expect_file_ + " (" + diff_summary(*diff_) + ")\n\n";
+      out += diff_to_text(*diff_, {expect_file_, &expected_}, {"(this run)", &actual_});
+    }
+  }
+  return out;
+}
+
+}  // namespace fsdp_plan

@@ -1,0 +1,44 @@
+// The CI gate around a plan: budgets (--max-*, --fail-on, the policy's
+// "checks") and a reviewed plan to match (--expect). Kept out of main.cpp so
+// the plan pipeline there stays as it was.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <optional>
+#include <string>
+
+#include "checks.h"
+#include "plan_diff.h"
+
+namespace fsdp_plan {
+
+struct GateOptions {
+  Budgets budgets;     // from the command line: they override the policy's
+  std::string expect;  // a reviewed plan (JSON) the new plan must equal
+};
+
+void add_gate_options(CLI::App& app, GateOptions& opt);
+
+class Gate {
+ public:
+  // Throws InputError for an unusable --expect file, or a budget the plan
+  // has no data for; the caller then writes nothing.
+  Gate(const nlohmann::ordered_json& plan, const Budgets& policy_budgets, const GateOptions& opt,
+       const std::string& model_file);
+
+  bool passed() const;
+  // The plan JSON plus "checks" and "expect" sections, when they apply.
+  nlohmann::ordered_json annotate(nlohmann::ordered_json plan) const;
+  // Lines for the end of the text plan.
+  std::string text() const;
+
+ private:
+  std::optional<CheckReport> checks_;
+  std::string expect_file_;
+  std::optional<PlanDiff> diff_;
+  nlohmann::json expected_, actual_;
+};
+
+}  // namespace fsdp_plan

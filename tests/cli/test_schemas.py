@@ -1,0 +1,119 @@
+#!/usr/bin/python3
+"""Real outputs against the shipped JSON Schemas (Debian's python3-jsonschema):
+plans of every sample model under every sample policy, plans with checks and
+expect sections, diffs, and the sample policies themselves.
+
+Usage: test_schemas.py FSDP_PLAN_BINARY   (run by ctest)
+"""
+import glob
+import itertools
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+import jsonschema
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BINARY = os.environ.get("FSDP_PLAN", os.path.join(ROOT, "build", "app", "fsdp-plan"))
+MODELS = sorted(glob.glob(os.path.join(ROOT, "sample_models", "*.pt")))
+POLICIES = sorted(p for p in glob.glob(os.path.join(ROOT, "policies", "*.json")) if not p.endswith(".schema.json"))
+
+
+def load(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+PLAN_SCHEMA = load(os.path.join(ROOT, "docs", "schemas", "plan.schema.json"))
+DIFF_SCHEMA = load(os.path.join(ROOT, "docs", "schemas", "diff.schema.json"))
+POLICY_SCHEMA = load(os.path.join(ROOT, "policies", "policy.schema.json"))
+
+
+def validator(schema):
+    jsonschema.Draft202012Validator.check_schema(schema)
+    # The plan's "expect" section refers to the diff schema by relative $id.
+    resolver = jsonschema.RefResolver.from_schema(schema, store={DIFF_SCHEMA["$id"]: DIFF_SCHEMA})
+    return jsonschema.Draft202012Validator(schema, resolver=resolver)
+
+
+def run(*args):
+    return subprocess.run([BINARY, *args], capture_output=True, text=True, timeout=120)
+
+
+class Schemas(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.plan = validator(PLAN_SCHEMA)
+        cls.diff = validator(DIFF_SCHEMA)
+        cls.policy = validator(POLICY_SCHEMA)
+        cls._dir = tempfile.TemporaryDirectory()
+        cls.tmp = cls._dir.name
+
+    @classmethod
+    def tearDownClass(cls):
+        cls._dir.cleanup()
+
+    def plan_json(self, *args):
+        r = run(*args, "--format", "json")
+        self.assertIn(r.returncode, (0, 1), r.stderr)
+        return json.loads(r.stdout)
+
+    def test_sample_policies_match_the_policy_schema(self):
+        self.assertTrue(POLICIES)
+        for p in POLICIES:
+            with self.subTest(policy=os.path.basename(p)):
+                self.policy.validate(load(p))
+
+    def test_policy_schema_accepts_checks_and_rejects_typos(self):
+        self.policy.validate({"checks": {"max_unit_numel": 1e6, "max_units": 10, "max_root_share": 0.25,
+                                         "max_peak_bytes": "80GiB", "fail_on": ["any", "empty_unit"]}})
+        for bad in ({"max_unit_numels": 1}, {"max_root_share": 2}, {"fail_on": ["empty_unt"]},
+                    {"max_peak_bytes": "80XB"}):
+            with self.subTest(checks=bad):
+                self.assertFalse(self.policy.is_valid({"checks": bad}))
+
+    def test_plans_of_all_sample_models_and_policies(self):
+        self.assertTrue(MODELS)
+        for model, policy in itertools.product(MODELS, [None] + POLICIES):
+            args = [model] + (["--policy", policy] if policy else [])
+            with self.subTest(model=os.path.basename(model), policy=policy and os.path.basename(policy)):
+                self.plan.validate(self.plan_json(*args))
+
+    def test_plans_with_checks_and_expect(self):
+        gpt = os.path.join(ROOT, "sample_models", "tiny_gpt.pt")
+        transformer = os.path.join(ROOT, "policies", "transformer.json")
+        size = os.path.join(ROOT, "policies", "size_based.json")
+        reviewed = os.path.join(self.tmp, "reviewed.json")
+        self.assertEqual(run(gpt, "--policy", transformer, "-f", "json", "-o", reviewed).returncode, 0)
+        for policy in (transformer, size):
+            plan = self.plan_json(gpt, "--policy", policy, "--max-unit-numel", "40000", "--max-units", "5",
+                                  "--max-root-share", "0.5", "--fail-on", "any", "--expect", reviewed)
+            self.assertIn("checks", plan)
+            self.assertIn("expect", plan)
+            self.plan.validate(plan)
+            self.diff.validate(plan["expect"]["diff"])
+
+    def test_diffs_between_policies(self):
+        gpt = os.path.join(ROOT, "sample_models", "tiny_gpt.pt")
+        plans = []
+        for i, policy in enumerate([None] + POLICIES):
+            out = os.path.join(self.tmp, f"p{i}.json")
+            r = run(gpt, *(["--policy", policy] if policy else []), "-f", "json", "-o", out)
+            self.assertIn(r.returncode, (0, 1), r.stderr)
+            plans.append(out)
+        for a, b in itertools.permutations(plans, 2):
+            with self.subTest(old=a, new=b):
+                r = run("diff", a, b, "--format", "json")
+                self.assertIn(r.returncode, (0, 1), r.stderr)
+                d = json.loads(r.stdout)
+                self.diff.validate(d)
+                self.assertEqual(r.returncode == 0, d["equal"])
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1:
+        BINARY = os.path.abspath(sys.argv.pop(1))
+    unittest.main(verbosity=1)
