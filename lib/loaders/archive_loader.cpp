@@ -14,12 +14,16 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <memory>
 #include <unordered_map>
 
 #include "../errors.h"
 #include "class_decls.h"
 #include "dtype.h"
 #include "loader.h"
+#include "pickle_guard.h"
+#include "zip_directory.h"
 
 namespace fsdp_plan {
 namespace {
@@ -61,53 +65,65 @@ std::string printable(const std::string& s) {
   return out;
 }
 
-// A FileAdapter that counts what the zip reader pulls from disk.
+// Counts what the zip reader and we pull from the source.
 class CountingAdapter final : public caffe2::serialize::ReadAdapterInterface {
  public:
-  CountingAdapter(const std::string& path, ArchiveReadStats& stats) : file_(path), stats_(stats) {
-    stats_.file_size = file_.size();
+  CountingAdapter(std::unique_ptr<caffe2::serialize::ReadAdapterInterface> in, ArchiveReadStats& stats)
+      : in_(std::move(in)), stats_(stats) {
+    stats_.file_size = in_->size();
   }
-  size_t size() const override { return file_.size(); }
+  size_t size() const override { return in_->size(); }
   size_t read(uint64_t pos, void* buf, size_t n, const char* what) const override {
-    size_t got = file_.read(pos, buf, n, what);
+    if (pos >= in_->size()) return 0;
+    n = std::min<uint64_t>(n, in_->size() - pos);
+    size_t got = in_->read(pos, buf, n, what);
     stats_.bytes_read += got;
     return got;
   }
 
  private:
-  caffe2::serialize::FileAdapter file_;
+  std::unique_ptr<caffe2::serialize::ReadAdapterInterface> in_;
   ArchiveReadStats& stats_;
 };
 
-std::string read_record(PyTorchStreamReader& reader, const std::string& name) {
-  auto [ptr, size] = reader.getRecord(name);
-  return std::string(static_cast<const char*>(ptr.get()), size);
-}
+// A model file already in memory (the fuzzer's input).
+class MemoryAdapter final : public caffe2::serialize::ReadAdapterInterface {
+ public:
+  MemoryAdapter(const void* data, size_t size) : data_(static_cast<const char*>(data)), size_(size) {}
+  size_t size() const override { return size_; }
+  size_t read(uint64_t pos, void* buf, size_t n, const char*) const override {
+    if (pos >= size_) return 0;
+    n = std::min<uint64_t>(n, size_ - pos);
+    std::memcpy(buf, data_ + pos, n);
+    return n;
+  }
 
-// Refuses files that are not TorchScript archives, saying what they are.
-void check_is_torchscript(const std::string& path, PyTorchStreamReader& reader) {
-  bool has_code = false;
-  for (const auto& r : reader.getAllRecords()) {
-    if (r.rfind("code/", 0) == 0) has_code = true;
-  }
-  if (!reader.hasRecord("data.pkl")) {
-    throw InputError(path, std::string("a zip archive without data.pkl, not a PyTorch model; ") +
-                               kHowToExport);
-  }
-  if (has_code) return;
-  if (reader.hasRecord("constants.pkl")) {
-    throw InputError(path, "a TorchScript archive without code/, cannot tell modules apart");
-  }
-  // torch.save(): a state_dict pickles as collections.OrderedDict first thing.
-  std::string head = read_record(reader, "data.pkl").substr(0, 64);
-  const bool state_dict = head.find("collections\nOrderedDict") != std::string::npos;
-  throw InputError(path, std::string("a torch.save() checkpoint (") +
-                             (state_dict ? "a state_dict" : "a pickled Python object") +
-                             "), not a TorchScript archive; " + kHowToExport);
-}
+ private:
+  const char* data_;
+  size_t size_;
+};
+
+// No record that describes structure (data.pkl, a code/ file, the version)
+// comes anywhere near this; a bigger claim means a damaged or hostile file.
+constexpr uint64_t kMaxStructureRecord = uint64_t{1} << 30;
+// deflate cannot expand data more than about 1032 times.
+constexpr uint64_t kMaxDeflateRatio = 1032;
+
+const char kCopyAgain[] = "copy or save it again";
 
 // Checks the first bytes before handing the file to the zip reader.
-void sniff(const std::string& path) {
+void check_head(const std::string& path, const unsigned char* head, size_t got) {
+  if (got == 0) throw InputError(path, "empty file, not a TorchScript archive");
+  if (got >= 4 && std::memcmp(head, "PK\x03\x04", 4) == 0) return;
+  if (head[0] == 0x80 && got > 1 && head[1] >= 2 && head[1] <= 5) {
+    throw InputError(path, std::string("a legacy torch.save() pickle, not a TorchScript archive; ") +
+                               kHowToExport);
+  }
+  throw InputError(path, std::string("not a zip archive, so not a TorchScript model; ") +
+                             kHowToExport);
+}
+
+void check_file(const std::string& path) {
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) throw InputError(path, "cannot open file: no such file");
   if (!std::filesystem::is_regular_file(path, ec)) {
@@ -117,27 +133,39 @@ void sniff(const std::string& path) {
   if (!in) throw InputError(path, "cannot open file");
   unsigned char head[4] = {0, 0, 0, 0};
   in.read(reinterpret_cast<char*>(head), 4);
-  const auto got = in.gcount();
-  if (got == 0) throw InputError(path, "empty file, not a TorchScript archive");
-  if (got == 4 && std::memcmp(head, "PK\x03\x04", 4) == 0) return;
-  if (head[0] == 0x80 && got > 1 && head[1] >= 2 && head[1] <= 5) {
-    throw InputError(path, std::string("a legacy torch.save() pickle, not a TorchScript archive; ") +
-                               kHowToExport);
-  }
-  throw InputError(path, std::string("not a zip archive, so not a TorchScript model; ") +
-                             kHowToExport);
+  check_head(path, head, static_cast<size_t>(in.gcount()));
 }
 
 class ArchiveLoader {
  public:
-  ArchiveLoader(std::string path, ArchiveReadStats& stats)
+  ArchiveLoader(std::string path, std::shared_ptr<CountingAdapter> in, ArchiveReadStats& stats,
+                const ArchiveOptions& options)
       : path_(std::move(path)),
+        in_(std::move(in)),
         stats_(stats),
-        reader_(std::make_shared<CountingAdapter>(path_, stats)),
+        options_(options),
+        read_at_([this](uint64_t pos, void* buf, size_t n) { return in_->read(pos, buf, n, "zip"); }),
         cu_(std::make_shared<torch::jit::CompilationUnit>()) {}
 
   ModuleTree load() {
-    check_is_torchscript(path_, reader_);
+    open_directory();
+    check_is_torchscript();
+    // PyTorchStreamReader reads the version record by whatever size the
+    // directory declares: check that record first.
+    const std::string version_record = has_record(".data/version") ? ".data/version" : "version";
+    const std::string version = read_record(version_record);
+    const auto digits = version.find_first_not_of("0123456789");
+    if (digits == 0 || version.size() > 20 ||
+        (digits != std::string::npos && version.find_first_not_of(" \r\n", digits) != std::string::npos)) {
+      throw InputError(path_, "record " + version_record + " does not hold a format version number: "
+                              "the file is damaged; " + kCopyAgain);
+    }
+    try {
+      reader_ = std::make_unique<PyTorchStreamReader>(in_);
+    } catch (const c10::Error& e) {
+      throw InputError(path_, "a zip archive but not a PyTorch file (" +
+                                  torch_message(e.what_without_backtrace()) + "); " + kHowToExport);
+    }
     c10::IValue root = unpickle();
     if (!root.isObject() || !decl_of(*root.toObject()).is_module) {
       throw InputError(path_, "data.pkl does not hold a module");
@@ -146,8 +174,140 @@ class ArchiveLoader {
   }
 
  private:
+  void open_directory() {
+    try {
+      dir_ = std::make_unique<zip::Directory>(in_->size(), read_at_);
+    } catch (const zip::Error& e) {
+      if (e.kind == zip::Error::kNoEnd) {
+        throw InputError(path_, std::string("the zip's central directory is missing: the file is "
+                                            "truncated or damaged; ") + kCopyAgain);
+      }
+      throw InputError(path_, std::string("the zip's central directory is damaged (") + e.what() +
+                                  "): the file is truncated or damaged; " + kCopyAgain);
+    }
+    if (dir_->entries().empty()) {
+      throw InputError(path_, std::string("an empty zip archive, not a TorchScript model; ") +
+                                  kHowToExport);
+    }
+    // Records live under one top directory, named after the first entry's.
+    const std::string& first = dir_->entries().front().name;
+    const auto slash = first.find('/');
+    if (slash == std::string::npos) {
+      throw InputError(path_, std::string("a zip archive whose files are not under one top "
+                                          "directory, not a TorchScript model; ") + kHowToExport);
+    }
+    prefix_ = first.substr(0, slash + 1);
+    // LibTorch's zip reader refuses impossible sizes with a vague message and
+    // allocates whatever a record declares: check every entry first.
+    for (const zip::Entry& e : dir_->entries()) {
+      const bool stored = e.method == 0;
+      const uint64_t limit = stored ? dir_->data_limit() : e.comp_size * kMaxDeflateRatio + 64;
+      const bool fits = e.local_offset <= dir_->data_limit() &&
+                        e.comp_size <= dir_->data_limit() - e.local_offset;
+      if (!fits || e.uncomp_size > limit || (stored && e.comp_size != e.uncomp_size)) {
+        const std::string name = e.name.rfind(prefix_, 0) == 0 ? e.name.substr(prefix_.size()) : e.name;
+        throw InputError(path_, "record " + name + " claims to be " + std::to_string(e.uncomp_size) +
+                                    " bytes, more than " +
+                                    (stored ? "the file holds (" + std::to_string(in_->size()) +
+                                                  " bytes)"
+                                            : "its compressed data can give") +
+                                    ": the file is damaged; " + kCopyAgain);
+      }
+    }
+  }
+
+  bool has_record(const std::string& name) const { return dir_->find(prefix_ + name) != nullptr; }
+
+  // A record's bytes, checked against the directory: a sane size that fits
+  // in the file, and the stored CRC-32.
+  std::string read_record(const std::string& name) {
+    const zip::Entry* e = dir_->find(prefix_ + name);
+    if (!e) {
+      throw InputError(path_, "record " + name + " is missing: the file is incomplete or damaged; " +
+                                  kCopyAgain);
+    }
+    const std::string damaged = "record " + name + " is damaged (";
+    const std::string again = "); " + std::string(kCopyAgain);
+    const uint64_t limit = e->method == 0 ? dir_->data_limit()
+                                          : std::min(kMaxStructureRecord,
+                                                     e->comp_size * kMaxDeflateRatio + 64);
+    if (e->uncomp_size > kMaxStructureRecord || e->uncomp_size > limit) {
+      throw InputError(path_, "record " + name + " claims to be " + std::to_string(e->uncomp_size) +
+                                  " bytes, more than " +
+                                  (e->method == 0 ? "the file holds (" + std::to_string(in_->size()) +
+                                                        " bytes)"
+                                                  : "its compressed data can give") +
+                                  ": the file is damaged; " + kCopyAgain);
+    }
+    std::string out;
+    if (e->method == 0) {
+      if (e->comp_size != e->uncomp_size) throw InputError(path_, damaged + "sizes disagree" + again);
+      uint64_t start = 0;
+      try {
+        start = dir_->data_offset(*e, read_at_);
+      } catch (const zip::Error& err) {
+        throw InputError(path_, damaged + err.what() + again);
+      }
+      out.resize(static_cast<size_t>(e->uncomp_size));
+      if (in_->read(start, out.data(), out.size(), name.c_str()) != out.size()) {
+        throw InputError(path_, damaged + "cannot read it" + again);
+      }
+    } else if (e->method == 8) {
+      if (!reader_) {
+        throw InputError(path_, damaged + "compressed before the archive was opened" + again);
+      }
+      try {
+        auto [ptr, size] = reader_->getRecord(name);
+        out.assign(static_cast<const char*>(ptr.get()), size);
+      } catch (const c10::Error&) {
+        throw InputError(path_, damaged + "cannot decompress it" + again);
+      }
+    } else {
+      throw InputError(path_, damaged + "zip compression method " + std::to_string(e->method) +
+                                  ", which PyTorch never writes" + again);
+    }
+    if (out.size() != e->uncomp_size) throw InputError(path_, damaged + "wrong size" + again);
+    if (options_.verify_crc && zip::crc32(out.data(), out.size()) != e->crc) {
+      throw InputError(path_, damaged + "CRC mismatch" + again);
+    }
+    return out;
+  }
+
+  // Refuses files that are not TorchScript archives, saying what they are.
+  void check_is_torchscript() {
+    bool has_code = false;
+    for (const auto& e : dir_->entries()) {
+      if (e.name.rfind(prefix_ + "code/", 0) == 0) has_code = true;
+    }
+    if (!has_record("data.pkl")) {
+      if (has_code) {
+        throw InputError(path_, std::string("a TorchScript archive without data.pkl, which holds "
+                                            "the module tree: the file is incomplete or damaged; ") +
+                                    kCopyAgain);
+      }
+      throw InputError(path_, std::string("a zip archive without data.pkl, not a PyTorch model; ") +
+                                  kHowToExport);
+    }
+    if (has_code) return;
+    if (has_record("constants.pkl")) {
+      throw InputError(path_, "a TorchScript archive without code/, which declares the module "
+                              "classes: the file is incomplete or damaged; " + std::string(kCopyAgain));
+    }
+    // torch.save(): a state_dict pickles as collections.OrderedDict first thing.
+    std::string head = read_record("data.pkl").substr(0, 64);
+    const bool state_dict = head.find("collections\nOrderedDict") != std::string::npos;
+    throw InputError(path_, std::string("a torch.save() checkpoint (") +
+                                (state_dict ? "a state_dict" : "a pickled Python object") +
+                                "), not a TorchScript archive; " + kHowToExport);
+  }
+
   c10::IValue unpickle() {
-    const std::string pickle = read_record(reader_, "data.pkl");
+    const std::string pickle = read_record("data.pkl");
+    try {
+      check_pickle(pickle);
+    } catch (const PickleError& e) {
+      throw InputError(path_, e.what() + std::string("; ") + kCopyAgain);
+    }
     size_t pos = 0;
     auto read = [&](char* buf, size_t n) {
       // A well-formed pickle stops before its end; asking for more means it
@@ -186,7 +346,7 @@ class ArchiveLoader {
       return at::DataPtr(nullptr, c10::Device(c10::kCPU));
     };
     torch::jit::Unpickler unpickler(read, resolve, load_object, no_bytes, c10::Device(c10::kCPU));
-    unpickler.set_version(reader_.version());
+    unpickler.set_version(reader_->version());
     return unpickler.parse_ivalue();
   }
 
@@ -206,10 +366,11 @@ class ArchiveLoader {
     std::string file = prefix;
     for (auto& c : file) c = c == '.' ? '/' : c;
     file = "code/" + file + ".py";
-    if (!reader_.hasRecord(file)) {
-      throw InputError(path_, "class " + name + " has no declaration: " + file + " is missing");
+    if (!has_record(file)) {
+      throw InputError(path_, "class " + name + " has no declaration: record " + file +
+                                  " is missing; the file is incomplete or damaged");
     }
-    for (auto& [cls, decl] : parse_class_decls(read_record(reader_, file))) {
+    for (auto& [cls, decl] : parse_class_decls(read_record(file))) {
       decls_.emplace(prefix + "." + cls, std::move(decl));
     }
     it = decls_.find(name);
@@ -297,6 +458,20 @@ class ArchiveLoader {
     if (fresh) {
       TensorInfo info;
       info.shape = t.sizes().vec();
+      // The planner multiplies these out: refuse shapes no storage could have.
+      int64_t bytes = static_cast<int64_t>(t.element_size());
+      for (int64_t d : info.shape) {
+        if (d < 0 || __builtin_mul_overflow(bytes, d, &bytes) || bytes > (int64_t{1} << 50)) {
+          throw InputError(path_, "data.pkl is damaged: a tensor has an impossible shape; " +
+                                      std::string(kCopyAgain));
+        }
+      }
+      // 2^50 bytes each and at most 2^12 such: totals stay far from overflow.
+      total_bytes_ += bytes;
+      if (total_bytes_ > (int64_t{1} << 62)) {
+        throw InputError(path_, "data.pkl is damaged: its tensors add up to an impossible size; " +
+                                    std::string(kCopyAgain));
+      }
       info.dtype = dtype_name(t.scalar_type());
       info.itemsize = static_cast<int64_t>(t.element_size());
       it->second = tree.add_tensor(std::move(info));
@@ -305,39 +480,72 @@ class ArchiveLoader {
   }
 
   std::string path_;
+  std::shared_ptr<CountingAdapter> in_;
   ArchiveReadStats& stats_;
-  PyTorchStreamReader reader_;
+  ArchiveOptions options_;
+  zip::ReadAt read_at_;
+  std::unique_ptr<zip::Directory> dir_;
+  std::string prefix_;  // "archive/"
+  std::unique_ptr<PyTorchStreamReader> reader_;
   std::shared_ptr<torch::jit::CompilationUnit> cu_;
   std::unordered_map<std::string, c10::ClassTypePtr> types_;
   std::unordered_map<const c10::ivalue::Object*, std::pair<ObjectPtr, c10::IValue>> states_;
   std::unordered_map<std::string, ClassDecl> decls_;
   std::unordered_map<const c10::TensorImpl*, TensorId> tensor_ids_;
+  int64_t total_bytes_ = 0;
 };
 
 }  // namespace
 
-ModuleTree load_archive(const std::string& path, ArchiveReadStats* stats) {
-  ArchiveReadStats local;
-  ArchiveReadStats& s = stats ? *stats : local;
-  sniff(path);
+namespace {
+
+ModuleTree load_from(const std::string& path,
+                     const std::function<std::unique_ptr<caffe2::serialize::ReadAdapterInterface>()>& open,
+                     ArchiveReadStats& s, const ArchiveOptions& options) {
   try {
-    std::unique_ptr<ArchiveLoader> loader;
+    std::shared_ptr<CountingAdapter> in;
     try {
-      loader = std::make_unique<ArchiveLoader>(path, s);
+      in = std::make_shared<CountingAdapter>(open(), s);
     } catch (const c10::Error& e) {
-      throw InputError(path, "a zip archive but not a PyTorch file (" +
-                                 torch_message(e.what_without_backtrace()) +
-                                 "); " + kHowToExport);
+      throw InputError(path, "cannot open file: " + torch_message(e.what_without_backtrace()));
     }
-    return loader->load();
+    return ArchiveLoader(path, std::move(in), s, options).load();
   } catch (const InputError& e) {
     throw InputError(path, printable(e.what()));
   } catch (const c10::Error& e) {
     throw InputError(path, "cannot read TorchScript archive: " +
                                printable(torch_message(e.what_without_backtrace())));
+  } catch (const std::bad_alloc&) {
+    throw InputError(path, "cannot read TorchScript archive: out of memory; the file is damaged "
+                           "or too big");
   } catch (const std::exception& e) {
     throw InputError(path, "cannot read TorchScript archive: " + printable(torch_message(e.what())));
   }
+}
+
+}  // namespace
+
+ModuleTree load_archive(const std::string& path, ArchiveReadStats* stats,
+                        const ArchiveOptions& options) {
+  ArchiveReadStats local;
+  check_file(path);
+  return load_from(
+      path, [&] { return std::make_unique<caffe2::serialize::FileAdapter>(path); },
+      stats ? *stats : local, options);
+}
+
+ModuleTree load_archive(const std::string& path, ArchiveReadStats* stats) {
+  return load_archive(path, stats, ArchiveOptions{});
+}
+
+ModuleTree load_archive_bytes(const std::string& name, const void* data, size_t size,
+                              ArchiveReadStats* stats, const ArchiveOptions& options) {
+  ArchiveReadStats local;
+  const auto* head = static_cast<const unsigned char*>(data);
+  check_head(name, head, std::min<size_t>(size, 4));
+  return load_from(
+      name, [&] { return std::make_unique<MemoryAdapter>(data, size); }, stats ? *stats : local,
+      options);
 }
 
 ModuleTree load_archive(const std::string& path) { return load_archive(path, nullptr); }

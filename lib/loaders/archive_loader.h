@@ -1,6 +1,7 @@
-// Internals of the structure-only loader, exposed for tests.
+// Internals of the structure-only loader, exposed for tests and the fuzzer.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -15,6 +16,20 @@ struct ArchiveReadStats {
   int64_t storages_requested = 0;  // tensor storages the unpickler asked for (none is read)
 };
 
+struct ArchiveOptions {
+  // Refuse records whose CRC-32 differs from the zip's. Off only for the
+  // fuzzer, so that its mutations reach the pickle and class parsers.
+  bool verify_crc = true;
+};
+
 ModuleTree load_archive(const std::string& path, ArchiveReadStats* stats);
+ModuleTree load_archive(const std::string& path, ArchiveReadStats* stats,
+                        const ArchiveOptions& options);
+
+// The bytes of a model file already in memory; `name` stands for the file in
+// messages. Throws InputError exactly as load_archive does.
+ModuleTree load_archive_bytes(const std::string& name, const void* data, size_t size,
+                              ArchiveReadStats* stats = nullptr,
+                              const ArchiveOptions& options = {});
 
 }  // namespace fsdp_plan

@@ -10,6 +10,8 @@ GROUP is one of:
   archive_only   archives the JIT loader refuses but the archive loader reads
   not_torchscript  non-TorchScript inputs get a clear InputError
   robustness     truncated/corrupted archives and a 100,000-deep chain: exit 0 or 2, never crash
+  hostile        truncated, damaged, oversized and incomplete archives and hostile pickles each
+                 get their own clear InputError; the fuzzer's saved inputs (REGRESSIONS dir) too
 
 Must run with /usr/bin/python3 (the interpreter with torch).
 """
@@ -75,10 +77,13 @@ def check_no_storage_read(name, path):
     with zipfile.ZipFile(path) as z:
         data_bytes = sum(i.file_size for i in z.infolist() if "/data/" in i.filename)
         n_storages = sum(1 for i in z.infolist() if "/data/" in i.filename)
+        # The central directory and end records are read twice: by us, to
+        # check sizes and CRCs, and by LibTorch's zip reader.
+        directory = os.path.getsize(path) - z.start_dir
     rc, _, err = run("archive", path, "--stats")
     stats = dict(kv.split("=") for kv in err.split())
     size, read = int(stats["file_size"]), int(stats["bytes_read"])
-    check(rc == 0 and read + data_bytes <= size and int(stats["storages_requested"]) > 0,
+    check(rc == 0 and read + data_bytes <= size + directory and int(stats["storages_requested"]) > 0,
           f"{name}: no storage read (file {size} B, read {read} B, storages {data_bytes} B "
           f"in {n_storages} records, requested {stats['storages_requested']})")
 
@@ -398,6 +403,136 @@ def group_robustness():
             bad.append((i, rc, err.strip()[:200]))
         os.remove(p)
     check(not bad, f"{len(variants)} corrupted archives: exit codes {outcomes}, bad: {bad[:5]}")
+
+
+def patch_central(blob, member, edit):
+    """Returns blob with member's central directory entry passed through
+    edit(bytearray entry_header_46_bytes)."""
+    b = bytearray(blob)
+    pos = b.rfind(b"PK\x05\x06")
+    cd = struct.unpack_from("<I", b, pos + 16)[0]
+    while b[cd:cd + 4] == b"PK\x01\x02":
+        n, x, c = struct.unpack_from("<HHH", b, cd + 28)
+        if b[cd + 46:cd + 46 + n].decode().endswith(member):
+            head = bytearray(b[cd:cd + 46])
+            edit(head)
+            b[cd:cd + 46] = head
+            return bytes(b)
+        cd += 46 + n + x + c
+    raise KeyError(member)
+
+
+def member_span(path, suffix):
+    blob = open(path, "rb").read()
+    with zipfile.ZipFile(path) as z:
+        for info in z.infolist():
+            if info.filename.endswith(suffix):
+                # The local header's extra field (torch's alignment padding) is
+                # not the central directory's.
+                n, x = struct.unpack_from("<HH", blob, info.header_offset + 26)
+                start = info.header_offset + 30 + n + x
+                return info.filename.split("/", 1)[1], start, start + info.compress_size
+    raise KeyError(suffix)
+
+
+def write(name, data):
+    p = os.path.join(TMP, name)
+    with open(p, "wb") as f:
+        f.write(data)
+    return p
+
+
+def edit_pickle(src, name, new_pickle):
+    """A copy of src whose data.pkl is new_pickle, with a correct CRC."""
+    dst = os.path.join(TMP, name)
+    rewrite_zip(src, dst, edit=lambda n, d: new_pickle if n.endswith("/data.pkl") else d)
+    return dst
+
+
+def without(src, name, drop):
+    dst = os.path.join(TMP, name)
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w", zipfile.ZIP_STORED) as zout:
+        for info in zin.infolist():
+            if not drop(info.filename.split("/", 1)[1]):
+                zout.writestr(info.filename, zin.read(info.filename))
+    return dst
+
+
+def group_hostile():
+    src = save("hostile", torch.jit.script(Custom()))
+    blob = open(src, "rb").read()
+    # 1. Truncated copies: damaged, not "export again".
+    for n in (10, 100, len(blob) // 2, len(blob) - 10):
+        expect_input_error(f"cut at {n} bytes", write(f"cut{n}.pt", blob[:n]),
+                           "central directory is missing", "truncated or damaged", "copy or save")
+        rc, _, err = run("archive", os.path.join(TMP, f"cut{n}.pt"))
+        check("torch.jit.script" not in err, f"cut at {n} bytes: no advice to export again")
+    # 2. Damaged records: CRC-32 checked for every record read.
+    for suffix in ("data.pkl", "code/__torch__.py", "version"):
+        name, a, e = member_span(src, suffix)
+        b = bytearray(blob)
+        b[(a + e) // 2] ^= 0x20
+        expect_input_error(f"flipped byte in {name}", write("flip.pt", bytes(b)),
+                           f"record {name} is damaged (CRC mismatch)")
+    # 3. Enormous claimed sizes: refused before any allocation.
+    def huge(h):
+        struct.pack_into("<II", h, 20, 0xFFFFFFF0, 0xFFFFFFF0)
+    p = write("huge.pt", patch_central(blob, "/data.pkl", huge))
+    expect_input_error("data.pkl sizes 0xFFFFFFF0", p, "record data.pkl claims to be 4294967280 bytes",
+                       "more than the file holds")
+    def huge_deflate(h):
+        struct.pack_into("<H", h, 10, 8)
+        struct.pack_into("<I", h, 24, 0xFFFFFFF0)
+    p = write("huge_deflate.pt", patch_central(blob, "/data.pkl", huge_deflate))
+    expect_input_error("data.pkl deflated to 4 GiB", p, "record data.pkl claims to be 4294967280 bytes")
+    p = write("huge_version.pt", patch_central(blob, "/version", huge))
+    expect_input_error("version sizes 0xFFFFFFF0", p, "version claims to be 4294967280 bytes")
+    # 4. Missing records.
+    expect_input_error("no data.pkl", without(src, "no_data.pt", lambda n: n == "data.pkl"),
+                       "without data.pkl", "incomplete or damaged")
+    expect_input_error("no code/", without(src, "no_code.pt", lambda n: n.startswith("code/")),
+                       "without code/", "incomplete or damaged")
+    code_name = member_span(src, ".py")[0]
+    expect_input_error("a code file missing", without(src, "no_code_file.pt", lambda n: n == code_name),
+                       f"record {code_name} is missing")
+    expect_input_error("no version", without(src, "no_version.pt", lambda n: n in ("version", ".data/version")),
+                       "record version is missing")
+    # 5. Hostile pickles with correct CRCs: the Unpickler never sees them.
+    with zipfile.ZipFile(src) as z:
+        pkl = z.read(next(n for n in z.namelist() if n.endswith("/data.pkl")))
+    cases = [
+        ("string of 4 GiB", b"\x80\x02X\xf0\xff\xff\xff" + b"a" * 8 + b".", "a string claims 4294967280 bytes"),
+        ("memo index 2^32-1", b"\x80\x02Nr\xff\xff\xff\xff.", "memo index 4294967295 out of order"),
+        ("odd dict", b"\x80\x02(Nd.", "a dict item has no value"),
+        ("tuple past the stack", b"\x80\x02(N" + b"\x85" * 1 + b"0t.", "unknown opcode"),
+        ("nested a million deep", b"\x80\x02N" + b"\x85" * 1000000 + b".", "nested more than"),
+        ("no STOP", pkl[:-1], "runs past the end"),
+    ]
+    for what, data, words in cases:
+        expect_input_error(what, edit_pickle(src, "pkl.pt", data), "data.pkl is damaged", words)
+    rnd = random.Random(11)
+    outcomes, bad = {}, []
+    for i in range(200):
+        b = bytearray(pkl)
+        for _ in range(rnd.randint(1, 6)):
+            b[rnd.randrange(len(b))] = rnd.randrange(256)
+        p = edit_pickle(src, "fuzzed.pt", bytes(b))
+        try:
+            rc, _, err = run("archive", p, timeout=60)
+        except subprocess.TimeoutExpired:
+            rc, err = "timeout", ""
+        outcomes[rc] = outcomes.get(rc, 0) + 1
+        if rc not in (0, 2) or (rc == 2 and err.count("\n") != 1):
+            bad.append((i, rc, err.strip()[:200]))
+    check(not bad, f"200 pickles with flipped bytes and good CRCs: exit codes {outcomes}, bad: {bad[:5]}")
+    # 6. What the fuzzer found: each saved input now gives a tree or one InputError line.
+    regressions = os.environ.get("REGRESSIONS", "")
+    files = sorted(os.listdir(regressions)) if regressions else []
+    for f in files:
+        rc, _, err = run("archive", os.path.join(regressions, f), timeout=60)
+        check(rc == 0 or (rc == 2 and err.startswith("InputError: ") and err.count("\n") == 1),
+              f"fuzzer regression {f}: rc={rc} {err.strip()[:200]}")
+    print(f"      ({len(files)} fuzzer regressions)")
 
 
 def main():
