@@ -92,12 +92,7 @@ int run(const Options& opt) {
   if (opt.strategy) fsdp.strategy = *parse_strategy(*opt.strategy);
   if (opt.optimizer) fsdp.optimizer = *parse_optimizer(*opt.optimizer);
   if (opt.use_orig_params) fsdp.use_orig_params = true;
-  if (fsdp.strategy == ShardingStrategy::HybridShard) {
-    int64_t g = fsdp.shard_group_size > 0 ? fsdp.shard_group_size : std::min<int64_t>(8, fsdp.world_size);
-    if (fsdp.world_size % g != 0)
-      throw UsageError("the hybrid shard group size (" + std::to_string(g) + ") must divide the world size (" +
-                       std::to_string(fsdp.world_size) + ")");
-  }
+  if (std::string why = settings_error(fsdp); !why.empty()) throw UsageError(why);
 
   auto t0 = std::chrono::steady_clock::now();
   check_readable_file(opt.model);

@@ -85,9 +85,24 @@ int64_t dtype_itemsize(const std::string& dtype) {
   return 0;
 }
 
-MemoryPlan estimate_memory(const Plan& plan, const MemorySettings& settings) {
+int64_t hybrid_group_size(const MemorySettings& settings) {
+  return settings.shard_group_size > 0 ? settings.shard_group_size : std::min<int64_t>(8, settings.world_size);
+}
+
+std::string settings_error(const MemorySettings& settings) {
   if (settings.world_size < 1 || settings.world_size > kMaxWorldSize)
-    throw std::invalid_argument("the world size must be from 1 to " + std::to_string(kMaxWorldSize));
+    return "the world size must be from 1 to " + std::to_string(kMaxWorldSize);
+  if (settings.strategy == ShardingStrategy::HybridShard) {
+    const int64_t g = hybrid_group_size(settings);
+    if (g > settings.world_size || settings.world_size % g != 0)
+      return "the hybrid shard group size (" + std::to_string(g) + ") must divide the world size (" +
+             std::to_string(settings.world_size) + ")";
+  }
+  return "";
+}
+
+MemoryPlan estimate_memory(const Plan& plan, const MemorySettings& settings) {
+  if (std::string why = settings_error(settings); !why.empty()) throw std::invalid_argument(why);
   MemoryPlan mem;
   mem.settings = settings;
   mem.effective_strategy = settings.strategy;
@@ -98,14 +113,7 @@ MemoryPlan estimate_memory(const Plan& plan, const MemorySettings& settings) {
   }
   switch (mem.effective_strategy) {
     case ShardingStrategy::NoShard: mem.shard_group_size = 1; break;
-    case ShardingStrategy::HybridShard: {
-      int64_t g = settings.shard_group_size > 0 ? settings.shard_group_size : std::min<int64_t>(8, settings.world_size);
-      if (g > settings.world_size || settings.world_size % g != 0)
-        throw std::invalid_argument("the hybrid shard group size (" + std::to_string(g) +
-                                    ") must divide the world size (" + std::to_string(settings.world_size) + ")");
-      mem.shard_group_size = g;
-      break;
-    }
+    case ShardingStrategy::HybridShard: mem.shard_group_size = hybrid_group_size(settings); break;
     default: mem.shard_group_size = settings.world_size;
   }
   const bool sharded = mem.effective_strategy != ShardingStrategy::NoShard;

@@ -63,8 +63,13 @@ struct MemoryPlan {
   std::vector<std::string> notes;
 };
 
-// Throws std::invalid_argument for settings FSDP would reject (e.g. a hybrid
-// shard group that does not divide the world size).
+// HYBRID_SHARD's shard group: as set, or one node of min(8, world size) ranks.
+int64_t hybrid_group_size(const MemorySettings& settings);
+// Why FSDP would reject these settings (a hybrid shard group that does not
+// divide the world size, say), or "" if it would not.
+std::string settings_error(const MemorySettings& settings);
+
+// Throws std::invalid_argument when settings_error() has something to say.
 MemoryPlan estimate_memory(const Plan& plan, const MemorySettings& settings);
 
 }  // namespace fsdp_plan
