@@ -512,7 +512,7 @@ def group_hostile():
         expect_input_error(what, edit_pickle(src, "pkl.pt", data), "data.pkl is damaged", words)
     rnd = random.Random(11)
     outcomes, bad = {}, []
-    for i in range(200):
+    for i in range(80):  # each run loads LibTorch: keep the group to a few minutes
         b = bytearray(pkl)
         for _ in range(rnd.randint(1, 6)):
             b[rnd.randrange(len(b))] = rnd.randrange(256)
@@ -524,7 +524,7 @@ def group_hostile():
         outcomes[rc] = outcomes.get(rc, 0) + 1
         if rc not in (0, 2) or (rc == 2 and err.count("\n") != 1):
             bad.append((i, rc, err.strip()[:200]))
-    check(not bad, f"200 pickles with flipped bytes and good CRCs: exit codes {outcomes}, bad: {bad[:5]}")
+    check(not bad, f"80 pickles with flipped bytes and good CRCs: exit codes {outcomes}, bad: {bad[:5]}")
     # 6. What the fuzzer found: each saved input now gives a tree or one InputError line.
     regressions = os.environ.get("REGRESSIONS", "")
     files = sorted(os.listdir(regressions)) if regressions else []
