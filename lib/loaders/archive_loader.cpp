@@ -116,8 +116,11 @@ void check_head(const std::string& path, const unsigned char* head, size_t got) 
   if (got == 0) throw InputError(path, "empty file, not a TorchScript archive");
   if (got >= 4 && std::memcmp(head, "PK\x03\x04", 4) == 0) return;
   if (head[0] == 0x80 && got > 1 && head[1] >= 2 && head[1] <= 5) {
-    throw InputError(path, std::string("a legacy torch.save() pickle, not a TorchScript archive; ") +
-                               kHowToExport);
+    // Legacy torch.save files open with a pickled magic number: LONG1 of 10 bytes, 0x1950a86a20f9469cfc6c.
+    static const unsigned char kLegacyMagic[] = {0x8a, 0x0a, 0x6c, 0xfc, 0x9c, 0x46, 0xf9, 0x20, 0x6a, 0xa8, 0x50, 0x19};
+    const bool legacy = got >= 2 + sizeof kLegacyMagic && std::memcmp(head + 2, kLegacyMagic, sizeof kLegacyMagic) == 0;
+    throw InputError(path, std::string(legacy ? "a legacy torch.save() checkpoint" : "a Python pickle") +
+                               ", not a TorchScript archive; " + kHowToExport);
   }
   throw InputError(path, std::string("not a zip archive, so not a TorchScript model; ") +
                              kHowToExport);
@@ -131,8 +134,8 @@ void check_file(const std::string& path) {
   }
   std::ifstream in(path, std::ios::binary);
   if (!in) throw InputError(path, "cannot open file");
-  unsigned char head[4] = {0, 0, 0, 0};
-  in.read(reinterpret_cast<char*>(head), 4);
+  unsigned char head[16] = {};
+  in.read(reinterpret_cast<char*>(head), sizeof head);
   check_head(path, head, static_cast<size_t>(in.gcount()));
 }
 
@@ -542,7 +545,7 @@ ModuleTree load_archive_bytes(const std::string& name, const void* data, size_t 
                               ArchiveReadStats* stats, const ArchiveOptions& options) {
   ArchiveReadStats local;
   const auto* head = static_cast<const unsigned char*>(data);
-  check_head(name, head, std::min<size_t>(size, 4));
+  check_head(name, head, std::min<size_t>(size, 16));
   return load_from(
       name, [&] { return std::make_unique<MemoryAdapter>(data, size); }, stats ? *stats : local,
       options);
