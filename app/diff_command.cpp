@@ -7,26 +7,10 @@
 #include "diff_writer.h"
 #include "errors.h"
 #include "file_io.h"
+#include "json_input.h"
 #include "plan_diff.h"
 
 namespace fsdp_plan {
-namespace {
-
-nlohmann::json load_plan(const std::string& file) {
-  std::string text = read_text_file(file);
-  nlohmann::json doc;
-  try {
-    doc = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
-    std::string msg = e.what();
-    auto at = msg.find("parse error");
-    throw InputError(file, "invalid JSON: " + (at == std::string::npos ? msg : msg.substr(at)));
-  }
-  if (std::string why = plan_shape_error(doc); !why.empty()) throw InputError(file, why);
-  return doc;
-}
-
-}  // namespace
 
 int diff_main(int argc, char** argv) {
   std::string old_file, new_file, format = "text", output;
@@ -47,7 +31,7 @@ int diff_main(int argc, char** argv) {
     return 2;
   }
   try {
-    nlohmann::json a = load_plan(old_file), b = load_plan(new_file);
+    nlohmann::json a = load_plan_file(old_file), b = load_plan_file(new_file);
     PlanDiff d = diff_plans(a, b);
     DiffSide old_side{old_file, &a}, new_side{new_file, &b};
     std::string text = format == "json" ? diff_to_json(d, old_side, new_side).dump(1) + "\n"

@@ -3,6 +3,7 @@
 #include "diff_writer.h"
 #include "errors.h"
 #include "file_io.h"
+#include "json_input.h"
 #include "policy.h"
 #include "string_util.h"
 
@@ -48,15 +49,7 @@ Gate::Gate(const nlohmann::ordered_json& plan, const Budgets& policy_budgets, co
 
   if (!opt.expect.empty()) {
     expect_file_ = opt.expect;
-    std::string text = read_text_file(expect_file_);
-    try {
-      expected_ = nlohmann::json::parse(text);
-    } catch (const nlohmann::json::parse_error& e) {
-      std::string msg = e.what();
-      auto at = msg.find("parse error");
-      throw InputError(expect_file_, "invalid JSON: " + (at == std::string::npos ? msg : msg.substr(at)));
-    }
-    if (std::string why = plan_shape_error(expected_); !why.empty()) throw InputError(expect_file_, why);
+    expected_ = load_plan_file(expect_file_);
     actual_ = nlohmann::json::parse(plan.dump());  // sorted keys: key order cannot differ
     diff_ = diff_plans(expected_, actual_);
   }

@@ -7,6 +7,7 @@
 
 #include "errors.h"
 #include "file_io.h"
+#include "json_input.h"
 #include "string_util.h"
 
 namespace fsdp_plan {
@@ -176,16 +177,7 @@ class Parser {
   }
 
   Policy parse(const std::string& text) const {
-    json doc;
-    try {
-      doc = json::parse(text);
-    } catch (const json::exception& e) {
-      // nlohmann's messages: "[json.exception.parse_error.101] parse error at line 3, column 5: ...",
-      // "[json.exception.out_of_range.406] number overflow parsing '1e400'": keep what follows the tag.
-      std::string msg = e.what();
-      auto tag_end = msg.find("] ");
-      fail("invalid JSON: " + (tag_end == std::string::npos ? msg : msg.substr(tag_end + 2)));
-    }
+    const json doc = parse_json(text, file_);
     if (!doc.is_object()) fail("a policy must be a JSON object, not " + type_of(doc));
     check_keys(doc, kTopKeys, "");
 
