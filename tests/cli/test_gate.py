@@ -202,6 +202,10 @@ class Diff(Scratch):
             self.assertTrue(json.load(f)["equal"])
         self.assert_input_error(run("diff", a, os.path.join(self.tmp, "none.json")), "none.json")
         self.assert_input_error(run("diff", a, self.write("x.json", "[]")), "x.json", "not a plan")
+        # A number beyond a double is malformed JSON too, for diff and --expect alike.
+        huge = self.write("huge.json", '{"schema_version": 1e400}')
+        self.assert_input_error(run("diff", a, huge), "huge.json", "invalid JSON: number overflow")
+        self.assert_input_error(run(GPT, "--expect", huge), "huge.json", "invalid JSON: number overflow")
         r = run("diff", a)
         self.assertEqual((r.returncode, r.stdout), (2, ""))
         self.assertEqual(len(r.stderr.strip().splitlines()), 1, r.stderr)
