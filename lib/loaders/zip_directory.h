@@ -5,7 +5,6 @@
 // torch-free so tests can use it directly.
 #pragma once
 
-#include <array>
 #include <cstdint>
 #include <functional>
 #include <stdexcept>
@@ -14,23 +13,6 @@
 #include <vector>
 
 namespace fsdp_plan::zip {
-
-// CRC-32 (ISO-HDLC, the zip and zlib polynomial), as zlib's crc32(crc, buf, n).
-inline uint32_t crc32(const void* data, size_t n, uint32_t crc = 0) {
-  static const std::array<uint32_t, 256> table = [] {
-    std::array<uint32_t, 256> t{};
-    for (uint32_t i = 0; i < 256; ++i) {
-      uint32_t c = i;
-      for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-      t[i] = c;
-    }
-    return t;
-  }();
-  const auto* p = static_cast<const unsigned char*>(data);
-  crc = ~crc;
-  for (size_t i = 0; i < n; ++i) crc = table[(crc ^ p[i]) & 0xffu] ^ (crc >> 8);
-  return ~crc;
-}
 
 struct Entry {
   std::string name;
