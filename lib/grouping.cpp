@@ -27,6 +27,15 @@ std::vector<Unit> group_units(const ModuleTree& tree, const std::vector<bool>& w
   std::vector<bool> param_seen = ignored_tensor;
   param_seen.resize(tree.num_tensors(), false);
   std::vector<bool> buffer_seen(tree.num_tensors(), false);
+  // Each tensor goes to the first unit that reaches it.
+  auto take = [](ModuleId m, const std::vector<TensorSlot>& slots, std::vector<bool>& seen, std::vector<Owned>& out) {
+    for (size_t i = 0; i < slots.size(); ++i) {
+      const auto t = static_cast<size_t>(slots[i].tensor);
+      if (seen[t]) continue;
+      seen[t] = true;
+      out.push_back({m, static_cast<int32_t>(i), slots[i].tensor});
+    }
+  };
   std::vector<ModuleId> stack;
   for (Unit& u : units) {
     stack.assign(1, u.module);
@@ -36,18 +45,8 @@ std::vector<Unit> group_units(const ModuleTree& tree, const std::vector<bool>& w
       const Module& mod = tree.module(m);
       for (auto it = mod.children.rbegin(); it != mod.children.rend(); ++it)
         if (!is_unit(*it)) stack.push_back(*it);
-      for (size_t i = 0; i < mod.params.size(); ++i) {
-        auto seen = param_seen[static_cast<size_t>(mod.params[i].tensor)];
-        if (seen) continue;
-        seen = true;
-        u.params.push_back({m, static_cast<int32_t>(i), mod.params[i].tensor});
-      }
-      for (size_t i = 0; i < mod.buffers.size(); ++i) {
-        auto seen = buffer_seen[static_cast<size_t>(mod.buffers[i].tensor)];
-        if (seen) continue;
-        seen = true;
-        u.buffers.push_back({m, static_cast<int32_t>(i), mod.buffers[i].tensor});
-      }
+      take(m, mod.params, param_seen, u.params);
+      take(m, mod.buffers, buffer_seen, u.buffers);
     }
   }
   return units;
