@@ -20,11 +20,4 @@ struct Ignored {
 
 Ignored resolve_ignored(const ModuleTree& tree, const Policy& policy);
 
-// Calls visit(module, path) in pre-order with each module's dotted path,
-// built in one reused buffer so a deep chain costs no per-module allocation.
-template <typename Visit>
-void for_each_path(const ModuleTree& tree, Visit&& visit);
-
 }  // namespace fsdp_plan
-
-#include "ignored_impl.h"
