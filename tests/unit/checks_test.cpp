@@ -9,20 +9,9 @@ using namespace fsdp_plan;
 using namespace fsdp_plan::test;
 
 namespace {
-// Root owns 8 (head), two blocks own 20 each; head.x is unmatched -> a warning.
-TreeBuilder model() {
-  TreeBuilder b("__torch__.Net");
-  b.add("blocks", "ModuleList");
-  b.add("blocks.0", "Block");
-  b.linear("blocks.0.fc", 4, 4);
-  b.add("blocks.1", "Block");
-  b.linear("blocks.1.fc", 4, 4);
-  b.linear("head", 1, 4);
-  return b;
-}
 
 nlohmann::ordered_json plan_json(const char* policy_text) {
-  static TreeBuilder b = model();  // plans point into their tree
+  static TreeBuilder b = two_blocks_and_a_head();  // plans point into their tree
   return plan_to_json(make_plan(b.tree, policy(policy_text), "m.pt"));
 }
 

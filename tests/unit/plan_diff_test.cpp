@@ -10,19 +10,9 @@ using namespace fsdp_plan::test;
 using nlohmann::json;
 
 namespace {
-TreeBuilder model() {
-  TreeBuilder b("__torch__.Net");
-  b.add("blocks", "ModuleList");
-  b.add("blocks.0", "Block");
-  b.linear("blocks.0.fc", 4, 4);
-  b.add("blocks.1", "Block");
-  b.linear("blocks.1.fc", 4, 4);
-  b.linear("head", 1, 4);
-  return b;
-}
 
 json plan(const char* policy_text, const char* path = "m.pt") {
-  static TreeBuilder b = model();
+  static TreeBuilder b = two_blocks_and_a_head();
   return json::parse(plan_to_json(make_plan(b.tree, policy(policy_text), path)).dump());
 }
 

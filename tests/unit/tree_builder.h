@@ -116,6 +116,19 @@ inline size_t count_warnings(const Plan& plan, const std::string& kind) {
 
 using Names = std::vector<std::string>;
 
+// Net > blocks (ModuleList) > two Blocks, each with fc = Linear(4, 4), and head =
+// Linear(1, 4): with module_classes ["Block"] the root owns 8, each block 20.
+inline TreeBuilder two_blocks_and_a_head() {
+  TreeBuilder b("__torch__.Net");
+  b.add("blocks", "ModuleList");
+  b.add("blocks.0", "Block");
+  b.linear("blocks.0.fc", 4, 4);
+  b.add("blocks.1", "Block");
+  b.linear("blocks.1.fc", 4, 4);
+  b.linear("head", 1, 4);
+  return b;
+}
+
 // Unit paths of a plan: safe on a temporary builder, since nothing outlives the call.
 inline Names units_of(const TreeBuilder& b, const std::string& json) { return unit_paths(plan_of(b, json)); }
 
