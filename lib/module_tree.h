@@ -17,6 +17,9 @@ struct TensorInfo {
   std::vector<int64_t> shape;
   std::string dtype;     // torch name without the prefix: "float32", "bfloat16", "qint8"
   int64_t itemsize = 0;  // bytes per element
+  // Parameters only; TorchScript keeps it. Frozen parameters get no gradient
+  // or optimizer state, and FSDP1 refuses to flatten them with trainable ones.
+  bool requires_grad = true;
   int64_t numel() const;
   int64_t bytes() const { return numel() * itemsize; }
 };
