@@ -15,6 +15,7 @@
 #include <optional>
 
 #include "diff_command.h"
+#include "suggest_command.h"
 #include "errors.h"
 #include "file_io.h"
 #include "gate.h"
@@ -132,6 +133,7 @@ int run(const Options& opt) {
 int main(int argc, char** argv) {
   // A subcommand by its first word; a model file named "diff" is ./diff.
   if (argc > 1 && std::string(argv[1]) == "diff") return fsdp_plan::diff_main(argc - 1, argv + 1);
+  if (argc > 1 && std::string(argv[1]) == "suggest") return fsdp_plan::suggest_main(argc - 1, argv + 1);
   Options opt;
   CLI::App app{"fsdp-plan: the PyTorch FSDP wrapping plan of a TorchScript model", "fsdp-plan"};
   app.set_version_flag("--version", "fsdp-plan 0.1.0");
@@ -162,7 +164,8 @@ int main(int argc, char** argv) {
   app.add_flag("-v,--verbose", opt.verbosity, "log progress to stderr (-vv for more)");
   app.add_flag("-q,--quiet", opt.quiet, "log only errors");
   fsdp_plan::add_gate_options(app, opt.gate);
-  app.footer("Also: fsdp-plan diff OLD.json NEW.json (see fsdp-plan diff --help).\n"
+  app.footer("Also: fsdp-plan diff OLD.json NEW.json (see fsdp-plan diff --help);\n"
+             "      fsdp-plan suggest MODEL --budget SIZE (see fsdp-plan suggest --help).\n"
              "Exit codes: 0 plan produced; 1 FSDP would refuse the model, a budget is violated, or the plan "
              "differs from --expect; 2 usage, input or output error; 3 internal error.");
 

@@ -1,0 +1,112 @@
+#include "suggest_command.h"
+
+#include <CLI/CLI.hpp>
+
+#include <iostream>
+#include <optional>
+
+#include "errors.h"
+#include "file_io.h"
+#include "loaders/loader.h"
+#include "memory.h"
+#include "policy.h"
+#include "string_util.h"
+#include "suggest.h"
+#include "suggest_writer.h"
+
+namespace fsdp_plan {
+namespace {
+
+const CLI::Validator kSize(
+    [](std::string& v) { return parse_size(v) ? std::string() : "\"" + v + "\" is not a size (e.g. 80GiB)"; }, "SIZE");
+
+void write_output(const std::string& file, const std::string& text, const char* what) {
+  if (file.empty()) {
+    std::cout << text << std::flush;
+    if (!std::cout) throw InputError("<stdout>", std::string("cannot write the ") + what);
+    return;
+  }
+  try {
+    write_file_atomic(file, text);
+  } catch (const std::runtime_error& e) {
+    throw InputError(file, std::string("cannot write the ") + what + ": " + e.what());
+  }
+}
+
+}  // namespace
+
+int suggest_main(int argc, char** argv) {
+  std::string model, policy_file, format = "text", output, budget, activations = "0", strategy, optimizer;
+  std::optional<int64_t> world_size;
+  size_t top = 10;
+  CLI::App app{"fsdp-plan suggest: the wrapping policies that fit a per-rank memory budget, ranked",
+               "fsdp-plan suggest"};
+  app.add_option("model", model, "model file, as for a plan")->required();
+  app.add_option("--budget", budget, "memory per rank the plan must fit in, e.g. 80GiB, 24GB")
+      ->required()->check(kSize);
+  app.add_option("--activation-bytes", activations, "allowance for activations, added to the memory model's "
+                                                    "peak (it has none of its own)")
+      ->check(kSize)->capture_default_str();
+  app.add_option("-p,--policy", policy_file, "base policy: its settings (mixed precision, strategy, ignored "
+                                             "parameters, world size) are kept; what is wrapped varies");
+  app.add_option("--world-size", world_size, "ranks (overrides the base policy's fsdp.world_size)")
+      ->check(CLI::Range(int64_t{1}, kMaxWorldSize));
+  app.add_option("--sharding-strategy", strategy, "FSDP sharding strategy (default FULL_SHARD)")
+      ->check(CLI::IsMember({"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"}));
+  app.add_option("--optimizer", optimizer, "optimizer state for the memory model (default adam)")
+      ->check(CLI::IsMember({"adam", "adamw", "sgd", "sgd-momentum", "none"}));
+  app.add_option("--top", top, "how many ranked policies to show")->check(CLI::Range(size_t{1}, size_t{100000}))
+      ->capture_default_str();
+  app.add_option("-f,--format", format, "report format")->check(CLI::IsMember({"text", "json"}))->capture_default_str();
+  app.add_option("-o,--output", output, "write the best fitting policy (JSON) to FILE; nothing is written "
+                                        "when none fits");
+  app.footer("Candidates: each module class alone and in pairs (the model's own block classes first), size "
+             "thresholds at the model's distinct subtree sizes.\nDropped: those FSDP would refuse and those that "
+             "split a tied weight. Ranked: fits the budget, then fewer units, then lower peak, then smaller root "
+             "share.\nExit codes: 0 a policy fits; 1 none fits; 2 usage, input or output error; 3 internal error.");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::cerr << "fsdp-plan: error: suggest: " << e.what() << " (see fsdp-plan suggest --help)\n";
+    return 2;
+  }
+  try {
+    Policy base;
+    if (!policy_file.empty()) base = load_policy_file(policy_file);
+    if (world_size) base.fsdp.world_size = *world_size;
+    if (!strategy.empty()) base.fsdp.strategy = *parse_strategy(strategy);
+    if (!optimizer.empty()) base.fsdp.optimizer = *parse_optimizer(optimizer);
+    if (std::string why = settings_error(base.fsdp); !why.empty()) {
+      std::cerr << "fsdp-plan: error: suggest: " << why << "\n";
+      return 2;
+    }
+    check_readable_file(model);
+    ModuleTree tree = load_model(model, LoaderKind::Archive);
+
+    SuggestContext ctx;
+    ctx.model_path = model;
+    ctx.tree = &tree;
+    ctx.base = &base;
+    ctx.options.budget_bytes = *parse_size(budget);
+    ctx.options.activation_bytes = *parse_size(activations);
+    ctx.top = top;
+    Suggestion s = suggest(tree, base, ctx.options);
+    bool fits = !s.ranked.empty() && s.ranked.front().fits;
+
+    std::string report = format == "json" ? suggestion_to_json(s, ctx).dump(1) + "\n" : suggestion_to_text(s, ctx);
+    // The policy file first: if it cannot be written, no report claims it was.
+    if (!output.empty() && fits) write_output(output, policy_file_json(s.ranked.front().policy).dump(2) + "\n", "policy");
+    write_output("", report, "report");
+    return fits ? 0 : 1;
+  } catch (const InputError& e) {
+    std::cerr << "fsdp-plan: error: " << e.file() << ": " << e.what() << "\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "fsdp-plan: internal error: " << e.what() << "\n";
+    return 3;
+  }
+}
+
+}  // namespace fsdp_plan

@@ -1,0 +1,324 @@
+#include "suggest.h"
+
+#include <algorithm>
+#include <map>
+#include <optional>
+#include <set>
+#include <unordered_set>
+
+#include "class_names.h"
+#include "ignored.h"
+#include "memory.h"
+#include "planner.h"
+#include "selection.h"
+#include "string_util.h"
+
+namespace fsdp_plan {
+namespace {
+
+// Containers without forward(): FSDP can wrap them, but the unit fails at the
+// first forward. FSDP's size policy excludes them by default for that reason.
+bool is_container(const std::string& qualified) {
+  auto s = short_name(qualified);
+  return s == "ModuleList" || s == "ModuleDict" || s == "ParameterList" || s == "ParameterDict";
+}
+
+// torch.nn and torchvision classes are library building blocks; the model's
+// own classes (transformers' LlamaDecoderLayer, a user's Block) come first.
+bool is_library_class(const std::string& qualified) {
+  return qualified.rfind("torch.", 0) == 0 || qualified.rfind("torchvision.", 0) == 0;
+}
+
+struct ClassInfo {
+  std::string qualified;
+  int64_t count = 0;         // modules of exactly this class
+  int64_t max_numel = 0;     // largest subtree among them
+  bool own = false;
+};
+
+// The name a policy uses for a class: the short name when no other class in
+// the model shares it, else the qualified name.
+std::map<std::string, std::string> policy_names(const std::vector<ClassInfo>& classes) {
+  std::map<std::string, int> short_count;
+  for (const auto& c : classes) ++short_count[std::string(short_name(c.qualified))];
+  std::map<std::string, std::string> out;
+  for (const auto& c : classes) {
+    std::string s(short_name(c.qualified));
+    out[c.qualified] = short_count[s] == 1 ? s : c.qualified;
+  }
+  return out;
+}
+
+std::vector<ClassInfo> wrappable_classes(const ModuleTree& tree, const std::vector<int64_t>& numel) {
+  std::map<std::string, ClassInfo> by_name;
+  const std::string root_class = demangle(tree.module(0).type_name);
+  for (ModuleId m = 1; m < static_cast<ModuleId>(tree.num_modules()); ++m) {
+    std::string q = demangle(tree.module(m).type_name);
+    if (q == root_class || is_container(q)) continue;
+    ClassInfo& c = by_name[q];
+    c.qualified = q;
+    c.count += 1;
+    c.max_numel = std::max(c.max_numel, numel[static_cast<size_t>(m)]);
+    c.own = !is_library_class(q);
+  }
+  std::vector<ClassInfo> out;
+  for (auto& [name, c] : by_name)
+    if (c.max_numel > 0) out.push_back(c);  // wrapping only parameter-less modules makes empty units
+  // The model's own repeated classes first (its blocks), then by size.
+  std::stable_sort(out.begin(), out.end(), [](const ClassInfo& a, const ClassInfo& b) {
+    auto key = [](const ClassInfo& c) { return std::make_tuple(!(c.own && c.count > 1), !c.own); };
+    if (key(a) != key(b)) return key(a) < key(b);
+    if (a.max_numel != b.max_numel) return a.max_numel > b.max_numel;
+    return a.qualified < b.qualified;
+  });
+  return out;
+}
+
+Policy with_classes(const Policy& base, std::vector<std::string> classes) {
+  Policy p = base;
+  p.module_classes = std::move(classes);
+  p.min_num_params.reset();
+  return p;
+}
+
+Policy with_threshold(const Policy& base, int64_t threshold) {
+  Policy p = base;
+  p.module_classes.reset();
+  p.min_num_params = threshold;
+  return p;
+}
+
+// Size thresholds where the size policy's choice can change: the distinct
+// subtree sizes. Past `limit` of them, a geometric spread keeps the search
+// bounded on models with many distinct sizes.
+std::vector<int64_t> size_thresholds(const std::vector<int64_t>& numel, size_t limit) {
+  std::set<int64_t> distinct;
+  for (size_t m = 1; m < numel.size(); ++m)
+    if (numel[m] > 0 && numel[m] < numel[0]) distinct.insert(numel[m]);
+  std::vector<int64_t> all(distinct.rbegin(), distinct.rend());  // largest first
+  if (all.size() <= limit) return all;
+  std::vector<int64_t> out;
+  for (size_t i = 0; i < limit; ++i) out.push_back(all[i * (all.size() - 1) / (limit - 1)]);
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+}  // namespace
+
+std::vector<Candidate> suggest_candidates(const ModuleTree& tree, const Policy& base, const SuggestOptions& opt) {
+  Ignored ignored = resolve_ignored(tree, base);
+  std::vector<int64_t> numel = subtree_numel(tree, ignored.tensor);
+  std::vector<ClassInfo> classes = wrappable_classes(tree, numel);
+  auto names = policy_names(classes);
+
+  std::vector<Candidate> out;
+  std::set<std::string> seen;
+  auto push = [&](std::string label, std::string origin, Policy p) {
+    if (!seen.insert(label).second) return;
+    Candidate c;
+    c.label = std::move(label);
+    c.origin = std::move(origin);
+    c.policy = std::move(p);
+    out.push_back(std::move(c));
+  };
+
+  if (base.auto_wrap()) push("base policy", "base", base);
+  Policy unwrapped = base;
+  unwrapped.module_classes.reset();
+  unwrapped.min_num_params.reset();
+  push("no auto-wrap (the root unit only)", "none", unwrapped);
+  for (const auto& c : classes) {
+    const std::string& n = names[c.qualified];
+    push("module_classes [" + n + "]", "class", with_classes(base, {n}));
+  }
+  for (size_t i = 0; i < classes.size(); ++i)
+    for (size_t j = i + 1; j < classes.size(); ++j) {
+      const std::string &a = names[classes[i].qualified], &b = names[classes[j].qualified];
+      push("module_classes [" + a + ", " + b + "]", "class pair", with_classes(base, {a, b}));
+    }
+  for (int64_t t : size_thresholds(numel, opt.max_thresholds))
+    push("min_num_params " + std::to_string(t), "size", with_threshold(base, t));
+  return out;
+}
+
+namespace {
+
+// The units of a plan, as module ids: two policies with the same units and
+// the same settings make the same plan.
+using UnitSet = std::vector<ModuleId>;
+
+UnitSet unit_set(const Plan& plan) {
+  UnitSet out;
+  for (const auto& u : plan.units) out.push_back(u.module);
+  return out;
+}
+
+void evaluate(Candidate& c, const Plan& plan, const ModuleTree& tree, const SuggestOptions& opt) {
+  for (const auto& w : plan.warnings) {
+    if (w.severity == Severity::Error) {
+      c.dropped = "FSDP would refuse it: " + w.kind;
+      return;
+    }
+    if (w.kind == "shared_param_across_units") {
+      c.dropped = "splits a tied weight across units";
+      return;
+    }
+  }
+  c.units = static_cast<int64_t>(plan.units.size());
+  int64_t total = 0;
+  for (const auto& u : plan.units) {
+    total += u.param_numel;
+    if (u.param_numel > c.largest_unit_numel) {
+      c.largest_unit_numel = u.param_numel;
+      c.largest_unit_path = tree.path(u.module);
+    }
+  }
+  c.root_share = total > 0 ? static_cast<double>(plan.units[0].param_numel) / static_cast<double>(total) : 0;
+  c.peak_bytes = plan.memory.per_rank.peak_bytes;
+  c.peak_phase = plan.memory.per_rank.peak_phase;
+  c.needed_bytes = c.peak_bytes + opt.activation_bytes;
+  c.fits = c.needed_bytes <= opt.budget_bytes;
+}
+
+bool better(const Candidate& a, const Candidate& b) {
+  if (a.fits != b.fits) return a.fits;
+  if (a.units != b.units) return a.units < b.units;
+  if (a.peak_bytes != b.peak_bytes) return a.peak_bytes < b.peak_bytes;
+  if (a.root_share != b.root_share) return a.root_share < b.root_share;
+  return a.label < b.label;
+}
+
+int64_t needed(const ModuleTree& tree, const Policy& p, const SuggestOptions& opt) {
+  return make_plan(tree, p, "").memory.per_rank.peak_bytes + opt.activation_bytes;
+}
+
+// The best candidate (by `better`) that fits once `change` is applied to its
+// policy; nullopt when none does. One plan per candidate.
+template <class Change>
+std::optional<std::pair<const Candidate*, int64_t>> best_with(const ModuleTree& tree, const std::vector<Candidate>& ranked,
+                                                              const SuggestOptions& opt, Change change) {
+  std::optional<std::pair<const Candidate*, int64_t>> best;
+  for (const Candidate& c : ranked) {  // already in rank order: the first that fits is the best
+    Policy p = c.policy;
+    change(p);
+    int64_t n = needed(tree, p, opt);
+    if (n <= opt.budget_bytes) return std::make_pair(&c, n);
+  }
+  return best;
+}
+
+// World size: the smallest number of ranks at which some candidate fits,
+// searched per candidate on its plan (only the memory estimate depends on the
+// world size): doublings, then the smallest count between the last two. The
+// peak need not fall forever (flat parameters are padded to the world size),
+// so the search stops at 2^20 ranks.
+std::optional<FitAdvice> world_size_advice(const ModuleTree& tree, const std::vector<Candidate>& ranked,
+                                           const SuggestOptions& opt) {
+  constexpr int64_t kMaxRanks = int64_t{1} << 20;
+  std::optional<FitAdvice> best;
+  for (const Candidate& c : ranked) {
+    if (c.policy.fsdp.strategy == ShardingStrategy::NoShard) continue;
+    Plan plan = make_plan(tree, c.policy, "");
+    auto at = [&](int64_t w) {
+      MemorySettings s = c.policy.fsdp;
+      s.world_size = w;
+      return settings_error(s).empty() ? estimate_memory(plan, s).per_rank.peak_bytes + opt.activation_bytes
+                                       : INT64_MAX;
+    };
+    int64_t lo = c.policy.fsdp.world_size, hi = lo;
+    while (hi < kMaxRanks && at(hi) > opt.budget_bytes) {
+      lo = hi;
+      hi = std::min(hi * 2, kMaxRanks);
+    }
+    if (at(hi) > opt.budget_bytes || (best && hi > std::stoll(best->value) * 2)) continue;
+    while (hi - lo > 1) {  // at(lo) does not fit, at(hi) does
+      int64_t mid = lo + (hi - lo) / 2;
+      (at(mid) <= opt.budget_bytes ? hi : lo) = mid;
+    }
+    if (!best || hi < std::stoll(best->value))
+      best = FitAdvice{"world_size", std::to_string(hi), at(hi), "fsdp.world_size: " + std::to_string(hi), c.label};
+  }
+  return best;
+}
+
+// Nothing fits: which one setting, changed on some candidate, would bring it
+// under the budget; each with the best candidate it works for.
+std::vector<FitAdvice> fit_advice(const ModuleTree& tree, const std::vector<Candidate>& ranked,
+                                  const SuggestOptions& opt) {
+  std::vector<FitAdvice> out;
+  if (auto a = world_size_advice(tree, ranked, opt)) out.push_back(*a);
+  const Policy& base = ranked.front().policy;  // every candidate shares the base's settings
+  // Mixed precision: bf16 compute halves what is gathered (FSDP1 keeps the
+  // sharded fp32 parameters and optimizer state as they are).
+  if (!base.mixed_precision || !base.mixed_precision->param_dtype) {
+    auto bf16 = [](Policy& p) {
+      MixedPrecision mp = p.mixed_precision.value_or(MixedPrecision{});
+      mp.param_dtype = "bfloat16";
+      p.mixed_precision = mp;
+    };
+    if (auto r = best_with(tree, ranked, opt, bf16))
+      out.push_back({"mixed_precision", "bfloat16", r->second, "mixed_precision.param_dtype: \"bfloat16\"",
+                     r->first->label});
+  }
+  // Optimizer: fewer states per parameter (Adam 2, SGD with momentum 1, SGD 0).
+  std::vector<Optimizer> cheaper;
+  if (base.fsdp.optimizer == Optimizer::Adam) cheaper = {Optimizer::SgdMomentum, Optimizer::Sgd};
+  if (base.fsdp.optimizer == Optimizer::SgdMomentum) cheaper = {Optimizer::Sgd};
+  for (Optimizer o : cheaper) {  // (the units do not change; replanning keeps this simple)
+    if (auto r = best_with(tree, ranked, opt, [o](Policy& p) { p.fsdp.optimizer = o; })) {
+      out.push_back({"optimizer", optimizer_name(o), r->second,
+                     std::string("fsdp.optimizer: \"") + optimizer_name(o) + "\"", r->first->label});
+      break;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+Suggestion suggest(const ModuleTree& tree, const Policy& base, const SuggestOptions& opt) {
+  Suggestion s;
+  std::vector<Candidate> candidates = suggest_candidates(tree, base, opt);
+  s.tried = candidates.size();
+  std::set<UnitSet> seen;
+  for (Candidate& c : candidates) {
+    Plan plan = make_plan(tree, c.policy, "");
+    if (!seen.insert(unit_set(plan)).second) {
+      ++s.duplicates;
+      continue;
+    }
+    evaluate(c, plan, tree, opt);
+    (c.dropped.empty() ? s.ranked : s.dropped).push_back(std::move(c));
+  }
+  std::stable_sort(s.ranked.begin(), s.ranked.end(), better);
+  if (!s.ranked.empty() && !s.ranked.front().fits) s.advice = fit_advice(tree, s.ranked, opt);
+  return s;
+}
+
+nlohmann::ordered_json policy_file_json(const Policy& p) {
+  nlohmann::ordered_json out = nlohmann::ordered_json::object();
+  if (p.module_classes) out["module_classes"] = *p.module_classes;
+  if (p.min_num_params) out["min_num_params"] = *p.min_num_params;
+  if (p.force_leaf_given) out["force_leaf_modules"] = p.force_leaf_modules;
+  if (p.exclude_wrap_given) out["exclude_wrap_modules"] = p.exclude_wrap_modules;
+  if (p.mixed_precision) {
+    const auto& mp = *p.mixed_precision;
+    nlohmann::ordered_json j = nlohmann::ordered_json::object();
+    if (mp.param_dtype) j["param_dtype"] = *mp.param_dtype;
+    if (mp.reduce_dtype) j["reduce_dtype"] = *mp.reduce_dtype;
+    if (mp.buffer_dtype) j["buffer_dtype"] = *mp.buffer_dtype;
+    if (mp.ignore_classes_given) j["ignore_classes"] = mp.ignore_classes;
+    out["mixed_precision"] = j;
+  }
+  if (!p.ignored_modules.empty()) out["ignored_modules"] = p.ignored_modules;
+  if (!p.ignored_params.empty()) out["ignored_params"] = p.ignored_params;
+  nlohmann::ordered_json fsdp = {{"world_size", p.fsdp.world_size},
+                                 {"sharding_strategy", strategy_name(p.fsdp.strategy)}};
+  if (p.fsdp.shard_group_size > 0) fsdp["shard_group_size"] = p.fsdp.shard_group_size;
+  fsdp["use_orig_params"] = p.fsdp.use_orig_params;
+  fsdp["optimizer"] = optimizer_name(p.fsdp.optimizer);
+  out["fsdp"] = fsdp;
+  return out;
+}
+
+}  // namespace fsdp_plan

@@ -1,0 +1,67 @@
+// `fsdp-plan suggest`: try the wrapping policies a model admits, plan each in
+// process, and rank those FSDP would accept by how they fit a memory budget.
+// The base policy's settings (mixed precision, strategy, ignored parameters,
+// world size) stay fixed; only what is wrapped varies.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "module_tree.h"
+#include "policy.h"
+
+namespace fsdp_plan {
+
+struct SuggestOptions {
+  int64_t budget_bytes = 0;      // per rank
+  int64_t activation_bytes = 0;  // allowance added to the memory model's peak
+  size_t max_thresholds = 64;    // size-policy thresholds tried at most
+};
+
+// One policy tried, and what its plan says.
+struct Candidate {
+  std::string label;  // "module_classes [Block]", "min_num_params 1.2M", ...
+  std::string origin; // "class", "class pair", "size", "base", "fix"
+  Policy policy;
+
+  // Filled by evaluation.
+  std::string dropped;  // why it is out ("" if it is ranked): an error warning, a split tied weight
+  int64_t units = 0;
+  std::string largest_unit_path;
+  int64_t largest_unit_numel = 0;
+  double root_share = 0;      // root unit's share of the sharded parameters
+  int64_t peak_bytes = 0;     // memory model, per rank
+  int64_t needed_bytes = 0;   // peak + activation allowance
+  bool fits = false;
+  std::string peak_phase;
+};
+
+// A single setting that, changed on a candidate, would make it fit.
+struct FitAdvice {
+  std::string setting;  // "world_size", "mixed_precision", "optimizer"
+  std::string value;    // "16", "bfloat16", "sgd", ...
+  int64_t needed_bytes = 0;
+  std::string policy_change;  // how to say it in the policy, e.g. "fsdp.world_size: 16"
+  std::string candidate;      // the candidate's label
+};
+
+struct Suggestion {
+  std::vector<Candidate> ranked;   // accepted candidates, best first
+  std::vector<Candidate> dropped;  // in generation order
+  size_t tried = 0;
+  size_t duplicates = 0;           // same units as an earlier candidate: planned, not listed
+  std::vector<FitAdvice> advice;   // when nothing fits: what would
+};
+
+// The candidate policies for `tree`, in a fixed order (no duplicates).
+std::vector<Candidate> suggest_candidates(const ModuleTree& tree, const Policy& base, const SuggestOptions& opt);
+
+// Plans every candidate and ranks them: fits the budget, then fewer units,
+// then lower peak, then smaller root share, then label.
+Suggestion suggest(const ModuleTree& tree, const Policy& base, const SuggestOptions& opt);
+
+// A policy as a user would write it: only the keys it sets; parse_policy reads it back.
+nlohmann::ordered_json policy_file_json(const Policy& policy);
+
+}  // namespace fsdp_plan

@@ -1,0 +1,132 @@
+#!/usr/bin/python3
+"""CLI tests for `fsdp-plan suggest`: the ranked report, the best policy it
+writes, what it says when nothing fits, and bad input.
+
+Every claim is checked by planning again: the written policy, planned with
+`fsdp-plan MODEL --policy`, fits the budget; the advised world size fits and
+one rank fewer does not.
+
+Usage: test_suggest.py FSDP_PLAN_BINARY   (run by ctest)
+"""
+import json
+import os
+import sys
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import test_cli  # noqa: E402
+from test_cli import GPT, CNN, ROOT, Scratch, run  # noqa: E402
+
+try:
+    import jsonschema
+except ImportError:  # the schema check needs it; scripts/dev installs it
+    jsonschema = None
+
+SCHEMA = os.path.join(ROOT, "docs", "schemas", "suggest.schema.json")
+
+
+def peak(model, policy_file, *args):
+    r = run(model, "--policy", policy_file, "-f", "json", *args)
+    assert r.returncode in (0, 1), r.stderr
+    return json.loads(r.stdout)["memory"]["per_rank"]["peak_bytes"]
+
+
+class Suggest(Scratch):
+    def suggest(self, *args):
+        return run("suggest", *args)
+
+    def test_report_and_best_policy_fit_the_budget(self):
+        out = os.path.join(self.tmp, "best.json")
+        r = self.suggest(GPT, "--world-size", "8", "--budget", "1MiB", "-o", out)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stderr, "")
+        self.assertIn("budget  1.0 MiB per rank", r.stdout)
+        self.assertIn("activations 0 B", r.stdout)  # the allowance is always printed
+        self.assertIn("best    ", r.stdout)
+        with open(out) as f:
+            best = json.load(f)
+        self.assertEqual(best["fsdp"]["world_size"], 8)
+        # The written policy, planned on its own, is under the budget.
+        self.assertLessEqual(peak(GPT, out), 1 << 20)
+
+    def test_json_report(self):
+        r = self.suggest(GPT, "--world-size", "8", "--budget", "1MiB", "-f", "json", "--top", "3")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        doc = json.loads(r.stdout)
+        self.assertEqual(doc["settings"]["budget_bytes"], 1 << 20)
+        self.assertEqual(doc["settings"]["activation_bytes"], 0)
+        self.assertEqual(len(doc["candidates"]), 3)
+        self.assertEqual([c["rank"] for c in doc["candidates"]], [1, 2, 3])
+        self.assertEqual(doc["tried"], doc["ranked_count"] + len(doc["dropped"]) + doc["duplicates"])
+        self.assertEqual(doc["best"]["policy"], doc["candidates"][0]["policy"])
+        # tok_emb and lm_head share a weight: a policy wrapping one of them is dropped.
+        reasons = {d["label"]: d["reason"] for d in doc["dropped"]}
+        self.assertEqual(reasons.get("module_classes [Embedding]"), "splits a tied weight across units")
+        for c in doc["candidates"]:
+            self.assertEqual(c["needed_bytes"], c["peak_bytes"])
+            self.assertEqual(c["fits"], c["needed_bytes"] <= 1 << 20)
+        if jsonschema:
+            with open(SCHEMA) as f:
+                jsonschema.validate(doc, json.load(f))
+
+    def test_every_ranked_candidate_plans_as_reported(self):
+        r = self.suggest(CNN, "--world-size", "4", "--budget", "10MiB", "-f", "json", "--top", "1000")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        doc = json.loads(r.stdout)
+        self.assertGreater(len(doc["candidates"]), 5)
+        for c in doc["candidates"]:
+            p = self.write("c.json", json.dumps(c["policy"]))
+            plan = json.loads(run(CNN, "--policy", p, "-f", "json").stdout)
+            self.assertEqual(plan["memory"]["per_rank"]["peak_bytes"], c["peak_bytes"], c["label"])
+            self.assertEqual(len(plan["units"]), c["units"], c["label"])
+
+    def test_activation_allowance(self):
+        r = self.suggest(GPT, "--world-size", "8", "--budget", "1MiB", "--activation-bytes", "1MiB")
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertIn("activations 1.0 MiB", r.stdout)
+        self.assertIn("nothing fits", r.stdout)
+
+    def test_nothing_fits_names_the_world_size_that_would(self):
+        out = os.path.join(self.tmp, "best.json")
+        r = self.suggest(GPT, "--world-size", "2", "--budget", "1MiB", "-f", "json", "-o", out)
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertFalse(os.path.exists(out))  # nothing fits: no policy written
+        doc = json.loads(r.stdout)
+        self.assertIsNone(doc["best"])
+        advice = {a["setting"]: a for a in doc["advice"]}
+        self.assertIn("world_size", advice)
+        w = int(advice["world_size"]["value"])
+        # The lowest-peak candidate fits at w ranks and not at w - 1.
+        lowest = min(doc["candidates"], key=lambda c: c["peak_bytes"])
+        p = self.write("lowest.json", json.dumps(lowest["policy"]))
+        self.assertLessEqual(peak(GPT, p, "--world-size", str(w)), 1 << 20)
+        self.assertGreater(peak(GPT, p, "--world-size", str(w - 1)), 1 << 20)
+        text = self.suggest(GPT, "--world-size", "2", "--budget", "1MiB").stdout
+        self.assertIn("it fits with one change:", text)
+        self.assertIn(f"fsdp.world_size: {w}", text)
+
+    def test_base_policy_settings_are_kept(self):
+        base = self.write("base.json", json.dumps({"mixed_precision": {"param_dtype": "bfloat16"},
+                                                   "fsdp": {"world_size": 4, "optimizer": "sgd"}}))
+        r = self.suggest(GPT, "--policy", base, "--budget", "1GiB", "-f", "json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        doc = json.loads(r.stdout)
+        self.assertEqual(doc["settings"]["world_size"], 4)
+        for c in doc["candidates"]:
+            self.assertEqual(c["policy"]["mixed_precision"], {"param_dtype": "bfloat16"})
+            self.assertEqual(c["policy"]["fsdp"]["optimizer"], "sgd")
+
+    def test_bad_input(self):
+        self.assert_input_error(self.suggest(GPT, "--budget", "lots"), "lots", "is not a size")
+        self.assert_input_error(self.suggest(GPT), "--budget")
+        self.assert_input_error(self.suggest(os.path.join(self.tmp, "none.pt"), "--budget", "1GiB"), "none.pt")
+        bad = self.write("bad.json", "{")
+        self.assert_input_error(self.suggest(GPT, "--budget", "1GiB", "--policy", bad), "bad.json")
+        out = os.path.join(self.tmp, "no", "such", "dir.json")
+        self.assert_input_error(self.suggest(GPT, "--budget", "1GiB", "-o", out), "dir.json")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1:
+        test_cli.BINARY = os.path.abspath(sys.argv.pop(1))
+    unittest.main(verbosity=2)

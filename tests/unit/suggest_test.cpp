@@ -1,0 +1,188 @@
+// fsdp-plan suggest: candidates, what is dropped, ranking and fit advice.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+
+#include "suggest.h"
+#include "tree_builder.h"
+
+using namespace fsdp_plan;
+using namespace fsdp_plan::test;
+
+namespace {
+
+std::vector<std::string> labels(const std::vector<Candidate>& cs) {
+  std::vector<std::string> out;
+  for (const auto& c : cs) out.push_back(c.label);
+  return out;
+}
+
+// Net: emb (Embedding 100x8, tied with head), blocks (ModuleList) of four
+// Blocks with fc Linear(8, 8) (72 each), norm LayerNorm(8), head Linear(8, 100, no bias).
+TreeBuilder tied_lm() {
+  TreeBuilder b("__torch__.Net");
+  b.add("emb", "Embedding");
+  TensorId w = b.param("emb", "weight", {100, 8});
+  b.add("blocks", "ModuleList");
+  for (int i = 0; i < 4; ++i) {
+    std::string p = "blocks." + std::to_string(i);
+    b.add(p, "Block");
+    b.linear(p + ".fc", 8, 8);
+  }
+  b.add("norm", "LayerNorm");
+  b.param("norm", "weight", {8});
+  b.add("head", "Linear");
+  b.tie("head", "weight", w);
+  return b;
+}
+
+Policy world(int64_t w) {
+  Policy p;
+  p.fsdp.world_size = w;
+  return p;
+}
+
+int64_t peak_of(const TreeBuilder& b, const Policy& p) { return make_plan(b.tree, p, "m.pt").memory.per_rank.peak_bytes; }
+
+}  // namespace
+
+TEST_CASE("candidates: the model's own block class first, then library classes, pairs, size thresholds") {
+  auto b = tied_lm();
+  auto cs = suggest_candidates(b.tree, world(4), SuggestOptions{});
+  auto l = labels(cs);
+  REQUIRE(l.size() > 2);
+  CHECK(l[0] == "no auto-wrap (the root unit only)");
+  CHECK(l[1] == "module_classes [Block]");
+  // Every class owning parameters, alone; never the root's class or a ModuleList.
+  for (const char* c : {"module_classes [Embedding]", "module_classes [Linear]", "module_classes [LayerNorm]"})
+    CHECK(std::count(l.begin(), l.end(), c) == 1);
+  CHECK(std::none_of(l.begin(), l.end(), [](const std::string& s) { return s.find("ModuleList") != std::string::npos; }));
+  CHECK(std::none_of(l.begin(), l.end(), [](const std::string& s) { return s.find("Net") != std::string::npos; }));
+  CHECK(std::count(l.begin(), l.end(), "module_classes [Block, Embedding]") == 1);
+  // Distinct subtree sizes below the whole model: blocks 288, emb 800, block 72, norm 8.
+  for (const char* t : {"min_num_params 800", "min_num_params 288", "min_num_params 72", "min_num_params 8"})
+    CHECK(std::count(l.begin(), l.end(), t) == 1);
+  // The base policy's own wrapping comes first when it has one.
+  Policy base = world(4);
+  base.module_classes = std::vector<std::string>{"Block"};
+  CHECK(labels(suggest_candidates(b.tree, base, SuggestOptions{}))[0] == "base policy");
+}
+
+TEST_CASE("candidates keep the base policy's settings and change only the wrapping") {
+  auto b = tied_lm();
+  Policy base = world(8);
+  base.mixed_precision = MixedPrecision{};
+  base.mixed_precision->param_dtype = "bfloat16";
+  base.ignored_params = {"norm.*"};
+  base.min_num_params = 1;
+  for (const auto& c : suggest_candidates(b.tree, base, SuggestOptions{})) {
+    CHECK(c.policy.fsdp.world_size == 8);
+    CHECK(c.policy.mixed_precision->param_dtype == "bfloat16");
+    CHECK(c.policy.ignored_params == std::vector<std::string>{"norm.*"});
+    if (c.origin != "none") CHECK(c.policy.module_classes.has_value() != c.policy.min_num_params.has_value());
+  }
+}
+
+TEST_CASE("a candidate that splits a tied weight is dropped; the rest are ranked") {
+  auto b = tied_lm();
+  SuggestOptions opt;
+  opt.budget_bytes = int64_t{1} << 40;
+  Suggestion s = suggest(b.tree, world(4), opt);
+  CHECK(s.tried == s.ranked.size() + s.dropped.size() + s.duplicates);
+  auto d = labels(s.dropped);
+  // Embedding alone: emb.weight in its unit, head (tied) in the root.
+  CHECK(std::count(d.begin(), d.end(), "module_classes [Embedding]") == 1);
+  for (const auto& c : s.dropped) CHECK(c.dropped == "splits a tied weight across units");
+  // Everything fits a huge budget: the fewest units win, the root-only plan first.
+  REQUIRE(!s.ranked.empty());
+  CHECK(s.ranked.front().fits);
+  CHECK(s.ranked.front().units == 1);
+  CHECK(s.advice.empty());
+}
+
+TEST_CASE("ranking: fits first, then fewer units, then lower peak, then smaller root share") {
+  auto b = tied_lm();
+  SuggestOptions opt;
+  // Between the lowest peak and the root-only plan's peak: only real wrapping fits.
+  Policy root_only = world(4);
+  int64_t one_unit = peak_of(b, root_only);
+  Policy blocks = world(4);
+  blocks.module_classes = std::vector<std::string>{"Block"};
+  int64_t with_blocks = peak_of(b, blocks);
+  REQUIRE(with_blocks < one_unit);
+  opt.budget_bytes = with_blocks;
+  Suggestion s = suggest(b.tree, world(4), opt);
+  REQUIRE(!s.ranked.empty());
+  const Candidate& best = s.ranked.front();
+  CHECK(best.fits);
+  CHECK(best.needed_bytes <= opt.budget_bytes);
+  for (size_t i = 1; i < s.ranked.size(); ++i) {
+    const Candidate &a = s.ranked[i - 1], &c = s.ranked[i];
+    CHECK((a.fits > c.fits || (a.fits == c.fits && (a.units < c.units || (a.units == c.units &&
+          (a.peak_bytes < c.peak_bytes || (a.peak_bytes == c.peak_bytes && a.root_share <= c.root_share)))))));
+  }
+  // Every fitting candidate's plan really is under the budget.
+  for (const auto& c : s.ranked) CHECK(c.fits == (peak_of(b, c.policy) <= opt.budget_bytes));
+}
+
+TEST_CASE("the activation allowance counts against the budget") {
+  auto b = tied_lm();
+  SuggestOptions opt;
+  opt.budget_bytes = int64_t{1} << 40;
+  opt.activation_bytes = opt.budget_bytes;  // leaves nothing for the model
+  Suggestion s = suggest(b.tree, world(4), opt);
+  REQUIRE(!s.ranked.empty());
+  for (const auto& c : s.ranked) {
+    CHECK(c.needed_bytes == c.peak_bytes + opt.activation_bytes);
+    CHECK(!c.fits);
+  }
+}
+
+TEST_CASE("nothing fits: the smallest world size that would, checked by planning it") {
+  auto b = tied_lm();
+  SuggestOptions opt;
+  Policy blocks = world(16);
+  blocks.module_classes = std::vector<std::string>{"Block"};
+  opt.budget_bytes = peak_of(b, blocks);  // reachable with 16 ranks, not with one
+  Suggestion s = suggest(b.tree, world(1), opt);
+  REQUIRE(!s.ranked.empty());
+  CHECK(!s.ranked.front().fits);
+  auto it = std::find_if(s.advice.begin(), s.advice.end(), [](const FitAdvice& a) { return a.setting == "world_size"; });
+  REQUIRE(it != s.advice.end());
+  int64_t w = std::stoll(it->value);
+  CHECK(w > 1);
+  CHECK(w <= 16);
+  CHECK(it->needed_bytes <= opt.budget_bytes);
+  // The candidate the advice names fits at w ranks and not at w - 1.
+  auto named = std::find_if(s.ranked.begin(), s.ranked.end(), [&](const Candidate& c) { return c.label == it->candidate; });
+  REQUIRE(named != s.ranked.end());
+  Policy p = named->policy;
+  p.fsdp.world_size = w;
+  CHECK(peak_of(b, p) <= opt.budget_bytes);
+  p.fsdp.world_size = w - 1;
+  CHECK(peak_of(b, p) > opt.budget_bytes);
+}
+
+TEST_CASE("policies that give the same units are planned once, under the first label") {
+  auto b = tied_lm();
+  SuggestOptions opt;
+  opt.budget_bytes = int64_t{1} << 40;
+  Suggestion s = suggest(b.tree, world(4), opt);
+  CHECK(s.duplicates > 0);
+  CHECK(s.tried == s.ranked.size() + s.dropped.size() + s.duplicates);
+  // A threshold above every module wraps nothing: the same plan as no auto-wrap, listed under that name.
+  auto l = labels(s.ranked);
+  CHECK(std::count(l.begin(), l.end(), "no auto-wrap (the root unit only)") == 1);
+  CHECK(std::count(l.begin(), l.end(), "min_num_params 800") == 0);
+}
+
+TEST_CASE("policy_file_json reads back as the same policy") {
+  Policy p = world(16);
+  p.module_classes = std::vector<std::string>{"Block", "Embedding"};
+  p.mixed_precision = MixedPrecision{};
+  p.mixed_precision->param_dtype = "bfloat16";
+  p.ignored_params = {"*.lora_*"};
+  p.fsdp.optimizer = Optimizer::Sgd;
+  Policy q = parse_policy(policy_file_json(p).dump(), "p.json");
+  CHECK(policy_to_json(q) == policy_to_json(p));
+}
