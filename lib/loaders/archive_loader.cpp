@@ -23,9 +23,7 @@
 #include "dtype.h"
 #include "loader.h"
 #include "pickle_guard.h"
-#include "zip_directory.h"
-
-#include <zlib.h>
+#include "zip_reader.h"
 
 namespace fsdp_plan {
 namespace {
@@ -143,14 +141,18 @@ void check_file(const std::string& path) {
 
 class ArchiveLoader {
  public:
-  ArchiveLoader(std::string path, std::shared_ptr<CountingAdapter> in, ArchiveReadStats& stats,
+  ArchiveLoader(std::string path, std::shared_ptr<CountingAdapter> in,
+                std::function<std::unique_ptr<zip::Reader>()> open_zip, ArchiveReadStats& stats,
                 const ArchiveOptions& options)
       : path_(std::move(path)),
         in_(std::move(in)),
+        open_zip_(std::move(open_zip)),
         stats_(stats),
         options_(options),
-        read_at_([this](uint64_t pos, void* buf, size_t n) { return in_->read(pos, buf, n, "zip"); }),
         cu_(std::make_shared<torch::jit::CompilationUnit>()) {}
+  ~ArchiveLoader() {
+    if (dir_) stats_.bytes_read += dir_->bytes_read();
+  }
 
   ModuleTree load() {
     open_directory();
@@ -181,7 +183,7 @@ class ArchiveLoader {
  private:
   void open_directory() {
     try {
-      dir_ = std::make_unique<zip::Directory>(in_->size(), read_at_);
+      dir_ = open_zip_();
     } catch (const zip::Error& e) {
       if (e.kind == zip::Error::kNoEnd) {
         throw InputError(path_, std::string("the zip's central directory is missing: the file is "
@@ -206,9 +208,8 @@ class ArchiveLoader {
     // allocates whatever a record declares: check every entry first.
     for (const zip::Entry& e : dir_->entries()) {
       const bool stored = e.method == 0;
-      const uint64_t limit = stored ? dir_->data_limit() : e.comp_size * kMaxDeflateRatio + 64;
-      const bool fits = e.local_offset <= dir_->data_limit() &&
-                        e.comp_size <= dir_->data_limit() - e.local_offset;
+      const uint64_t limit = stored ? dir_->file_size() : e.comp_size * kMaxDeflateRatio + 64;
+      const bool fits = e.comp_size <= dir_->file_size();
       if (!fits || e.uncomp_size > limit || (stored && e.comp_size != e.uncomp_size)) {
         const std::string name = e.name.rfind(prefix_, 0) == 0 ? e.name.substr(prefix_.size()) : e.name;
         throw InputError(path_, "record " + name + " claims to be " + std::to_string(e.uncomp_size) +
@@ -233,7 +234,7 @@ class ArchiveLoader {
     }
     const std::string damaged = "record " + name + " is damaged (";
     const std::string again = "); " + std::string(kCopyAgain);
-    const uint64_t limit = e->method == 0 ? dir_->data_limit()
+    const uint64_t limit = e->method == 0 ? dir_->file_size()
                                           : std::min(kMaxStructureRecord,
                                                      e->comp_size * kMaxDeflateRatio + 64);
     if (e->uncomp_size > kMaxStructureRecord || e->uncomp_size > limit) {
@@ -244,40 +245,11 @@ class ArchiveLoader {
                                                   : "its compressed data can give") +
                                   ": the file is damaged; " + kCopyAgain);
     }
-    std::string out;
-    if (e->method == 0) {
-      if (e->comp_size != e->uncomp_size) throw InputError(path_, damaged + "sizes disagree" + again);
-      uint64_t start = 0;
-      try {
-        start = dir_->data_offset(*e, read_at_);
-      } catch (const zip::Error& err) {
-        throw InputError(path_, damaged + err.what() + again);
-      }
-      out.resize(static_cast<size_t>(e->uncomp_size));
-      if (in_->read(start, out.data(), out.size(), name.c_str()) != out.size()) {
-        throw InputError(path_, damaged + "cannot read it" + again);
-      }
-    } else if (e->method == 8) {
-      if (!reader_) {
-        throw InputError(path_, damaged + "compressed before the archive was opened" + again);
-      }
-      try {
-        auto [ptr, size] = reader_->getRecord(name);
-        out.assign(static_cast<const char*>(ptr.get()), size);
-      } catch (const c10::Error&) {
-        throw InputError(path_, damaged + "cannot decompress it" + again);
-      }
-    } else {
-      throw InputError(path_, damaged + "zip compression method " + std::to_string(e->method) +
-                                  ", which PyTorch never writes" + again);
+    try {
+      return dir_->read(*e, options_.verify_crc);
+    } catch (const zip::Error& err) {
+      throw InputError(path_, damaged + err.what() + again);
     }
-    if (out.size() != e->uncomp_size) throw InputError(path_, damaged + "wrong size" + again);
-    // Records we read are capped far below 4 GiB, so uInt holds the size.
-    const uLong crc = crc32(0L, reinterpret_cast<const Bytef*>(out.data()), static_cast<uInt>(out.size()));
-    if (options_.verify_crc && crc != e->crc) {
-      throw InputError(path_, damaged + "CRC mismatch" + again);
-    }
-    return out;
   }
 
   // Refuses files that are not TorchScript archives, saying what they are.
@@ -488,10 +460,10 @@ class ArchiveLoader {
 
   std::string path_;
   std::shared_ptr<CountingAdapter> in_;
+  std::function<std::unique_ptr<zip::Reader>()> open_zip_;
   ArchiveReadStats& stats_;
   ArchiveOptions options_;
-  zip::ReadAt read_at_;
-  std::unique_ptr<zip::Directory> dir_;
+  std::unique_ptr<zip::Reader> dir_;
   std::string prefix_;  // "archive/"
   std::unique_ptr<PyTorchStreamReader> reader_;
   std::shared_ptr<torch::jit::CompilationUnit> cu_;
@@ -508,6 +480,7 @@ namespace {
 
 ModuleTree load_from(const std::string& path,
                      const std::function<std::unique_ptr<caffe2::serialize::ReadAdapterInterface>()>& open,
+                     const std::function<std::unique_ptr<zip::Reader>()>& open_zip,
                      ArchiveReadStats& s, const ArchiveOptions& options) {
   try {
     std::shared_ptr<CountingAdapter> in;
@@ -516,7 +489,7 @@ ModuleTree load_from(const std::string& path,
     } catch (const c10::Error& e) {
       throw InputError(path, "cannot open file: " + torch_message(e.what_without_backtrace()));
     }
-    return ArchiveLoader(path, std::move(in), s, options).load();
+    return ArchiveLoader(path, std::move(in), open_zip, s, options).load();
   } catch (const InputError& e) {
     throw InputError(path, printable(e.what()));
   } catch (const c10::Error& e) {
@@ -538,7 +511,7 @@ ModuleTree load_archive(const std::string& path, ArchiveReadStats* stats,
   check_file(path);
   return load_from(
       path, [&] { return std::make_unique<caffe2::serialize::FileAdapter>(path); },
-      stats ? *stats : local, options);
+      [&] { return zip::Reader::open_file(path); }, stats ? *stats : local, options);
 }
 
 ModuleTree load_archive(const std::string& path, ArchiveReadStats* stats) {
@@ -551,8 +524,8 @@ ModuleTree load_archive_bytes(const std::string& name, const void* data, size_t 
   const auto* head = static_cast<const unsigned char*>(data);
   check_head(name, head, std::min<size_t>(size, 16));
   return load_from(
-      name, [&] { return std::make_unique<MemoryAdapter>(data, size); }, stats ? *stats : local,
-      options);
+      name, [&] { return std::make_unique<MemoryAdapter>(data, size); },
+      [&] { return zip::Reader::open_memory(data, size); }, stats ? *stats : local, options);
 }
 
 ModuleTree load_archive(const std::string& path) { return load_archive(path, nullptr); }

@@ -77,13 +77,15 @@ def check_no_storage_read(name, path):
     with zipfile.ZipFile(path) as z:
         data_bytes = sum(i.file_size for i in z.infolist() if "/data/" in i.filename)
         n_storages = sum(1 for i in z.infolist() if "/data/" in i.filename)
-        # The central directory and end records are read twice: by us, to
-        # check sizes and CRCs, and by LibTorch's zip reader.
+        # libzip looks for the end record in the last 64 KiB (the longest
+        # zip comment) and then reads the central directory: small files
+        # are read whole, big ones must leave their storages alone.
         directory = os.path.getsize(path) - z.start_dir
+        tail = min(os.path.getsize(path), 65535 + 22)
     rc, _, err = run("archive", path, "--stats")
     stats = dict(kv.split("=") for kv in err.split())
     size, read = int(stats["file_size"]), int(stats["bytes_read"])
-    check(rc == 0 and read + data_bytes <= size + directory and int(stats["storages_requested"]) > 0,
+    check(rc == 0 and read + data_bytes <= size + directory + tail and int(stats["storages_requested"]) > 0,
           f"{name}: no storage read (file {size} B, read {read} B, storages {data_bytes} B "
           f"in {n_storages} records, requested {stats['storages_requested']})")
 

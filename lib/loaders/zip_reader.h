@@ -1,0 +1,70 @@
+// A zip archive's directory and records, through libzip: names, sizes and
+// CRC-32s from the central directory (ZIP64 included), and record bytes read
+// only up to a size the caller accepts, inflated by zlib, checked against the
+// directory. Torch-free: the TorchScript loader and the .pt2 loader use it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+struct zip;  // libzip's archive
+
+namespace fsdp_plan::zip {
+
+struct Entry {
+  std::string name;
+  uint16_t method = 0;  // 0 stored, 8 deflated
+  uint32_t crc = 0;
+  uint64_t comp_size = 0;
+  uint64_t uncomp_size = 0;
+  uint64_t index = 0;  // libzip's
+};
+
+// Why an archive or a record could not be read. kNoEnd: no end record at all
+// (a cut-off file, typically); kDamaged: a directory or record that points at
+// nonsense or whose bytes do not match it.
+class Error : public std::runtime_error {
+ public:
+  enum Kind { kNoEnd, kDamaged };
+  Error(Kind kind, const std::string& what) : std::runtime_error(what), kind(kind) {}
+  Kind kind;
+};
+
+class Reader {
+ public:
+  // The file at path, or bytes in memory (kept by the caller while the
+  // Reader lives). Throws Error if there is no readable central directory.
+  static std::unique_ptr<Reader> open_file(const std::string& path);
+  static std::unique_ptr<Reader> open_memory(const void* data, size_t size);
+  ~Reader();
+  Reader(const Reader&) = delete;
+  Reader& operator=(const Reader&) = delete;
+
+  const std::vector<Entry>& entries() const { return entries_; }
+  // The first entry of that name, or nullptr.
+  const Entry* find(const std::string& name) const;
+  uint64_t file_size() const;
+  // Bytes pulled from the file so far, central directory included.
+  uint64_t bytes_read() const;
+
+  // e's bytes. Throws Error(kDamaged) with a short reason ("CRC mismatch",
+  // "sizes disagree", ...) unless they are exactly e.uncomp_size bytes that
+  // e's compressed data gives (and match e.crc, with verify_crc). Callers
+  // bound e.uncomp_size first: this allocates it.
+  std::string read(const Entry& e, bool verify_crc = true);
+
+  struct Source;  // where bytes come from: a file or memory
+
+ private:
+  explicit Reader(std::unique_ptr<Source> source);
+  std::unique_ptr<Source> source_;
+  ::zip* archive_ = nullptr;
+  std::vector<Entry> entries_;
+  std::unordered_map<std::string, size_t> index_;
+};
+
+}  // namespace fsdp_plan::zip
