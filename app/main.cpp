@@ -14,7 +14,9 @@
 #include <iostream>
 #include <optional>
 
+#include "accelerate_config.h"
 #include "diff_command.h"
+#include "emit.h"
 #include "suggest_command.h"
 #include "errors.h"
 #include "file_io.h"
@@ -45,6 +47,8 @@ struct Options {
   std::string format = "text";
   std::string output;
   std::string loader = "archive";
+  std::string emit;  // "", "accelerate" or "torch"
+  bool format_given = false;
   bool dump_tree = false;
   // Memory model overrides of the policy's "fsdp" settings; unset: keep the policy's.
   std::optional<int64_t> world_size, shard_group_size;
@@ -85,8 +89,22 @@ const CLI::Validator kPositiveCount(
 int run(const Options& opt) {
   using namespace fsdp_plan;
   // The policy first: it is cheap, and a typo should not wait for a big model.
+  if (!opt.emit.empty() && opt.format_given)
+    throw UsageError("--emit writes " + std::string(opt.emit == "torch" ? "Python" : "YAML") +
+                     " in place of the plan; --format does not apply to it");
   Policy policy;
-  if (!opt.policy.empty()) policy = load_policy_file(opt.policy);
+  std::optional<AccelerateConfig> accelerate;  // --policy was an Accelerate config file
+  if (!opt.policy.empty()) {
+    std::string text = read_text_file(opt.policy);
+    if (is_accelerate_config(text)) {
+      accelerate = parse_accelerate_config(text, opt.policy);
+      if (accelerate->fsdp_version == 2)
+        throw InputError(opt.policy, "fsdp_version 2: this build plans FSDP1 only; FSDP2 plans are not supported yet");
+      policy = accelerate->policy;
+    } else {
+      policy = parse_policy(text, opt.policy);
+    }
+  }
   MemorySettings& fsdp = policy.fsdp;
   if (opt.world_size) fsdp.world_size = *opt.world_size;
   if (opt.shard_group_size) fsdp.shard_group_size = *opt.shard_group_size;
@@ -107,12 +125,32 @@ int run(const Options& opt) {
     text = tree_to_json(tree).dump(1) + "\n";
   } else {
     t0 = std::chrono::steady_clock::now();
+    if (accelerate) {
+      // Accelerate's class and ignored-module lookups need the model.
+      resolve_accelerate_config(*accelerate, tree);
+      policy.module_classes = accelerate->policy.module_classes;
+      policy.ignored_modules = accelerate->policy.ignored_modules;
+    }
     Plan plan = make_plan(tree, policy, opt.model);
+    if (accelerate)
+      plan.warnings.insert(plan.warnings.begin(), accelerate->warnings.begin(), accelerate->warnings.end());
     spdlog::info("planned {} units in {:.1f} ms", plan.units.size(), ms_since(t0));
     auto json = plan_to_json(plan);
     Gate gate(json, policy.checks, opt.gate, opt.model);
-    text = opt.format == "json" ? gate.annotate(std::move(json)).dump(1) + "\n" : plan_to_text(plan) + gate.text();
     if (plan.has_errors() || !gate.passed()) code = kExitRefused;
+    if (!opt.emit.empty()) {
+      // The plan's findings still matter: on stderr, and no config for a plan FSDP would refuse.
+      for (const auto& w : plan.warnings)
+        if (w.severity != Severity::Info) spdlog::warn("{}: {}", w.kind, w.message);
+      if (!gate.passed()) spdlog::warn("{}", gate.text());
+      if (code != kExitOk) {
+        spdlog::error("--emit {}: nothing written: the plan has errors or fails a check", opt.emit);
+        return code;
+      }
+      text = opt.emit == "torch" ? plan_to_torch(plan) : plan_to_accelerate(plan);
+    } else {
+      text = opt.format == "json" ? gate.annotate(std::move(json)).dump(1) + "\n" : plan_to_text(plan) + gate.text();
+    }
   }
 
   if (opt.output.empty()) {
@@ -139,11 +177,15 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "fsdp-plan 0.1.0");
   app.add_option("model", opt.model, "TorchScript file (torch.jit.save of a scripted or traced module)")
       ->required();
-  app.add_option("-p,--policy", opt.policy, "auto-wrap policy JSON (policies/policy.schema.json); "
-                                            "without it, no auto-wrap: one root unit");
-  app.add_option("-f,--format", opt.format, "output format")
+  app.add_option("-p,--policy", opt.policy, "auto-wrap policy JSON (policies/policy.schema.json) or an "
+                                            "Accelerate config YAML; without it, no auto-wrap: one root unit");
+  auto* format = app.add_option("-f,--format", opt.format, "output format")
       ->check(CLI::IsMember({"text", "json"}))
       ->capture_default_str();
+  app.add_option("--emit", opt.emit,
+                 "instead of the plan, write what applies it: accelerate (an Accelerate config YAML) or "
+                 "torch (a Python module with apply_fsdp(model))")
+      ->check(CLI::IsMember({"accelerate", "torch"}));
   app.add_option("-o,--output", opt.output, "write the plan to FILE (atomically) instead of stdout");
   app.add_option("--loader", opt.loader,
                  "archive: read the structure only (no weights, no compiling); "
@@ -179,11 +221,15 @@ int main(int argc, char** argv) {
     std::cerr << "fsdp-plan: error: " << e.what() << " (see fsdp-plan --help)\n";
     return kExitInputError;
   }
+  opt.format_given = format->count() > 0;
   setup_logging(opt);
   try {
     return run(opt);
   } catch (const UsageError& e) {
     std::cerr << "fsdp-plan: error: " << e.what() << "\n";
+    return kExitInputError;
+  } catch (const fsdp_plan::EmitError& e) {
+    std::cerr << "fsdp-plan: error: --emit " << opt.emit << ": " << e.what() << "\n";
     return kExitInputError;
   } catch (const fsdp_plan::InputError& e) {
     std::cerr << "fsdp-plan: error: " << e.file() << ": " << e.what() << "\n";

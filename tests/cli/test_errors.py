@@ -48,6 +48,13 @@ def policy(text):
     return [GPT, "--policy", "policy.json"]
 
 
+def accelerate(fsdp_config, top="num_processes: 2\n"):
+    """An Accelerate config file (FSDP) with these fsdp_config lines."""
+    with open("accel.yaml", "w") as f:
+        f.write("distributed_type: FSDP\n" + top + "fsdp_config:\n" + fsdp_config)
+    return [GPT, "--policy", "accel.yaml"]
+
+
 def gpt_bytes():
     with open(GPT, "rb") as f:
         return f.read()
@@ -134,12 +141,23 @@ CASES = {
     "policy-glob-no-module": lambda: policy('{"ignored_modules": ["decoder.*"]}'),
     "policy-glob-no-param": lambda: policy('{"ignored_params": ["*.gamma"]}'),
     "policy-class-no-module": lambda: policy('{"module_classes": ["Blok"]}'),
+    "accelerate-unknown-top-key": lambda: accelerate("  fsdp_version: 1\n", "fsdp_confg: {}\n"),
+    "accelerate-not-fsdp": lambda: (open("accel.yaml", "w").write("distributed_type: MULTI_GPU\n"),
+                                    [GPT, "--policy", "accel.yaml"])[1],
+    "accelerate-bad-wrap-policy": lambda: accelerate("  fsdp_auto_wrap_policy: SIZE_BASED\n"),
+    "accelerate-float-min-num-params": lambda: accelerate("  fsdp_auto_wrap_policy: SIZE_BASED_WRAP\n"
+                                                          "  fsdp_min_num_params: 1e8\n"),
+    "accelerate-fsdp2": lambda: accelerate("  fsdp_version: 2\n"),
+    "accelerate-stale-key": lambda: accelerate("  fsdp_backward_prefetch_policy: BACKWARD_PRE\n"),
+    "accelerate-class-missing": lambda: accelerate("  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n"
+                                                   "  fsdp_transformer_layer_cls_to_wrap: Blok\n"),
     "output-no-directory": lambda: [GPT, "-o", "missing/plan.json"],
     "output-is-directory": lambda: (os.mkdir("out"), [GPT, "-o", "out"])[1],
     "output-disk-full": lambda: [GPT, "-o", "/dev/full"],
     "usage-no-model": lambda: [],
     "usage-bad-format": lambda: [GPT, "--format", "yaml"],
     "usage-bad-world-size": lambda: [GPT, "--world-size", "0"],
+    "usage-emit-format": lambda: [GPT, "--emit", "accelerate"],  # the test adds -f json
     "usage-hybrid-group": lambda: [GPT, "--world-size", "12", "--sharding-strategy", "HYBRID_SHARD",
                                    "--shard-group-size", "8"],
 }

@@ -1,0 +1,177 @@
+// --emit accelerate: the plan as an Accelerate config file. Accelerate can say
+// one class list or one size threshold, one dtype for all of mixed precision,
+// and modules to ignore by regex; anything else is refused with the reason.
+// The config is read back the way Accelerate reads it and must give the same
+// plan before it is written.
+#include <set>
+
+#include "accelerate_config.h"
+#include "class_names.h"
+#include "emit.h"
+#include "ignored.h"
+#include "planner.h"
+
+namespace fsdp_plan {
+namespace {
+
+constexpr const char* kUseTorch = "; --emit torch writes PyTorch code for this plan";
+
+[[noreturn]] void cannot(const std::string& why) { throw EmitError("Accelerate's config cannot say this plan: " + why + kUseTorch); }
+
+// re.escape for module paths (names are identifiers and digits; dots matter).
+std::string regex_escape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (std::string("\\.^$|?*+()[]{}-").find(c) != std::string::npos) out += '\\';
+    out += c;
+  }
+  return out;
+}
+
+std::string mixed_precision_key(const Policy& p) {
+  if (!p.mixed_precision) return "'no'";
+  const MixedPrecision& mp = *p.mixed_precision;
+  if (mp.ignore_classes_given)
+    cannot("mixed_precision.ignore_classes is set; Accelerate keeps FSDP's default (_BatchNorm)");
+  if (!mp.param_dtype || mp.param_dtype != mp.reduce_dtype || mp.param_dtype != mp.buffer_dtype)
+    cannot("mixed precision with param, reduce and buffer dtypes that differ (or are unset); Accelerate's "
+           "mixed_precision sets all three to one dtype");
+  if (*mp.param_dtype == "bfloat16") return "bf16";
+  if (*mp.param_dtype == "float16") return "fp16";
+  cannot("mixed precision in " + *mp.param_dtype + "; Accelerate's mixed_precision is bf16 or fp16");
+}
+
+// The modules the policy's ignored_modules take (top-most ones only).
+std::vector<std::string> ignored_module_paths(const Plan& plan, const Ignored& ignored) {
+  std::vector<std::string> out;
+  const ModuleTree& tree = *plan.tree;
+  for (ModuleId m : tree.preorder()) {
+    const Module& mod = tree.module(m);
+    if (ignored.module[static_cast<size_t>(m)] && (m == 0 || !ignored.module[static_cast<size_t>(mod.parent)]))
+      out.push_back(tree.path(m));
+  }
+  return out;
+}
+
+std::string unit_list(const Plan& plan) {
+  std::string out;
+  for (const Unit& u : plan.units) {
+    std::string p = plan.tree->path(u.module);
+    out += (out.empty() ? "" : ", ") + (p.empty() ? std::string("(root)") : p);
+  }
+  return out;
+}
+
+// Where two plans of one tree differ, or "".
+std::string difference(const Plan& want, const Plan& got) {
+  if (want.units.size() != got.units.size() ||
+      !std::equal(want.units.begin(), want.units.end(), got.units.begin(),
+                  [](const Unit& a, const Unit& b) { return a.module == b.module; }))
+    return "Accelerate would make the units [" + unit_list(got) + "], the plan has [" + unit_list(want) + "]";
+  for (size_t i = 0; i < want.units.size(); ++i)
+    if (want.units[i].mixed_precision != got.units[i].mixed_precision)
+      return "mixed precision differs on unit " + want.tree->path(want.units[i].module);
+  const MemorySettings &a = want.memory.settings, &b = got.memory.settings;
+  if (a.world_size != b.world_size || a.strategy != b.strategy ||
+      want.memory.shard_group_size != got.memory.shard_group_size || a.use_orig_params != b.use_orig_params)
+    return "the FSDP settings differ";
+  return "";
+}
+
+}  // namespace
+
+std::string plan_to_accelerate(const Plan& plan) {
+  const Policy& p = plan.policy;
+  const ModuleTree& tree = *plan.tree;
+  if (!p.ignored_params.empty())
+    cannot("ignored parameters by glob (ignored_params); Accelerate's fsdp_ignored_modules names modules only");
+  if (p.force_leaf_given || p.exclude_wrap_given)
+    cannot("force_leaf_modules / exclude_wrap_modules are set; Accelerate's size policy keeps PyTorch's defaults");
+  if (p.module_classes && p.min_num_params)
+    cannot("both module classes and a size threshold; Accelerate takes one fsdp_auto_wrap_policy");
+  if (p.min_num_params && *p.min_num_params == 0)
+    cannot("min_num_params 0 wraps every module in PyTorch, but Accelerate reads fsdp_min_num_params: 0 as no "
+           "auto-wrap at all");
+  const MemorySettings& s = plan.memory.settings;
+  const std::string mixed_precision = mixed_precision_key(p);
+
+  // Class names as Accelerate looks them up: bare, comma-separated.
+  std::vector<std::string> classes;
+  if (p.module_classes)
+    for (const auto& c : *p.module_classes) {
+      std::string bare(short_name(c));
+      if (std::find(classes.begin(), classes.end(), bare) == classes.end()) classes.push_back(bare);
+    }
+  Ignored ignored = resolve_ignored(tree, p);
+  std::vector<std::string> ignored_paths = ignored_module_paths(plan, ignored);
+  if (!ignored_paths.empty() && ignored_paths.front().empty())
+    cannot("the root module is ignored");
+
+  // The strategy asked for: FSDP itself falls back to NO_SHARD on one rank.
+  // HYBRID_SHARD shards within a machine: one machine per shard group.
+  const bool hybrid = s.strategy == ShardingStrategy::HybridShard;
+  const char* strategy = strategy_name(s.strategy);
+  int64_t machines = hybrid ? s.world_size / hybrid_group_size(s) : 1;
+
+  std::string y;
+  y += "# Accelerate " + std::string(kAccelerateVersion) + " config for the fsdp-plan plan of " + plan.model.path +
+       " (" + std::to_string(plan.units.size()) + " FSDP units)\n";
+  y += "compute_environment: LOCAL_MACHINE\n";
+  y += "debug: false\n";
+  y += "distributed_type: FSDP\n";
+  y += "downcast_bf16: 'no'\n";
+  y += "enable_cpu_affinity: false\n";
+  y += "fsdp_config:\n";
+  y += "  fsdp_activation_checkpointing: false\n";
+  y += std::string("  fsdp_auto_wrap_policy: ") +
+       (p.module_classes ? "TRANSFORMER_BASED_WRAP" : p.min_num_params ? "SIZE_BASED_WRAP" : "NO_WRAP") + "\n";
+  y += "  fsdp_backward_prefetch: BACKWARD_PRE\n";
+  y += "  fsdp_cpu_ram_efficient_loading: true\n";
+  y += "  fsdp_forward_prefetch: false\n";
+  if (!ignored_paths.empty()) {
+    std::string re;
+    for (const auto& path : ignored_paths) re += (re.empty() ? "" : "|") + regex_escape(path);
+    y += "  fsdp_ignored_modules: '" + re + "'\n";
+  }
+  if (p.min_num_params) y += "  fsdp_min_num_params: " + std::to_string(*p.min_num_params) + "\n";
+  y += "  fsdp_offload_params: false\n";
+  // accelerate config writes the FSDP1 strategy under fsdp_reshard_after_forward,
+  // but accelerate launch reads fsdp_sharding_strategy: write both.
+  y += std::string("  fsdp_reshard_after_forward: ") + strategy + "\n";
+  y += std::string("  fsdp_sharding_strategy: ") + strategy + "\n";
+  y += "  fsdp_state_dict_type: SHARDED_STATE_DICT\n";
+  y += "  fsdp_sync_module_states: true\n";
+  if (p.module_classes) {
+    if (classes.empty()) cannot("an empty class list");
+    std::string list;
+    for (const auto& c : classes) list += (list.empty() ? "" : ",") + c;
+    y += "  fsdp_transformer_layer_cls_to_wrap: " + list + "\n";
+  }
+  y += std::string("  fsdp_use_orig_params: ") + (s.use_orig_params ? "true" : "false") + "\n";
+  y += "  fsdp_version: 1\n";
+  y += "machine_rank: 0\n";
+  y += "main_training_function: main\n";
+  y += "mixed_precision: " + mixed_precision + "\n";
+  y += "num_machines: " + std::to_string(machines) + "\n";
+  y += "num_processes: " + std::to_string(s.world_size) + "\n";
+  y += "rdzv_backend: static\n";
+  y += "same_network: true\n";
+  y += "tpu_env: []\n";
+  y += "tpu_use_cluster: false\n";
+  y += "tpu_use_sudo: false\n";
+  y += "use_cpu: false\n";
+
+  // Read it back as Accelerate would, on this model: the plan must come back.
+  AccelerateConfig back = parse_accelerate_config(y, "(emitted config)");
+  resolve_accelerate_config(back, tree);
+  for (const auto& w : back.warnings)
+    if (w.severity == Severity::Error) cannot(w.message);
+  Policy replan = back.policy;
+  replan.fsdp.optimizer = s.optimizer;
+  Plan again = make_plan(tree, replan, plan.model.path);
+  if (std::string diff = difference(plan, again); !diff.empty())
+    cannot(diff + (p.module_classes ? " (Accelerate matches exact bare class names of modules in the model)" : ""));
+  return y;
+}
+
+}  // namespace fsdp_plan

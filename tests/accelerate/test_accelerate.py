@@ -1,0 +1,325 @@
+#!/usr/bin/env python3
+"""Accelerate configs in and out, checked against Accelerate 1.15.0 and torch 2.13 themselves.
+
+For each config in configs/ (and the model it is written for):
+  1. fsdp-plan reads it (--policy CONFIG --format json);
+  2. Accelerate's own code reads it as `accelerate launch` does (load_config_from_file,
+     launch_command_parser + _validate_launch_command, prepare_multi_gpu_env), builds
+     FullyShardedDataParallelPlugin from that environment, sets its wrap policy on the
+     model built on the meta device, and wraps the model with real FSDP1 (fake process
+     group, CPU) with the arguments Accelerator.prepare_model passes: the units FSDP
+     built, their mixed precision, the strategy, world size and use_orig_params must be
+     the plan's; a missing class must be Accelerate's own error, word for word;
+  3. --emit accelerate: the YAML goes through the same chain and gives the same units,
+     and fsdp-plan reads it back into the same plan (round trip);
+  4. --emit torch: the Python runs on the model under the fake backend and builds
+     exactly the plan's units (apply_fsdp checks, and so does this test).
+
+Usage: test_accelerate.py FSDP_PLAN_BINARY   (the venv's python: torch 2.13, accelerate)
+"""
+import contextlib
+import copy
+import importlib.util
+import io
+import json
+import logging
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import unittest
+import warnings
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CONFIGS = os.path.join(HERE, "configs")
+BINARY = sys.argv[1] if len(sys.argv) > 1 else os.path.join(HERE, "..", "..", "build", "app", "fsdp-plan")
+warnings.filterwarnings("ignore")
+logging.disable(logging.WARNING)
+
+# config -> (model, what Accelerate does with it)
+CASES = {
+    "fsdp1_llama_layers.yaml": ("llama", "units"),
+    "fsdp1_gpt2_size.yaml": ("gpt2", "units"),
+    "fsdp1_min_num_params_zero.yaml": ("gpt2", "units"),
+    "fsdp1_size_launcher_default.yaml": ("llama", "units"),
+    "fsdp1_stale_keys.yaml": ("gpt2", "units"),
+    "fsdp1_missing_class.yaml": ("llama", "missing_class"),
+    "fsdp1_hybrid.yaml": ("llama", "units"),
+    "fsdp1_two_classes_ignored.yaml": ("llama", "units"),
+    "fsdp1_batchnorm_bf16.yaml": ("convnet", "units"),
+    "fsdp1_no_wrap.yaml": ("convnet", "units"),
+    "fsdp2_llama.yaml": ("llama", "fsdp2"),
+    "fsdp2_hsdp.yaml": ("llama", "fsdp2"),
+}
+# The warnings fsdp-plan must give (kind, text in the message).
+EXPECTED_WARNINGS = {
+    "fsdp1_min_num_params_zero.yaml": [("accelerate_config_key", "fsdp_min_num_params: 0")],
+    "fsdp1_stale_keys.yaml": [
+        ("accelerate_config_key", "fsdp_backward_prefetch_policy: renamed fsdp_backward_prefetch"),
+        ("accelerate_config_key", "fsdp_ofload_params: not an Accelerate key"),
+        ("accelerate_config_key", "fsdp_reshard_after_forward: \"SHARD_GRAD_OP\" does nothing under FSDP1"),
+    ],
+    "fsdp1_missing_class.yaml": [("accelerate_class_missing", "Closest class names in the model: LlamaDecoderLayer")],
+}
+
+
+class ConvBlock(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.conv = nn.Conv2d(c, c, 3, padding=1)
+        self.bn = nn.BatchNorm2d(c)
+
+    def forward(self, x):
+        return torch.relu(self.bn(self.conv(x)))
+
+
+class ConvNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 3, padding=1)
+        self.stem_bn = nn.BatchNorm2d(8)
+        self.blocks = nn.Sequential(ConvBlock(8), ConvBlock(8))
+        self.head = nn.Linear(8, 10)
+
+    def forward(self, x):
+        x = self.blocks(self.stem_bn(self.stem(x)))
+        return self.head(x.mean((2, 3)))
+
+
+def build(name, device="cpu"):
+    """The model, on `device`; the same structure every time."""
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    with torch.device(device):
+        if name == "gpt2":
+            cfg = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=100, n_positions=64,
+                                          bos_token_id=0, eos_token_id=0)
+            model = transformers.GPT2LMHeadModel(cfg)
+        elif name == "llama":
+            cfg = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=32, intermediate_size=64,
+                                           num_attention_heads=2, num_key_value_heads=2, vocab_size=100,
+                                           tie_word_embeddings=False)
+            model = transformers.LlamaForCausalLM(cfg)
+        else:
+            model = ConvNet()
+    return model.eval()
+
+
+def save_torchscript(name, path):
+    torch.manual_seed(0)
+    model = build(name)
+    if name == "convnet":
+        torch.jit.script(model).save(path)
+        return
+    model.config.use_cache = False
+    forward = model.forward
+    model.forward = lambda ids: forward(input_ids=ids).logits  # trace the logits only
+    torch.jit.trace(model, (torch.randint(0, 100, (1, 8)),), strict=False, check_trace=False).save(path)
+
+
+def run_plan(*args):
+    return subprocess.run([BINARY, *args], capture_output=True, text=True, timeout=120)
+
+
+def plan_json(model_file, policy):
+    r = run_plan(model_file, "--policy", policy, "--format", "json")
+    assert r.returncode in (0, 1), r.stderr
+    return r.returncode, json.loads(r.stdout)
+
+
+def plan_units(plan):
+    return sorted(u["path"] for u in plan["units"] if u["path"])
+
+
+def accelerate_plugin(config_path):
+    """(plugin, launch args) as `accelerate launch --config_file CONFIG` makes them."""
+    from accelerate import FullyShardedDataParallelPlugin
+    from accelerate.commands.config.config_args import load_config_from_file
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.utils import patch_environment
+    from accelerate.utils.launch import prepare_multi_gpu_env
+
+    load_config_from_file(config_path)  # the loader's own checks (top-level keys)
+    args = launch_command_parser().parse_args(["--config_file", config_path, "train.py"])
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        args, _, _ = _validate_launch_command(args)
+        env = prepare_multi_gpu_env(args)
+    env = {k: v for k, v in env.items() if k.startswith(("FSDP_", "ACCELERATE_", "PARALLELISM_CONFIG"))}
+    # A CPU-only box cannot sync module states (ECOSYSTEM.md section 3); nothing else changes.
+    env.update(FSDP_SYNC_MODULE_STATES="false", FSDP_CPU_RAM_EFFICIENT_LOADING="false")
+    with patch_environment(**env):
+        plugin = FullyShardedDataParallelPlugin()
+        if env["ACCELERATE_MIXED_PRECISION"] != "no":  # AcceleratorState does this
+            plugin.set_mixed_precision(env["ACCELERATE_MIXED_PRECISION"])
+    return plugin, args
+
+
+@contextlib.contextmanager
+def fake_world(size):
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", rank=0, world_size=size, store=FakeStore())
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def fsdp_units(wrapped):
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    out = {}
+    for name, m in wrapped.named_modules():
+        if isinstance(m, FSDP):
+            path = name.replace("_fsdp_wrapped_module.", "").rstrip(".")
+            out[path] = m.mixed_precision.param_dtype is not None
+    return out
+
+
+def accelerate_fsdp_units(config_path, model_name):
+    """The units FSDP builds from Accelerate's plugin, as Accelerator.prepare_model calls it."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp import ShardingStrategy
+
+    plugin, args = accelerate_plugin(config_path)
+    meta = build(model_name, "meta")
+    plugin.set_auto_wrap_policy(meta)  # Accelerate's class lookup, on the meta-device model
+    model = build(model_name)
+    ignored = plugin.ignored_modules
+    if isinstance(ignored, str):
+        reg = re.compile(ignored)
+        ignored = [m for n, m in model.named_modules() if reg.fullmatch(n)]
+    with fake_world(1):
+        wrapped = FSDP(model, sharding_strategy=ShardingStrategy.FULL_SHARD,  # units do not depend on it
+                       auto_wrap_policy=plugin.auto_wrap_policy, mixed_precision=plugin.mixed_precision_policy,
+                       use_orig_params=plugin.use_orig_params, ignored_modules=ignored,
+                       device_id=torch.device("cpu"))
+        units = fsdp_units(wrapped)
+    return plugin, args, units
+
+
+class AccelerateConfigs(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory()
+        cls.models = {}
+        for name in sorted({m for m, _ in CASES.values()}):
+            path = os.path.join(cls.tmp.name, name + ".pt")
+            save_torchscript(name, path)
+            cls.models[name] = path
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def test_at_least_eight_configs(self):
+        self.assertEqual(sorted(CASES), sorted(os.listdir(CONFIGS)))
+        self.assertGreaterEqual(len(CASES), 8)
+
+    def check_same(self, plan, plugin, args, units, what):
+        self.assertEqual(plan_units(plan), sorted(p for p in units if p), what)
+        mp = {u["path"]: u["mixed_precision"] for u in plan["units"]}
+        for path, on in units.items():
+            if mp[path] is not None:
+                self.assertEqual(mp[path], on, f"{what}: mixed precision of unit {path!r}")
+            else:
+                self.assertFalse(on, f"{what}: mixed precision of unit {path!r}")
+        memory = plan["memory"]
+        strategy = plugin.sharding_strategy.name.lstrip("_").replace("HYBRID_SHARD_ZERO2", "HYBRID_SHARD")
+        self.assertEqual(memory["sharding_strategy"], strategy, what)
+        self.assertEqual(memory["world_size"], int(args.num_processes), what)
+        self.assertEqual(memory["use_orig_params"], bool(plugin.use_orig_params), what)
+        if strategy == "HYBRID_SHARD":
+            self.assertEqual(memory["shard_group_size"], int(args.nproc_per_node), what)
+
+    def test_configs(self):
+        for config, (model_name, kind) in sorted(CASES.items()):
+            with self.subTest(config=config):
+                self.check_config(config, model_name, kind)
+
+    def check_config(self, config, model_name, kind):
+        path = os.path.join(CONFIGS, config)
+        model_file = self.models[model_name]
+        if kind == "fsdp2":
+            accelerate_plugin(path)  # Accelerate accepts it ...
+            r = run_plan(model_file, "--policy", path)  # ... and fsdp-plan says it cannot plan it yet
+            self.assertEqual(r.returncode, 2, r.stderr)
+            self.assertIn("fsdp_version 2", r.stderr)
+            return
+        code, plan = plan_json(model_file, path)
+        kinds = [(w["kind"], w["message"]) for w in plan["warnings"]]
+        for kind_, text in EXPECTED_WARNINGS.get(config, []):
+            self.assertTrue(any(k == kind_ and text in m for k, m in kinds), f"{config}: no {kind_} with {text!r}: {kinds}")
+        if kind == "missing_class":
+            with self.assertRaises(ValueError) as raised:
+                plugin, _ = accelerate_plugin(path)
+                plugin.set_auto_wrap_policy(build(model_name, "meta"))
+            self.assertEqual(code, 1)
+            missing = [m for k, m in kinds if k == "accelerate_class_missing"]
+            self.assertTrue(missing and str(raised.exception) in missing[0], (str(raised.exception), missing))
+            r = run_plan(model_file, "--policy", path, "--emit", "accelerate")
+            self.assertEqual((r.returncode, r.stdout), (1, ""), r.stderr)
+            return
+        self.assertEqual(code, 0, kinds)
+        plugin, args, units = accelerate_fsdp_units(path, model_name)
+        self.check_same(plan, plugin, args, units, f"{config}: Accelerate")
+        self.check_emit_accelerate(config, model_name, model_file, plan)
+        self.check_emit_torch(config, model_name, model_file, plan, path)
+
+    def check_emit_accelerate(self, config, model_name, model_file, plan):
+        out = os.path.join(self.tmp.name, "emitted_" + config)
+        r = run_plan(model_file, "--policy", os.path.join(CONFIGS, config), "--emit", "accelerate", "-o", out)
+        self.assertEqual(r.returncode, 0, f"{config}: {r.stderr}")
+        plugin, args, units = accelerate_fsdp_units(out, model_name)
+        self.check_same(plan, plugin, args, units, f"{config}: emitted YAML through Accelerate")
+        code, again = plan_json(model_file, out)
+        self.assertEqual(code, 0)
+        self.assertEqual(plan_units(again), plan_units(plan), f"{config}: round trip")
+        for key in ("world_size", "sharding_strategy", "shard_group_size", "use_orig_params"):
+            self.assertEqual(again["memory"][key], plan["memory"][key], f"{config}: round trip {key}")
+        self.assertEqual([u["mixed_precision"] for u in again["units"]], [u["mixed_precision"] for u in plan["units"]])
+
+    def check_emit_torch(self, config, model_name, model_file, plan, path):
+        out = os.path.join(self.tmp.name, "emitted_" + config.replace(".yaml", ".py"))
+        r = run_plan(model_file, "--policy", path, "--emit", "torch", "-o", out)
+        self.assertEqual(r.returncode, 0, f"{config}: {r.stderr}")
+        spec = importlib.util.spec_from_file_location("emitted", out)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        world = plan["memory"]["world_size"]
+        with fake_world(world):
+            wrapped = module.apply_fsdp(build(model_name), device_type="cpu", device_id=torch.device("cpu"))
+            units = fsdp_units(wrapped)
+        self.assertEqual(sorted(p for p in units if p), plan_units(plan), f"{config}: emitted torch")
+        mp = {u["path"]: u["mixed_precision"] for u in plan["units"]}
+        for p, on in units.items():
+            self.assertEqual(bool(mp[p]), on, f"{config}: emitted torch, mixed precision of {p!r}")
+
+
+class EmitRules(unittest.TestCase):
+    def test_emit_refuses_format_and_explains_what_accelerate_cannot_say(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            model = os.path.join(tmp, "gpt2.pt")
+            save_torchscript("gpt2", model)
+            r = run_plan(model, "--emit", "accelerate", "--format", "json")
+            self.assertEqual(r.returncode, 2)
+            self.assertEqual(r.stdout, "")
+            policy = os.path.join(tmp, "p.json")
+            with open(policy, "w") as f:
+                json.dump({"module_classes": ["GPT2Block"], "ignored_params": ["lm_head.*"]}, f)
+            r = run_plan(model, "--policy", policy, "--emit", "accelerate")
+            self.assertEqual(r.returncode, 2)
+            self.assertEqual(r.stdout, "")
+            self.assertEqual(len(r.stderr.strip().splitlines()), 1, r.stderr)
+            self.assertIn("ignored parameters by glob", r.stderr)
+            self.assertIn("--emit torch", r.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main(argv=sys.argv[:1], verbosity=2)

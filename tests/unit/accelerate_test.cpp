@@ -1,0 +1,207 @@
+#include <doctest/doctest.h>
+
+#include "accelerate_config.h"
+#include "emit.h"
+#include "errors.h"
+#include "tree_builder.h"
+
+using namespace fsdp_plan;
+using namespace fsdp_plan::test;
+
+namespace {
+
+const std::string kHead = "compute_environment: LOCAL_MACHINE\ndistributed_type: FSDP\nnum_processes: 8\n";
+
+AccelerateConfig read(const std::string& fsdp_config, const std::string& top = "") {
+  return parse_accelerate_config(kHead + top + "fsdp_config:\n" + fsdp_config, "a.yaml");
+}
+
+std::string error_of(const std::string& yaml) {
+  try {
+    parse_accelerate_config(yaml, "a.yaml");
+  } catch (const InputError& e) {
+    CHECK(e.file() == "a.yaml");
+    return e.what();
+  }
+  return "";
+}
+
+const Warning* warning_about(const AccelerateConfig& c, const std::string& key) {
+  for (const auto& w : c.warnings)
+    if (w.kind == "accelerate_config_key" && w.message.rfind(key + ":", 0) == 0) return &w;
+  return nullptr;
+}
+
+Names plan_units(const TreeBuilder& b, AccelerateConfig c) {
+  resolve_accelerate_config(c, b.tree);
+  return unit_paths(make_plan(b.tree, c.policy, "m.pt"));
+}
+
+}  // namespace
+
+TEST_CASE("an Accelerate config is recognised by content, a JSON policy is not") {
+  CHECK(is_accelerate_config(kHead));
+  CHECK(is_accelerate_config("fsdp_config:\n  fsdp_version: 1\n"));
+  CHECK_FALSE(is_accelerate_config("{\"module_classes\": [\"Block\"]}"));
+  CHECK_FALSE(is_accelerate_config("  {\"distributed_type\": \"FSDP\"}"));
+  CHECK_FALSE(is_accelerate_config("just: yaml\n"));
+  CHECK_FALSE(is_accelerate_config("[unclosed"));
+}
+
+TEST_CASE("missing keys take the launcher's defaults, not the plugin's") {
+  AccelerateConfig c = read("  fsdp_auto_wrap_policy: SIZE_BASED_WRAP\n");
+  CHECK(c.fsdp_version == 1);
+  CHECK(c.policy.min_num_params == 100000000);  // launcher 1e8; the plugin alone would say 0
+  CHECK(c.policy.fsdp.use_orig_params);          // launcher "true"; the plugin alone False
+  CHECK(c.policy.fsdp.world_size == 8);
+  CHECK(c.policy.fsdp.strategy == ShardingStrategy::FullShard);
+  CHECK_FALSE(c.policy.mixed_precision.has_value());
+  REQUIRE(!c.warnings.empty());
+  CHECK(c.warnings[0].kind == "accelerate_config");
+  CHECK(c.warnings[0].message.find("min_num_params=100000000 (launcher default)") != std::string::npos);
+}
+
+TEST_CASE("no auto-wrap policy is NO_WRAP; names are case-insensitive") {
+  CHECK_FALSE(read("  fsdp_offload_params: false\n").policy.auto_wrap());
+  AccelerateConfig c = read("  fsdp_auto_wrap_policy: transformer_based_wrap\n  fsdp_transformer_layer_cls_to_wrap: Block\n");
+  CHECK(c.auto_wrap_policy == "TRANSFORMER_BASED_WRAP");
+  CHECK(c.class_names == Names{"Block"});
+}
+
+TEST_CASE("min_num_params 0 means no auto-wrap in Accelerate") {
+  AccelerateConfig c = read("  fsdp_auto_wrap_policy: SIZE_BASED_WRAP\n  fsdp_min_num_params: 0\n");
+  CHECK_FALSE(c.policy.auto_wrap());
+  const Warning* w = warning_about(c, "fsdp_min_num_params");
+  REQUIRE(w);
+  CHECK(w->message.find("If zero, we silently ignore it.") != std::string::npos);
+}
+
+TEST_CASE("class names split at commas as Accelerate splits them, unstripped") {
+  AccelerateConfig c = read("  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n"
+                            "  fsdp_transformer_layer_cls_to_wrap: Block, Head\n");
+  CHECK(c.class_names == Names{"Block", " Head"});
+  AccelerateConfig l = read("  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n"
+                            "  fsdp_transformer_layer_cls_to_wrap: [Block, Head]\n");
+  CHECK(l.class_names == Names{"['Block'", " 'Head']"});
+  CHECK(warning_about(l, "fsdp_transformer_layer_cls_to_wrap"));
+}
+
+TEST_CASE("a missing class is Accelerate's error with the nearest names") {
+  TreeBuilder b = two_blocks_and_a_head();
+  AccelerateConfig c = read("  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n"
+                            "  fsdp_transformer_layer_cls_to_wrap: Blok,Linear\n");
+  resolve_accelerate_config(c, b.tree);
+  const Warning* w = nullptr;
+  for (const auto& x : c.warnings)
+    if (x.kind == "accelerate_class_missing") w = &x;
+  REQUIRE(w);
+  CHECK(w->severity == Severity::Error);
+  CHECK(w->message.find("Could not find the transformer layer class Blok in the model.") != std::string::npos);
+  CHECK(w->suggestions == Names{"Block"});
+  CHECK(c.policy.module_classes == Names{"Linear"});
+}
+
+TEST_CASE("class names are exact bare names: a base class name matches no module") {
+  TreeBuilder b;
+  b.add("bn", "BatchNorm2d");
+  b.param("bn", "weight", {4});
+  AccelerateConfig c = read("  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n"
+                            "  fsdp_transformer_layer_cls_to_wrap: _BatchNorm\n");
+  resolve_accelerate_config(c, b.tree);
+  CHECK(c.warnings.back().kind == "accelerate_class_missing");
+}
+
+TEST_CASE("two classes with one bare name: Accelerate wraps the first it meets") {
+  TreeBuilder b;
+  b.add("a", "__torch__.pkg_a.Block");
+  b.param("a", "w", {4});
+  b.add("b", "__torch__.pkg_b.Block");
+  b.param("b", "w", {4});
+  AccelerateConfig c = read("  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n"
+                            "  fsdp_transformer_layer_cls_to_wrap: Block\n");
+  CHECK(plan_units(b, c) == Names{"", "a"});
+}
+
+TEST_CASE("unknown, stale and version-dead keys are warnings naming the key") {
+  AccelerateConfig c = read("  fsdp_backward_prefetch_policy: BACKWARD_PRE\n"
+                            "  fsdp_ofload_params: true\n"
+                            "  min_num_params: 5\n");  // no prefix: Accelerate adds fsdp_
+  CHECK(warning_about(c, "fsdp_backward_prefetch_policy"));
+  const Warning* typo = warning_about(c, "fsdp_ofload_params");
+  REQUIRE(typo);
+  CHECK(typo->suggestions == Names{"fsdp_offload_params"});
+  CHECK(warning_about(c, "fsdp_min_num_params"));  // read, but does nothing with NO_WRAP
+  AccelerateConfig v1 = read("  fsdp_reshard_after_forward: SHARD_GRAD_OP\n");
+  CHECK(v1.policy.fsdp.strategy == ShardingStrategy::FullShard);
+  CHECK(warning_about(v1, "fsdp_reshard_after_forward"));
+  AccelerateConfig v2 = read("  fsdp_version: 2\n  fsdp_sharding_strategy: FULL_SHARD\n  fsdp_use_orig_params: true\n");
+  CHECK(v2.fsdp_version == 2);
+  CHECK(warning_about(v2, "fsdp_sharding_strategy"));
+  CHECK(warning_about(v2, "fsdp_use_orig_params"));
+}
+
+TEST_CASE("mixed precision and HYBRID_SHARD over machines") {
+  AccelerateConfig c = read("  fsdp_sharding_strategy: HYBRID_SHARD\n", "mixed_precision: bf16\nnum_machines: 2\n");
+  REQUIRE(c.policy.mixed_precision);
+  CHECK(c.policy.mixed_precision->param_dtype == "bfloat16");
+  CHECK(c.policy.mixed_precision->reduce_dtype == "bfloat16");
+  CHECK(c.policy.mixed_precision->buffer_dtype == "bfloat16");
+  CHECK(c.policy.fsdp.strategy == ShardingStrategy::HybridShard);
+  CHECK(c.policy.fsdp.shard_group_size == 4);
+  CHECK_FALSE(read("  fsdp_version: 1\n", "mixed_precision: 'no'\n").policy.mixed_precision);
+  // Unquoted, YAML makes it false and accelerate launch fails on it.
+  CHECK(error_of(kHead + "mixed_precision: no\n").find("'bool' object has no attribute 'lower'") != std::string::npos);
+}
+
+TEST_CASE("what accelerate launch refuses is an input error") {
+  CHECK(error_of("distributed_type: FSDP\nnum_processes: 2\nfsdp_confg: {}\n").find("had unknown keys (['fsdp_confg'])") !=
+        std::string::npos);
+  CHECK(error_of("num_processes: 2\n").find("A `distributed_type` must be specified") != std::string::npos);
+  CHECK(error_of(kHead + "fsdp_config:\n  fsdp_auto_wrap_policy: BY_SIZE\n").find("Invalid auto wrap policy: BY_SIZE") !=
+        std::string::npos);
+  CHECK(error_of(kHead + "fsdp_config:\n  fsdp_sharding_strategy: FULL\n").find("KeyError: 'FULL'") != std::string::npos);
+  CHECK(error_of(kHead + "fsdp_config:\n  fsdp_auto_wrap_policy: SIZE_BASED_WRAP\n  fsdp_min_num_params: 1e8\n")
+            .find("invalid literal for int() with base 10: '1e8'") != std::string::npos);
+  CHECK(error_of(kHead + "fsdp_config:\n  fsdp_sync_module_states: false\n").find("fsdp_cpu_ram_efficient_loading") !=
+        std::string::npos);
+  CHECK(error_of(kHead + "mixed_precision: fp32\n").find("Unknown mixed_precision mode: fp32") != std::string::npos);
+  CHECK(error_of(kHead + "fsdp_config:\n  fsdp_version: 2\n  fsdp_reshard_after_forward: FULL_SHARD\n")
+            .find("invalid truth value full_shard") != std::string::npos);
+  CHECK(error_of("distributed_type: MULTI_GPU\n").find("not FSDP") != std::string::npos);
+  CHECK(error_of("distributed_type: FSDP\nfsdp_config: [1\n").find("not valid YAML") != std::string::npos);
+}
+
+TEST_CASE("fsdp_ignored_modules is a regex fully matched against module paths") {
+  TreeBuilder b = two_blocks_and_a_head();
+  AccelerateConfig c = read("  fsdp_ignored_modules: 'blocks\\.[0-9]'\n");
+  resolve_accelerate_config(c, b.tree);
+  CHECK(c.policy.ignored_modules == Names{"blocks.0", "blocks.1"});
+}
+
+TEST_CASE("emit accelerate: a class plan round-trips, an inexpressible one says why") {
+  TreeBuilder b = two_blocks_and_a_head();
+  Plan plan = plan_of(b, R"({"module_classes": ["Block"], "fsdp": {"world_size": 4}})");
+  std::string yaml = plan_to_accelerate(plan);
+  CHECK(yaml.find("fsdp_transformer_layer_cls_to_wrap: Block\n") != std::string::npos);
+  CHECK(yaml.find("num_processes: 4\n") != std::string::npos);
+  AccelerateConfig back = parse_accelerate_config(yaml, "e.yaml");
+  CHECK(plan_units(b, back) == unit_paths(plan));
+
+  Plan globbed = plan_of(b, R"({"module_classes": ["Block"], "ignored_params": ["head.*"]})");
+  CHECK_THROWS_WITH_AS(plan_to_accelerate(globbed), doctest::Contains("--emit torch"), EmitError);
+  Plan zero = plan_of(b, R"({"min_num_params": 0})");
+  CHECK_THROWS_AS(plan_to_accelerate(zero), EmitError);
+  Plan fp32_reduce = plan_of(b, R"({"module_classes": ["Block"], "mixed_precision": {"param_dtype": "bfloat16"}})");
+  CHECK_THROWS_AS(plan_to_accelerate(fp32_reduce), EmitError);
+}
+
+TEST_CASE("emit torch spells out the units and checks them") {
+  TreeBuilder b = two_blocks_and_a_head();
+  Plan plan = plan_of(b, R"({"module_classes": ["Block"]})");
+  std::string py = plan_to_torch(plan);
+  CHECK(py.find("UNITS = [\n    \"blocks.0\",\n    \"blocks.1\",\n]") != std::string::npos);
+  CHECK(py.find("CustomPolicy") != std::string::npos);
+  CHECK(py.find("raise RuntimeError") != std::string::npos);
+  Plan size = plan_of(b, R"({"min_num_params": 10})");
+  CHECK(plan_to_torch(size).find("size_based_auto_wrap_policy, min_num_params=10") != std::string::npos);
+}
