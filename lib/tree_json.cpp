@@ -13,7 +13,8 @@ nlohmann::ordered_json tree_to_json(const ModuleTree& tree) {
       (void)fresh;
       const TensorInfo& t = tree.tensor(s.tensor);
       out.push_back({{"name", s.name}, {"tensor", it->second}, {"shape", t.shape},
-                     {"dtype", t.dtype}, {"itemsize", t.itemsize}});
+                     {"dtype", t.dtype}, {"itemsize", t.itemsize},
+                     {"requires_grad", t.requires_grad}});
     }
     return out;
   };

@@ -1,14 +1,9 @@
 // Structure-only loader: reads a TorchScript archive's module tree from
 // data.pkl and the class headers under code/, without compiling any method and
-// without reading any tensor storage. Tensors are rebuilt by LibTorch's
-// unpickler on storages that have the right byte size but no bytes, so shape,
-// dtype and identity (the pickle memo: tied weights are one object) are exact.
+// without reading any tensor storage, and without LibTorch: the zip through
+// libzip (zip_reader.h), data.pkl through our own unpickler (unpickler.h),
+// which keeps the pickle memo's identity (tied weights are one tensor).
 #include "archive_loader.h"
-
-#include <caffe2/serialize/file_adapter.h>
-#include <caffe2/serialize/inline_container.h>
-#include <torch/csrc/jit/api/compilation_unit.h>
-#include <torch/csrc/jit/serialization/unpickler.h>
 
 #include <cctype>
 #include <cstring>
@@ -16,38 +11,26 @@
 #include <fstream>
 #include <functional>
 #include <memory>
+#include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "../errors.h"
 #include "class_decls.h"
 #include "dtype.h"
 #include "loader.h"
-#include "pickle_guard.h"
+#include "unpickler.h"
 #include "zip_reader.h"
 
 namespace fsdp_plan {
 namespace {
 
-using caffe2::serialize::PyTorchStreamReader;
-using ObjectPtr = c10::intrusive_ptr<c10::ivalue::Object>;
+using pickle::Kind;
+using pickle::NodeId;
 
 const char kHowToExport[] =
     "export the model as TorchScript: torch.jit.save(torch.jit.script(model), "
     "\"model.pt\") (or torch.jit.trace(model, example_inputs) instead of script)";
-
-// LibTorch's message, first line only, without its "[enforce fail at ...] ."
-// prefix and "(Could this error message be improved? ...)" suffix.
-std::string torch_message(const std::string& what) {
-  std::string s = what.substr(0, what.find('\n'));
-  if (s.rfind("[enforce fail at ", 0) == 0) {
-    auto end = s.find("] ");
-    if (end != std::string::npos) s = s.substr(end + 2);
-    if (s.rfind(". ", 0) == 0) s = s.substr(2);
-  }
-  auto junk = s.find("  (Could this error message be improved?");
-  if (junk != std::string::npos) s = s.substr(0, junk);
-  return s;
-}
 
 // Messages can quote names from a corrupt file: keep them one line of ASCII.
 std::string printable(const std::string& s) {
@@ -64,44 +47,6 @@ std::string printable(const std::string& s) {
   }
   return out;
 }
-
-// Counts what the zip reader and we pull from the source.
-class CountingAdapter final : public caffe2::serialize::ReadAdapterInterface {
- public:
-  CountingAdapter(std::unique_ptr<caffe2::serialize::ReadAdapterInterface> in, ArchiveReadStats& stats)
-      : in_(std::move(in)), stats_(stats) {
-    stats_.file_size = in_->size();
-  }
-  size_t size() const override { return in_->size(); }
-  size_t read(uint64_t pos, void* buf, size_t n, const char* what) const override {
-    if (pos >= in_->size()) return 0;
-    n = std::min<uint64_t>(n, in_->size() - pos);
-    size_t got = in_->read(pos, buf, n, what);
-    stats_.bytes_read += got;
-    return got;
-  }
-
- private:
-  std::unique_ptr<caffe2::serialize::ReadAdapterInterface> in_;
-  ArchiveReadStats& stats_;
-};
-
-// A model file already in memory (the fuzzer's input).
-class MemoryAdapter final : public caffe2::serialize::ReadAdapterInterface {
- public:
-  MemoryAdapter(const void* data, size_t size) : data_(static_cast<const char*>(data)), size_(size) {}
-  size_t size() const override { return size_; }
-  size_t read(uint64_t pos, void* buf, size_t n, const char*) const override {
-    if (pos >= size_) return 0;
-    n = std::min<uint64_t>(n, size_ - pos);
-    std::memcpy(buf, data_ + pos, n);
-    return n;
-  }
-
- private:
-  const char* data_;
-  size_t size_;
-};
 
 // No record that describes structure (data.pkl, a code/ file, the version)
 // comes anywhere near this; a bigger claim means a damaged or hostile file.
@@ -141,24 +86,19 @@ void check_file(const std::string& path) {
 
 class ArchiveLoader {
  public:
-  ArchiveLoader(std::string path, std::shared_ptr<CountingAdapter> in,
-                std::function<std::unique_ptr<zip::Reader>()> open_zip, ArchiveReadStats& stats,
-                const ArchiveOptions& options)
-      : path_(std::move(path)),
-        in_(std::move(in)),
-        open_zip_(std::move(open_zip)),
-        stats_(stats),
-        options_(options),
-        cu_(std::make_shared<torch::jit::CompilationUnit>()) {}
+  ArchiveLoader(std::string path, std::function<std::unique_ptr<zip::Reader>()> open_zip,
+                ArchiveReadStats& stats, const ArchiveOptions& options)
+      : path_(std::move(path)), open_zip_(std::move(open_zip)), stats_(stats), options_(options) {}
   ~ArchiveLoader() {
-    if (dir_) stats_.bytes_read += dir_->bytes_read();
+    if (dir_) {
+      stats_.file_size = dir_->file_size();
+      stats_.bytes_read = dir_->bytes_read();
+    }
   }
 
   ModuleTree load() {
     open_directory();
     check_is_torchscript();
-    // PyTorchStreamReader reads the version record by whatever size the
-    // directory declares: check that record first.
     const std::string version_record = has_record(".data/version") ? ".data/version" : "version";
     const std::string version = read_record(version_record);
     const auto digits = version.find_first_not_of("0123456789");
@@ -168,19 +108,23 @@ class ArchiveLoader {
                               "the file is damaged; " + kCopyAgain);
     }
     try {
-      reader_ = std::make_unique<PyTorchStreamReader>(in_);
-    } catch (const c10::Error& e) {
-      throw InputError(path_, "a zip archive but not a PyTorch file (" +
-                                  torch_message(e.what_without_backtrace()) + "); " + kHowToExport);
+      pkl_ = pickle::unpickle(read_record("data.pkl"));
+    } catch (const pickle::Error& e) {
+      throw InputError(path_, e.what() + std::string("; ") + kCopyAgain);
     }
-    c10::IValue root = unpickle();
-    if (!root.isObject() || !decl_of(*root.toObject()).is_module) {
+    std::unordered_set<std::string_view> keys;
+    for (const auto& s : pkl_.storages) keys.insert(s.key);
+    stats_.storages_requested = static_cast<int64_t>(keys.size());
+    const NodeId root = pkl_.root;
+    if (kind(root) != Kind::Object || !decl_of(pkl_.object(root).cls).is_module) {
       throw InputError(path_, "data.pkl does not hold a module");
     }
-    return build(root.toObject());
+    return build(root);
   }
 
  private:
+  Kind kind(NodeId id) const { return pkl_.node(id).kind; }
+
   void open_directory() {
     try {
       dir_ = open_zip_();
@@ -214,7 +158,7 @@ class ArchiveLoader {
         const std::string name = e.name.rfind(prefix_, 0) == 0 ? e.name.substr(prefix_.size()) : e.name;
         throw InputError(path_, "record " + name + " claims to be " + std::to_string(e.uncomp_size) +
                                     " bytes, more than " +
-                                    (stored ? "the file holds (" + std::to_string(in_->size()) +
+                                    (stored ? "the file holds (" + std::to_string(dir_->file_size()) +
                                                   " bytes)"
                                             : "its compressed data can give") +
                                     ": the file is damaged; " + kCopyAgain);
@@ -240,7 +184,7 @@ class ArchiveLoader {
     if (e->uncomp_size > kMaxStructureRecord || e->uncomp_size > limit) {
       throw InputError(path_, "record " + name + " claims to be " + std::to_string(e->uncomp_size) +
                                   " bytes, more than " +
-                                  (e->method == 0 ? "the file holds (" + std::to_string(in_->size()) +
+                                  (e->method == 0 ? "the file holds (" + std::to_string(dir_->file_size()) +
                                                         " bytes)"
                                                   : "its compressed data can give") +
                                   ": the file is damaged; " + kCopyAgain);
@@ -280,60 +224,8 @@ class ArchiveLoader {
                                 "), not a TorchScript archive; " + kHowToExport);
   }
 
-  c10::IValue unpickle() {
-    const std::string pickle = read_record("data.pkl");
-    try {
-      check_pickle(pickle);
-    } catch (const PickleError& e) {
-      throw InputError(path_, e.what() + std::string("; ") + kCopyAgain);
-    }
-    size_t pos = 0;
-    auto read = [&](char* buf, size_t n) {
-      // A well-formed pickle stops before its end; asking for more means it
-      // is truncated. Throw rather than return 0: the unpickler's string
-      // reader would loop on an empty refill.
-      if (pos >= pickle.size()) throw std::runtime_error("data.pkl ends early");
-      n = std::min(n, pickle.size() - pos);
-      std::memcpy(buf, pickle.data() + pos, n);
-      pos += n;
-      return n;
-    };
-    // Class names resolve to empty ClassTypes; what a class holds comes from
-    // code/. The unpickler also asks for container types ("List[int]") to tag
-    // lists and dicts; any element type will do for us.
-    auto resolve = [this](const c10::QualifiedName& qn) -> c10::StrongTypePtr {
-      const std::string& name = qn.qualifiedName();
-      if (name.rfind("List[", 0) == 0) return {cu_, c10::ListType::create(c10::AnyType::get())};
-      if (name.rfind("Dict[", 0) == 0) {
-        return {cu_, c10::DictType::create(c10::AnyType::get(), c10::AnyType::get())};
-      }
-      auto& type = types_[name];
-      if (!type) type = c10::ClassType::create(qn, cu_);
-      return {cu_, type};
-    };
-    // Objects keep no slots: their pickled state (a dict for ordinary
-    // classes) is kept aside. So no object owns another, and tearing down a
-    // 100,000-deep chain does not recurse.
-    auto load_object = [this](const c10::StrongTypePtr& type, const c10::IValue& state) {
-      auto obj = c10::ivalue::Object::create(type, 0);
-      states_.emplace(obj.get(), std::make_pair(obj, state));
-      return obj;
-    };
-    // The storage gets its byte size but no bytes: nothing under data/ is read.
-    auto no_bytes = [this](const std::string&) {
-      ++stats_.storages_requested;
-      return at::DataPtr(nullptr, c10::Device(c10::kCPU));
-    };
-    torch::jit::Unpickler unpickler(read, resolve, load_object, no_bytes, c10::Device(c10::kCPU));
-    unpickler.set_version(reader_->version());
-    return unpickler.parse_ivalue();
-  }
-
-  // The declaration of obj's class. __torch__.a.b.Cls is declared in
+  // The declaration of a class. __torch__.a.b.Cls is declared in
   // code/__torch__/a/b.py; the first lookup in a file records all its classes.
-  const ClassDecl& decl_of(const c10::ivalue::Object& obj) {
-    return decl_of(obj.type()->name()->qualifiedName());
-  }
   const ClassDecl& decl_of(const std::string& name) {
     auto it = decls_.find(name);
     if (it != decls_.end()) return it->second;
@@ -378,26 +270,59 @@ class ArchiveLoader {
     return false;
   }
 
-  // Pre-order walk with an explicit stack, visiting attributes in slot order
-  // exactly as the JIT loader's TreeBuilder does.
-  ModuleTree build(const ObjectPtr& root) {
+  // An object's state as attribute name -> value; null if it is not a dict.
+  // Big dicts (a Sequential of 50,000 modules) get a hash map.
+  class State {
+   public:
+    State(const pickle::Pickle& p, NodeId state) : p_(p) {
+      if (state == pickle::kNoNode || p.node(state).kind != Kind::Dict) return;
+      items_ = &p.elems(state);
+      if (items_->size() > 32) {
+        for (size_t i = 0; i + 1 < items_->size(); i += 2) {
+          const NodeId k = (*items_)[i];
+          if (p.node(k).kind == Kind::String) map_.emplace(p.str(k), (*items_)[i + 1]);
+        }
+      }
+    }
+    bool is_dict() const { return items_ != nullptr; }
+    NodeId find(const std::string& name) const {
+      if (items_->size() > 32) {
+        auto it = map_.find(name);
+        return it == map_.end() ? pickle::kNoNode : it->second;
+      }
+      for (size_t i = 0; i + 1 < items_->size(); i += 2) {
+        const NodeId k = (*items_)[i];
+        if (p_.node(k).kind == Kind::String && p_.str(k) == name) return (*items_)[i + 1];
+      }
+      return pickle::kNoNode;
+    }
+
+   private:
+    const pickle::Pickle& p_;
+    const std::vector<NodeId>* items_ = nullptr;
+    std::unordered_map<std::string_view, NodeId> map_;  // first wins, as in a dict built in order
+  };
+
+  // Pre-order walk with an explicit stack, visiting attributes in declaration
+  // (slot) order exactly as the JIT loader's TreeBuilder does.
+  ModuleTree build(NodeId root) {
     ModuleTree tree;
-    tree.module(0).type_name = root->type()->name()->qualifiedName();
-    std::vector<std::pair<ObjectPtr, ModuleId>> stack{{root, 0}};
-    std::vector<std::pair<ObjectPtr, ModuleId>> children;
+    tree.module(0).type_name = pkl_.object(root).cls;
+    std::vector<std::pair<NodeId, ModuleId>> stack{{root, 0}};
+    std::vector<std::pair<NodeId, ModuleId>> children;
     while (!stack.empty()) {
       auto [obj, id] = stack.back();
       stack.pop_back();
       children.clear();
-      const ClassDecl& decl = decl_of(*obj);
-      const c10::IValue& state = states_.at(obj.get()).second;
-      if (!state.isGenericDict()) {
+      const std::string& cls = pkl_.object(obj).cls;
+      const ClassDecl& decl = decl_of(cls);
+      const State state(pkl_, pkl_.object(obj).state);
+      if (!state.is_dict()) {
         // A __setstate__ class pickles whatever its __getstate__ returned and
         // the JIT loader runs __setstate__ to fill the slots. We cannot run
         // it; that is harmless when no slot could hold a parameter, buffer or
         // submodule (quantized modules and their packed params), and we
         // refuse otherwise rather than guess.
-        const std::string cls = obj->type()->name()->qualifiedName();
         if (!decl.has_setstate) throw InputError(path_, "pickled state of " + cls + " is not a dict");
         for (const AttributeDecl& attr : decl.attributes) {
           if (attr.is_param || attr.is_buffer || may_hold_module(attr.type)) {
@@ -408,23 +333,19 @@ class ArchiveLoader {
         }
         continue;
       }
-      const auto dict = state.toGenericDict();
       for (const AttributeDecl& attr : decl.attributes) {
-        auto found = dict.find(attr.name);
-        if (found == dict.end()) {
+        const NodeId v = state.find(attr.name);
+        if (v == pickle::kNoNode) {
           if (decl.has_setstate) continue;  // __setstate__ may fill it from another key
-          throw InputError(path_, "data.pkl lacks attribute " + attr.name + " of " +
-                                      obj->type()->name()->qualifiedName());
+          throw InputError(path_, "data.pkl lacks attribute " + attr.name + " of " + cls);
         }
-        const c10::IValue& v = found->value();
         if (attr.is_param) {
-          if (v.isTensor()) tree.add_param(id, attr.name, tensor_id(tree, v.toTensor()));
+          if (kind(v) == Kind::Tensor) tree.add_param(id, attr.name, tensor_id(tree, v));
         } else if (attr.is_buffer) {
-          if (v.isTensor()) tree.add_buffer(id, attr.name, tensor_id(tree, v.toTensor()));
-        } else if (v.isObject() && decl_of(v.toObjectRef()).is_module) {
-          ObjectPtr child = v.toObject();
-          ModuleId cid = tree.add_module(id, attr.name, child->type()->name()->qualifiedName());
-          children.emplace_back(std::move(child), cid);
+          if (kind(v) == Kind::Tensor) tree.add_buffer(id, attr.name, tensor_id(tree, v));
+        } else if (kind(v) == Kind::Object && decl_of(pkl_.object(v).cls).is_module) {
+          ModuleId cid = tree.add_module(id, attr.name, pkl_.object(v).cls);
+          children.emplace_back(v, cid);
         }
       }
       for (auto it = children.rbegin(); it != children.rend(); ++it) stack.push_back(*it);
@@ -432,13 +353,16 @@ class ArchiveLoader {
     return tree;
   }
 
-  TensorId tensor_id(ModuleTree& tree, const at::Tensor& t) {
-    auto [it, fresh] = tensor_ids_.try_emplace(t.unsafeGetTensorImpl(), 0);
+  TensorId tensor_id(ModuleTree& tree, NodeId node) {
+    auto [it, fresh] = tensor_ids_.try_emplace(node, 0);
     if (fresh) {
+      const pickle::Tensor& t = pkl_.tensor(node);
+      const pickle::Storage& s = pkl_.storage(t.storage);
+      const DtypeInfo* dtype = dtype_from_stem(s.dtype_stem);
       TensorInfo info;
-      info.shape = t.sizes().vec();
+      info.shape = t.shape;
       // The planner multiplies these out: refuse shapes no storage could have.
-      int64_t bytes = static_cast<int64_t>(t.element_size());
+      int64_t bytes = dtype->itemsize;
       for (int64_t d : info.shape) {
         if (d < 0 || __builtin_mul_overflow(bytes, d, &bytes) || bytes > (int64_t{1} << 50)) {
           throw InputError(path_, "data.pkl is damaged: a tensor has an impossible shape; " +
@@ -451,55 +375,38 @@ class ArchiveLoader {
         throw InputError(path_, "data.pkl is damaged: its tensors add up to an impossible size; " +
                                     std::string(kCopyAgain));
       }
-      info.dtype = dtype_name(t.scalar_type());
-      info.itemsize = static_cast<int64_t>(t.element_size());
+      info.dtype = dtype->name;
+      info.itemsize = dtype->itemsize;
+      info.requires_grad = t.requires_grad;
       it->second = tree.add_tensor(std::move(info));
     }
     return it->second;
   }
 
   std::string path_;
-  std::shared_ptr<CountingAdapter> in_;
   std::function<std::unique_ptr<zip::Reader>()> open_zip_;
   ArchiveReadStats& stats_;
   ArchiveOptions options_;
   std::unique_ptr<zip::Reader> dir_;
   std::string prefix_;  // "archive/"
-  std::unique_ptr<PyTorchStreamReader> reader_;
-  std::shared_ptr<torch::jit::CompilationUnit> cu_;
-  std::unordered_map<std::string, c10::ClassTypePtr> types_;
-  std::unordered_map<const c10::ivalue::Object*, std::pair<ObjectPtr, c10::IValue>> states_;
+  pickle::Pickle pkl_;
   std::unordered_map<std::string, ClassDecl> decls_;
-  std::unordered_map<const c10::TensorImpl*, TensorId> tensor_ids_;
+  std::unordered_map<NodeId, TensorId> tensor_ids_;
   int64_t total_bytes_ = 0;
 };
 
-}  // namespace
-
-namespace {
-
-ModuleTree load_from(const std::string& path,
-                     const std::function<std::unique_ptr<caffe2::serialize::ReadAdapterInterface>()>& open,
-                     const std::function<std::unique_ptr<zip::Reader>()>& open_zip,
+ModuleTree load_from(const std::string& path, const std::function<std::unique_ptr<zip::Reader>()>& open_zip,
                      ArchiveReadStats& s, const ArchiveOptions& options) {
   try {
-    std::shared_ptr<CountingAdapter> in;
-    try {
-      in = std::make_shared<CountingAdapter>(open(), s);
-    } catch (const c10::Error& e) {
-      throw InputError(path, "cannot open file: " + torch_message(e.what_without_backtrace()));
-    }
-    return ArchiveLoader(path, std::move(in), open_zip, s, options).load();
+    return ArchiveLoader(path, open_zip, s, options).load();
   } catch (const InputError& e) {
     throw InputError(path, printable(e.what()));
-  } catch (const c10::Error& e) {
-    throw InputError(path, "cannot read TorchScript archive: " +
-                               printable(torch_message(e.what_without_backtrace())));
   } catch (const std::bad_alloc&) {
     throw InputError(path, "cannot read TorchScript archive: out of memory; the file is damaged "
                            "or too big");
   } catch (const std::exception& e) {
-    throw InputError(path, "cannot read TorchScript archive: " + printable(torch_message(e.what())));
+    std::string what = e.what();
+    throw InputError(path, "cannot read TorchScript archive: " + printable(what.substr(0, what.find('\n'))));
   }
 }
 
@@ -509,9 +416,7 @@ ModuleTree load_archive(const std::string& path, ArchiveReadStats* stats,
                         const ArchiveOptions& options) {
   ArchiveReadStats local;
   check_file(path);
-  return load_from(
-      path, [&] { return std::make_unique<caffe2::serialize::FileAdapter>(path); },
-      [&] { return zip::Reader::open_file(path); }, stats ? *stats : local, options);
+  return load_from(path, [&] { return zip::Reader::open_file(path); }, stats ? *stats : local, options);
 }
 
 ModuleTree load_archive(const std::string& path, ArchiveReadStats* stats) {
@@ -523,9 +428,8 @@ ModuleTree load_archive_bytes(const std::string& name, const void* data, size_t 
   ArchiveReadStats local;
   const auto* head = static_cast<const unsigned char*>(data);
   check_head(name, head, std::min<size_t>(size, 16));
-  return load_from(
-      name, [&] { return std::make_unique<MemoryAdapter>(data, size); },
-      [&] { return zip::Reader::open_memory(data, size); }, stats ? *stats : local, options);
+  return load_from(name, [&] { return zip::Reader::open_memory(data, size); }, stats ? *stats : local,
+                   options);
 }
 
 ModuleTree load_archive(const std::string& path) { return load_archive(path, nullptr); }

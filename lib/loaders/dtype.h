@@ -1,13 +1,22 @@
-// Torch dtypes as the plan names them ("float32", "bfloat16", ...).
+// Element types by the name PyTorch gives their storage class ("Float" in
+// torch.FloatStorage, also c10::toString(ScalarType)): our dtype name and
+// itemsize. One table for both loaders, torch-free.
 #pragma once
 
-#include <c10/core/ScalarType.h>
-
+#include <cstdint>
 #include <string>
+#include <vector>
 
 namespace fsdp_plan {
 
-// Python's name for the dtype without "torch.": float32, int64, qint8, ...
-std::string dtype_name(c10::ScalarType t);
+struct DtypeInfo {
+  const char* stem;      // "Float"
+  const char* name;      // "float32", as torch prints it without "torch."
+  int64_t itemsize = 0;  // bytes per element
+};
+
+// nullptr for a name PyTorch does not have.
+const DtypeInfo* dtype_from_stem(const std::string& stem);
+std::vector<std::string> dtype_stems();
 
 }  // namespace fsdp_plan

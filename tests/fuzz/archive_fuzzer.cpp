@@ -9,12 +9,6 @@
 #include "errors.h"
 #include "loaders/archive_loader.h"
 
-// LibTorch's PyTorchStreamReader leaks miniz's tables when its constructor
-// throws (it never calls mz_zip_reader_end): a few hundred bytes per refused
-// file, which a one-shot CLI does not mind. Leaks allocated inside LibTorch
-// are not ours to fix; our own still show.
-extern "C" const char* __lsan_default_suppressions() { return "leak:libtorch_cpu.so\n"; }
-
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   fsdp_plan::ArchiveOptions options;
   options.verify_crc = false;

@@ -52,9 +52,19 @@ def save(name, module):
     return path
 
 
+TORCH2 = int(torch.__version__.split(".")[0]) >= 2
+
+
 def assert_same(name, path):
     rc_a, out_a, err_a = run("archive", path)
     rc_j, out_j, err_j = run("jit", path)
+    if TORCH2 and rc_a == 0 and rc_j == 2 and "torch::jit::load failed" in err_j:
+        # Debian's LibTorch 1.13 cannot read every torch 2.x archive; the
+        # build against the torch 2.13 wheel's LibTorch compares them all.
+        print(f"      {name}: the jit plugin's LibTorch cannot read this torch {torch.__version__} "
+              f"archive ({err_j.strip()[:160]}); archive loader alone")
+        check_no_storage_read(name, path)
+        return out_a
     same = rc_a == 0 and rc_j == 0 and out_a == out_j
     detail = ""
     if not same:
@@ -109,6 +119,8 @@ class Tied(nn.Module):
         self.p_half = nn.Parameter(torch.zeros(5, dtype=torch.half))
         self.mha = nn.MultiheadAttention(4, 2)
         self.mha_kv = nn.MultiheadAttention(4, 2, add_bias_kv=True)
+        self.frozen = nn.Linear(4, 2)  # requires_grad=False survives TorchScript
+        self.frozen.weight.requires_grad_(False)
 
     def forward(self, x):
         y = self.emb(x)
@@ -218,7 +230,7 @@ def quantized_models():
 # ---------------------------------------------------------------- groups
 
 def group_equal():
-    assert_same("scripted_tied", save("tied", torch.jit.script(Tied())))
+    out = assert_same("scripted_tied", save("tied", torch.jit.script(Tied())))
     assert_same("scripted_custom", save("custom", torch.jit.script(Custom())))
     assert_same("traced", save("traced", torch.jit.trace(Traceable().eval(), torch.randn(1, 3, 8, 8))))
     assert_same("scripted_traceable", save("traceable", torch.jit.script(Traceable())))
@@ -226,6 +238,9 @@ def group_equal():
     assert_same("half_model", save("half", torch.jit.script(half)))
     for name, m in quantized_models():
         assert_same(name, save(name, m))
+    frozen = [m for m in json.loads(out)["modules"] if m["path"] == "frozen"]
+    check(frozen and [p["requires_grad"] for p in frozen[0]["params"]] == [False, True],
+          f"frozen weight: requires_grad false, bias true ({frozen and frozen[0]['params']})")
 
 
 def group_torchvision():
