@@ -89,12 +89,7 @@ class ArchiveLoader {
   ArchiveLoader(std::string path, std::function<std::unique_ptr<zip::Reader>()> open_zip,
                 ArchiveReadStats& stats, const ArchiveOptions& options)
       : path_(std::move(path)), open_zip_(std::move(open_zip)), stats_(stats), options_(options) {}
-  ~ArchiveLoader() {
-    if (dir_) {
-      stats_.file_size = dir_->file_size();
-      stats_.bytes_read = dir_->bytes_read();
-    }
-  }
+  ~ArchiveLoader() { close_zip(); }
 
   ModuleTree load() {
     open_directory();
@@ -107,10 +102,17 @@ class ArchiveLoader {
       throw InputError(path_, "record " + version_record + " does not hold a format version number: "
                               "the file is damaged; " + kCopyAgain);
     }
-    try {
-      pkl_ = pickle::unpickle(read_record("data.pkl"));
-    } catch (const pickle::Error& e) {
-      throw InputError(path_, e.what() + std::string("; ") + kCopyAgain);
+    {
+      std::string pkl = read_record("data.pkl");
+      read_code();
+      // libzip's directory (an entry per storage: 150,000 for 150,000
+      // tensors) is not needed any more: free it before the pickle grows.
+      close_zip();
+      try {
+        pkl_ = pickle::unpickle(pkl);
+      } catch (const pickle::Error& e) {
+        throw InputError(path_, e.what() + std::string("; ") + kCopyAgain);
+      }
     }
     std::unordered_set<std::string_view> keys;
     for (const auto& s : pkl_.storages) keys.insert(s.key);
@@ -167,6 +169,24 @@ class ArchiveLoader {
   }
 
   bool has_record(const std::string& name) const { return dir_->find(prefix_ + name) != nullptr; }
+
+  // The class declarations under code/, read while the zip is open.
+  void read_code() {
+    const std::string code = prefix_ + "code/";
+    for (const zip::Entry& e : dir_->entries()) {
+      if (e.name.rfind(code, 0) == 0 && e.name.size() > 3 && e.name.compare(e.name.size() - 3, 3, ".py") == 0) {
+        const std::string name = e.name.substr(prefix_.size());
+        if (!code_.count(name)) code_.emplace(name, read_record(name));
+      }
+    }
+  }
+
+  void close_zip() {
+    if (!dir_) return;
+    stats_.file_size = dir_->file_size();
+    stats_.bytes_read = dir_->bytes_read();
+    dir_.reset();
+  }
 
   // A record's bytes, checked against the directory: a sane size that fits
   // in the file, and the stored CRC-32.
@@ -237,11 +257,12 @@ class ArchiveLoader {
     std::string file = prefix;
     for (auto& c : file) c = c == '.' ? '/' : c;
     file = "code/" + file + ".py";
-    if (!has_record(file)) {
+    auto source = code_.find(file);
+    if (source == code_.end()) {
       throw InputError(path_, "class " + name + " has no declaration: record " + file +
                                   " is missing; the file is incomplete or damaged");
     }
-    for (auto& [cls, decl] : parse_class_decls(read_record(file))) {
+    for (auto& [cls, decl] : parse_class_decls(source->second)) {
       decls_.emplace(prefix + "." + cls, std::move(decl));
     }
     it = decls_.find(name);
@@ -391,6 +412,7 @@ class ArchiveLoader {
   std::string prefix_;  // "archive/"
   pickle::Pickle pkl_;
   std::unordered_map<std::string, ClassDecl> decls_;
+  std::unordered_map<std::string, std::string> code_;  // "code/__torch__/a.py" -> source
   std::unordered_map<NodeId, TensorId> tensor_ids_;
   int64_t total_bytes_ = 0;
 };
