@@ -1,8 +1,9 @@
 #!/usr/bin/python3
 """PyTorch's own FSDP auto-wrap plan for an eager nn.Module and a policy dict.
 
-This is the oracle for the differential test. Everything that decides the plan
-is PyTorch's code (torch 1.13, Debian's python3-torch):
+This is the oracle for the differential tests. Everything that decides the plan
+is PyTorch's code, of whichever torch runs it (Debian's python3-torch 1.13 for
+test_differential.py, the venv's torch 2.13 for test_torch2.py):
 
 - the policy is assembled from torch.distributed.fsdp.wrap's own functions
   (size_based_auto_wrap_policy, transformer_auto_wrap_policy, _or_policy);
@@ -32,12 +33,18 @@ import torch.nn as nn
 
 
 def _load_torch_wrap_module():
-    """torch/distributed/fsdp/wrap.py, loaded from Debian's torch install.
+    """torch/distributed/fsdp/wrap.py of the installed torch.
 
-    `import torch.distributed.fsdp` fails on Debian's torch 1.13 under Python
-    3.11 (a dataclass in torch.distributed._shard has a mutable default, which
-    3.11 rejects), but wrap.py itself imports only torch.nn, so we load that
-    one file, unmodified, straight from the installed package."""
+    torch 2.x imports it normally. `import torch.distributed.fsdp` fails on
+    Debian's torch 1.13 under Python 3.11 (a dataclass in
+    torch.distributed._shard has a mutable default, which 3.11 rejects), but
+    wrap.py itself imports only torch.nn, so there we load that one file,
+    unmodified, straight from the installed package."""
+    try:
+        import torch.distributed.fsdp.wrap as wrap
+        return wrap
+    except Exception:  # torch 1.13 under Python 3.11
+        pass
     import importlib.util
     import os
     path = os.path.join(os.path.dirname(torch.__file__), "distributed", "fsdp", "wrap.py")
@@ -125,8 +132,8 @@ def glob_to_regex(pattern: str) -> "re.Pattern[str]":
     return re.compile("".join(".*" if ch == "*" else re.escape(ch) for ch in pattern) + r"\Z", re.S)
 
 
-def _wrap_module_cls_individually(module: nn.Module, recurse: bool, *args,
-                                  module_classes=(), **kwargs) -> bool:
+def _restated_wrap_module_cls_individually(module: nn.Module, recurse: bool, *args,
+                                           module_classes=(), **kwargs) -> bool:
     # Restated from torch >= 2.0 torch/distributed/fsdp/wrap.py (absent in 1.13).
     # Same body; `module_classes` moved to a keyword because 1.13's _or_policy
     # calls its policies positionally as policy(module, recurse, unwrapped_params).
@@ -134,6 +141,11 @@ def _wrap_module_cls_individually(module: nn.Module, recurse: bool, *args,
         return True
     else:
         return isinstance(module, tuple(module_classes))
+
+
+# torch 2.x's own; 1.13 lacks it. Both are called with module_classes as a keyword.
+_wrap_module_cls_individually = getattr(_wrap, "_wrap_module_cls_individually",
+                                        _restated_wrap_module_cls_individually)
 
 
 def build_policy(policy: Dict[str, Any], model: nn.Module) -> Optional[Callable]:

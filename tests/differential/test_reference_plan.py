@@ -68,9 +68,10 @@ class ListModel(nn.Module):
 
 
 def recording(policy_fn, log):
-    def rec(module, recurse, unwrapped_params):
-        log.append((type(module).__name__, recurse, unwrapped_params))
-        return policy_fn(module=module, recurse=recurse, unwrapped_params=unwrapped_params)
+    # torch 1.13 passes `unwrapped_params`, 2.x `nonwrapped_numel`.
+    def rec(module, recurse, **numel):
+        log.append((type(module).__name__, recurse, next(iter(numel.values()))))
+        return policy_fn(module=module, recurse=recurse, **numel)
     return rec
 
 
