@@ -2,6 +2,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
+#include <chrono>
 #include <iostream>
 #include <optional>
 
@@ -39,6 +41,7 @@ int suggest_main(int argc, char** argv) {
   std::string model, policy_file, format = "text", output, budget, activations = "0", strategy, optimizer;
   std::optional<int64_t> world_size;
   size_t top = 10;
+  bool verbose = false;
   CLI::App app{"fsdp-plan suggest: the wrapping policies that fit a per-rank memory budget, ranked",
                "fsdp-plan suggest"};
   app.add_option("model", model, "model file, as for a plan")->required();
@@ -57,6 +60,7 @@ int suggest_main(int argc, char** argv) {
       ->check(CLI::IsMember({"adam", "adamw", "sgd", "sgd-momentum", "none"}));
   app.add_option("--top", top, "how many ranked policies to show")->check(CLI::Range(size_t{1}, size_t{100000}))
       ->capture_default_str();
+  app.add_flag("-v,--verbose", verbose, "timings on stderr");
   app.add_option("-f,--format", format, "report format")->check(CLI::IsMember({"text", "json"}))->capture_default_str();
   app.add_option("-o,--output", output, "write the best fitting policy (JSON) to FILE; nothing is written "
                                         "when none fits");
@@ -92,7 +96,15 @@ int suggest_main(int argc, char** argv) {
     ctx.options.budget_bytes = *parse_size(budget);
     ctx.options.activation_bytes = *parse_size(activations);
     ctx.top = top;
+    auto t0 = std::chrono::steady_clock::now();
     Suggestion s = suggest(tree, base, ctx.options);
+    if (verbose) {
+      double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      std::cerr << "fsdp-plan: info: suggest: " << s.tried << " candidates on " << tree.num_modules()
+                << " modules evaluated in " << static_cast<int64_t>(ms) << " ms ("
+                << static_cast<int64_t>(static_cast<double>(s.tried) * 1000.0 / std::max(ms, 1e-3))
+                << " candidates/s)\n";
+    }
     bool fits = !s.ranked.empty() && s.ranked.front().fits;
 
     std::string report = format == "json" ? suggestion_to_json(s, ctx).dump(1) + "\n" : suggestion_to_text(s, ctx);

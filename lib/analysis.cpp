@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <map>
 #include <set>
+#include <string_view>
+#include <unordered_map>
+#include <unordered_set>
 
 #include "string_util.h"
 #include "wrap_policy.h"
@@ -48,8 +51,12 @@ class Analysis {
     plan_.warnings.push_back(std::move(w));
   }
 
-  std::string short_class(ModuleId m) const {
-    return std::string(short_name(demangle(tree_.module(m).type_name)));
+  // Demangling allocates; models repeat a few classes many times, so once per stored name.
+  const std::string& short_class(ModuleId m) const {
+    const std::string& type = tree_.module(m).type_name;
+    auto it = short_class_.find(type);
+    if (it == short_class_.end()) it = short_class_.emplace(type, std::string(short_name(demangle(type)))).first;
+    return it->second;
   }
 
   void summarise_model() {
@@ -94,12 +101,16 @@ class Analysis {
   // FSDP refuses a model that already has FSDP applied (_check_nested_wrapping).
   void nested_wrap() {
     std::vector<std::string> modules;
+    std::unordered_map<std::string_view, bool> wrapper_class;  // once per stored class name
     for (ModuleId m : tree_.preorder()) {
       const Module& mod = tree_.module(m);
-      std::string cls = short_class(m);
-      bool wrapper = cls == "FullyShardedDataParallel" || cls == "FlattenParamsWrapper" ||
-                     cls.rfind("FSDP", 0) == 0 || mod.name == "_fsdp_wrapped_module" ||
-                     mod.name == "_fpw_module";
+      auto it = wrapper_class.find(mod.type_name);
+      if (it == wrapper_class.end()) {
+        const std::string& cls = short_class(m);
+        bool w = cls == "FullyShardedDataParallel" || cls == "FlattenParamsWrapper" || cls.rfind("FSDP", 0) == 0;
+        it = wrapper_class.emplace(mod.type_name, w).first;
+      }
+      bool wrapper = it->second || mod.name == "_fsdp_wrapped_module" || mod.name == "_fpw_module";
       for (const auto& p : mod.params) wrapper = wrapper || p.name == "_flat_param" || p.name == "flat_param";
       if (wrapper) modules.push_back(tree_.path(m));
     }
@@ -141,10 +152,16 @@ class Analysis {
       ModuleId module;
       const std::string* name;
     };
+    const std::vector<ModuleId> preorder = tree_.preorder();
+    // Most tensors have one use; only those with more can be shared.
+    std::vector<int> count(tree_.num_tensors(), 0);
+    for (ModuleId m : preorder)
+      for (const auto& p : tree_.module(m).params) ++count[static_cast<size_t>(p.tensor)];
     std::map<TensorId, std::vector<Use>> uses;  // ordered: stable output
-    for (ModuleId m : tree_.preorder())
+    for (ModuleId m : preorder)
       for (const auto& p : tree_.module(m).params)
-        if (!ignored_.tensor[static_cast<size_t>(p.tensor)]) uses[p.tensor].push_back({m, &p.name});
+        if (count[static_cast<size_t>(p.tensor)] > 1 && !ignored_.tensor[static_cast<size_t>(p.tensor)])
+          uses[p.tensor].push_back({m, &p.name});
     std::vector<int> owner(tree_.num_tensors(), -1);
     for (size_t i = 0; i < plan_.units.size(); ++i)
       for (const auto& o : plan_.units[i].params) owner[static_cast<size_t>(o.tensor)] = static_cast<int>(i);
@@ -156,7 +173,7 @@ class Analysis {
     std::vector<Found> found;
     std::vector<size_t> order(tree_.num_modules());
     size_t ordinal = 0;
-    for (ModuleId m : tree_.preorder()) order[static_cast<size_t>(m)] = ordinal++;
+    for (ModuleId m : preorder) order[static_cast<size_t>(m)] = ordinal++;
     for (const auto& [t, list] : uses) {
       std::set<int> units;
       for (const auto& u : list) units.insert(unit_of_[static_cast<size_t>(u.module)]);
@@ -200,13 +217,15 @@ class Analysis {
   }
 
   void unmatched_classes() {
+    std::unordered_set<std::string_view> stored;
+    for (const auto& m : tree_.modules()) stored.insert(m.type_name);
+    std::set<std::string> types;
+    for (const auto& t : stored) types.insert(demangle(t));
     // Class names the model has, its modules' bases included, for suggestions.
     std::set<std::string> known;
-    for (const auto& m : tree_.modules())
-      for (const auto& c : class_lineage(demangle(m.type_name))) known.insert(std::string(short_name(c)));
+    for (const auto& t : types)
+      for (const auto& c : class_lineage(t)) known.insert(std::string(short_name(c)));
     const std::vector<std::string> candidates(known.begin(), known.end());
-    std::set<std::string> types;
-    for (const auto& m : tree_.modules()) types.insert(demangle(m.type_name));
 
     auto check = [&](const std::vector<std::string>& patterns, const std::string& key) {
       for (const auto& p : patterns) {
@@ -248,6 +267,7 @@ class Analysis {
   const Ignored& ignored_;
   const ClassMatcher& matcher_;
   std::vector<int> unit_of_;
+  mutable std::unordered_map<std::string_view, std::string> short_class_;
 };
 
 }  // namespace

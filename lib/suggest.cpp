@@ -192,53 +192,39 @@ int64_t needed(const ModuleTree& tree, const Policy& p, const SuggestOptions& op
   return make_plan(tree, p, "").memory.per_rank.peak_bytes + opt.activation_bytes;
 }
 
-// The best candidate (by `better`) that fits once `change` is applied to its
-// policy; nullopt when none does. One plan per candidate.
-template <class Change>
-std::optional<std::pair<const Candidate*, int64_t>> best_with(const ModuleTree& tree, const std::vector<Candidate>& ranked,
-                                                              const SuggestOptions& opt, Change change) {
-  std::optional<std::pair<const Candidate*, int64_t>> best;
-  for (const Candidate& c : ranked) {  // already in rank order: the first that fits is the best
-    Policy p = c.policy;
-    change(p);
-    int64_t n = needed(tree, p, opt);
-    if (n <= opt.budget_bytes) return std::make_pair(&c, n);
-  }
-  return best;
-}
-
 // World size: the smallest number of ranks at which some candidate fits,
 // searched per candidate on its plan (only the memory estimate depends on the
 // world size): doublings, then the smallest count between the last two. The
 // peak need not fall forever (flat parameters are padded to the world size),
 // so the search stops at 2^20 ranks.
-std::optional<FitAdvice> world_size_advice(const ModuleTree& tree, const std::vector<Candidate>& ranked,
-                                           const SuggestOptions& opt) {
+std::optional<FitAdvice> world_size_advice(const std::vector<Candidate>& ranked, const SuggestOptions& opt) {
   constexpr int64_t kMaxRanks = int64_t{1} << 20;
-  std::optional<FitAdvice> best;
+  const Candidate* pick = nullptr;
+  int64_t pick_hi = kMaxRanks + 1, pick_lo = 0;
+  auto at = [&](const Candidate& c, int64_t w) {
+    MemorySettings s = c.policy.fsdp;
+    s.world_size = w;
+    return settings_error(s).empty() ? estimate_memory(*c.plan, s).per_rank.peak_bytes + opt.activation_bytes
+                                     : INT64_MAX;
+  };
+  // Doublings first, each candidate only as far as the best so far got.
   for (const Candidate& c : ranked) {
     if (c.policy.fsdp.strategy == ShardingStrategy::NoShard) continue;
-    Plan plan = make_plan(tree, c.policy, "");
-    auto at = [&](int64_t w) {
-      MemorySettings s = c.policy.fsdp;
-      s.world_size = w;
-      return settings_error(s).empty() ? estimate_memory(plan, s).per_rank.peak_bytes + opt.activation_bytes
-                                       : INT64_MAX;
-    };
     int64_t lo = c.policy.fsdp.world_size, hi = lo;
-    while (hi < kMaxRanks && at(hi) > opt.budget_bytes) {
+    while (hi < std::min(kMaxRanks, pick_hi) && at(c, hi) > opt.budget_bytes) {
       lo = hi;
       hi = std::min(hi * 2, kMaxRanks);
     }
-    if (at(hi) > opt.budget_bytes || (best && hi > std::stoll(best->value) * 2)) continue;
-    while (hi - lo > 1) {  // at(lo) does not fit, at(hi) does
-      int64_t mid = lo + (hi - lo) / 2;
-      (at(mid) <= opt.budget_bytes ? hi : lo) = mid;
-    }
-    if (!best || hi < std::stoll(best->value))
-      best = FitAdvice{"world_size", std::to_string(hi), at(hi), "fsdp.world_size: " + std::to_string(hi), c.label};
+    if (hi < pick_hi && at(c, hi) <= opt.budget_bytes) pick = &c, pick_hi = hi, pick_lo = lo;
   }
-  return best;
+  if (!pick) return std::nullopt;
+  int64_t lo = pick_lo, hi = pick_hi;
+  while (hi - lo > 1) {  // at(lo) does not fit, at(hi) does
+    int64_t mid = lo + (hi - lo) / 2;
+    (at(*pick, mid) <= opt.budget_bytes ? hi : lo) = mid;
+  }
+  return FitAdvice{"world_size", std::to_string(hi), at(*pick, hi), "fsdp.world_size: " + std::to_string(hi),
+                   pick->label};
 }
 
 // Nothing fits: which one setting, changed on some candidate, would bring it
@@ -246,28 +232,39 @@ std::optional<FitAdvice> world_size_advice(const ModuleTree& tree, const std::ve
 std::vector<FitAdvice> fit_advice(const ModuleTree& tree, const std::vector<Candidate>& ranked,
                                   const SuggestOptions& opt) {
   std::vector<FitAdvice> out;
-  if (auto a = world_size_advice(tree, ranked, opt)) out.push_back(*a);
+  if (auto a = world_size_advice(ranked, opt)) out.push_back(*a);
   const Policy& base = ranked.front().policy;  // every candidate shares the base's settings
-  // Mixed precision: bf16 compute halves what is gathered (FSDP1 keeps the
-  // sharded fp32 parameters and optimizer state as they are).
+  // Mixed precision: bf16 compute halves what is gathered. Sharded parameters,
+  // gradients and optimizer state keep their dtype, so a candidate whose
+  // steady state alone is over the budget is not replanned.
   if (!base.mixed_precision || !base.mixed_precision->param_dtype) {
-    auto bf16 = [](Policy& p) {
+    for (const Candidate& c : ranked) {  // rank order: the first that fits is the best
+      if (c.plan->memory.per_rank.steady_bytes + opt.activation_bytes > opt.budget_bytes) continue;
+      Policy p = c.policy;
       MixedPrecision mp = p.mixed_precision.value_or(MixedPrecision{});
       mp.param_dtype = "bfloat16";
       p.mixed_precision = mp;
-    };
-    if (auto r = best_with(tree, ranked, opt, bf16))
-      out.push_back({"mixed_precision", "bfloat16", r->second, "mixed_precision.param_dtype: \"bfloat16\"",
-                     r->first->label});
+      int64_t n = needed(tree, p, opt);
+      if (n > opt.budget_bytes) continue;
+      out.push_back({"mixed_precision", "bfloat16", n, "mixed_precision.param_dtype: \"bfloat16\"", c.label});
+      break;
+    }
   }
   // Optimizer: fewer states per parameter (Adam 2, SGD with momentum 1, SGD 0).
   std::vector<Optimizer> cheaper;
   if (base.fsdp.optimizer == Optimizer::Adam) cheaper = {Optimizer::SgdMomentum, Optimizer::Sgd};
   if (base.fsdp.optimizer == Optimizer::SgdMomentum) cheaper = {Optimizer::Sgd};
-  for (Optimizer o : cheaper) {  // (the units do not change; replanning keeps this simple)
-    if (auto r = best_with(tree, ranked, opt, [o](Policy& p) { p.fsdp.optimizer = o; })) {
-      out.push_back({"optimizer", optimizer_name(o), r->second,
-                     std::string("fsdp.optimizer: \"") + optimizer_name(o) + "\"", r->first->label});
+  for (Optimizer o : cheaper) {  // the units stay: only the memory estimate changes
+    auto fits = std::find_if(ranked.begin(), ranked.end(), [&](const Candidate& c) {
+      MemorySettings s = c.policy.fsdp;
+      s.optimizer = o;
+      return estimate_memory(*c.plan, s).per_rank.peak_bytes + opt.activation_bytes <= opt.budget_bytes;
+    });
+    if (fits != ranked.end()) {
+      MemorySettings s = fits->policy.fsdp;
+      s.optimizer = o;
+      out.push_back({"optimizer", optimizer_name(o), estimate_memory(*fits->plan, s).per_rank.peak_bytes + opt.activation_bytes,
+                     std::string("fsdp.optimizer: \"") + optimizer_name(o) + "\"", fits->label});
       break;
     }
   }
@@ -282,13 +279,18 @@ Suggestion suggest(const ModuleTree& tree, const Policy& base, const SuggestOpti
   s.tried = candidates.size();
   std::set<UnitSet> seen;
   for (Candidate& c : candidates) {
-    Plan plan = make_plan(tree, c.policy, "");
-    if (!seen.insert(unit_set(plan)).second) {
+    auto plan = std::make_shared<Plan>(make_plan(tree, c.policy, ""));
+    if (!seen.insert(unit_set(*plan)).second) {
       ++s.duplicates;
       continue;
     }
-    evaluate(c, plan, tree, opt);
-    (c.dropped.empty() ? s.ranked : s.dropped).push_back(std::move(c));
+    evaluate(c, *plan, tree, opt);
+    if (c.dropped.empty()) {
+      c.plan = std::move(plan);
+      s.ranked.push_back(std::move(c));
+    } else {
+      s.dropped.push_back(std::move(c));
+    }
   }
   std::stable_sort(s.ranked.begin(), s.ranked.end(), better);
   if (!s.ranked.empty() && !s.ranked.front().fits) s.advice = fit_advice(tree, s.ranked, opt);

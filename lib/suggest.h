@@ -5,10 +5,12 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "module_tree.h"
+#include "plan.h"
 #include "policy.h"
 
 namespace fsdp_plan {
@@ -35,6 +37,8 @@ struct Candidate {
   int64_t needed_bytes = 0;   // peak + activation allowance
   bool fits = false;
   std::string peak_phase;
+  // The plan, kept for ranked candidates: advice re-estimates memory on it.
+  std::shared_ptr<const Plan> plan;
 };
 
 // A single setting that, changed on a candidate, would make it fit.

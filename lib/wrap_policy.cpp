@@ -1,5 +1,7 @@
 #include "wrap_policy.h"
 
+#include <string_view>
+#include <unordered_map>
 #include <utility>
 
 namespace fsdp_plan {
@@ -8,8 +10,14 @@ ClassSet::ClassSet(const ModuleTree& tree, const ClassMatcher& matcher,
                    const std::vector<std::string>& classes)
     : member_(tree.num_modules(), false) {
   if (classes.empty()) return;
-  for (size_t i = 0; i < tree.num_modules(); ++i)
-    member_[i] = matcher.is_instance(demangle(tree.modules()[i].type_name), classes);
+  // Models repeat a few classes many times: decide once per stored class name.
+  std::unordered_map<std::string_view, bool> by_type;
+  for (size_t i = 0; i < tree.num_modules(); ++i) {
+    const std::string& type = tree.modules()[i].type_name;
+    auto it = by_type.find(type);
+    if (it == by_type.end()) it = by_type.emplace(type, matcher.is_instance(demangle(type), classes)).first;
+    member_[i] = it->second;
+  }
 }
 
 WrapPolicy module_class_policy(ClassSet classes) {
