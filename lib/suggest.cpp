@@ -199,8 +199,8 @@ int64_t needed(const ModuleTree& tree, const Policy& p, const SuggestOptions& op
 // so the search stops at 2^20 ranks.
 std::optional<FitAdvice> world_size_advice(const std::vector<Candidate>& ranked, const SuggestOptions& opt) {
   constexpr int64_t kMaxRanks = int64_t{1} << 20;
-  const Candidate* pick = nullptr;
-  int64_t pick_hi = kMaxRanks + 1, pick_lo = 0;
+  int64_t pick_hi = kMaxRanks + 1;
+  std::vector<std::pair<const Candidate*, int64_t>> tied;  // candidates fitting at pick_hi, with their last miss
   auto at = [&](const Candidate& c, int64_t w) {
     MemorySettings s = c.policy.fsdp;
     s.world_size = w;
@@ -215,16 +215,25 @@ std::optional<FitAdvice> world_size_advice(const std::vector<Candidate>& ranked,
       lo = hi;
       hi = std::min(hi * 2, kMaxRanks);
     }
-    if (hi < pick_hi && at(c, hi) <= opt.budget_bytes) pick = &c, pick_hi = hi, pick_lo = lo;
+    if (hi <= pick_hi && at(c, hi) <= opt.budget_bytes) {
+      if (hi < pick_hi) tied.clear();
+      tied.push_back({&c, lo});
+      pick_hi = hi;
+    }
   }
-  if (!pick) return std::nullopt;
-  int64_t lo = pick_lo, hi = pick_hi;
-  while (hi - lo > 1) {  // at(lo) does not fit, at(hi) does
-    int64_t mid = lo + (hi - lo) / 2;
-    (at(*pick, mid) <= opt.budget_bytes ? hi : lo) = mid;
+  // Then the smallest count between the last two doublings, for each
+  // candidate that got as far as the best.
+  std::optional<FitAdvice> best;
+  for (auto [c, lo] : tied) {
+    int64_t hi = pick_hi;
+    while (hi - lo > 1) {  // at(lo) does not fit, at(hi) does
+      int64_t mid = lo + (hi - lo) / 2;
+      (at(*c, mid) <= opt.budget_bytes ? hi : lo) = mid;
+    }
+    if (!best || hi < std::stoll(best->value))
+      best = FitAdvice{"world_size", std::to_string(hi), at(*c, hi), "fsdp.world_size: " + std::to_string(hi), c->label};
   }
-  return FitAdvice{"world_size", std::to_string(hi), at(*pick, hi), "fsdp.world_size: " + std::to_string(hi),
-                   pick->label};
+  return best;
 }
 
 // Nothing fits: which one setting, changed on some candidate, would bring it
