@@ -28,6 +28,22 @@ ojson unit_memory(const UnitMemory& m) {
           {"unsharded_bytes", m.unsharded_bytes}};
 }
 
+// Bytes by category at each step of a training step (MemoryStep).
+ojson timeline_json(const MemoryPlan& m) {
+  ojson out = ojson::array();
+  for (const MemoryStep& s : m.timeline)
+    out.push_back({{"phase", s.phase},
+                   {"unit", s.unit < 0 ? ojson(nullptr) : ojson(s.unit)},
+                   {"params_bytes", s.params_bytes},
+                   {"optimizer_bytes", s.optimizer_bytes},
+                   {"buffers_bytes", s.buffers_bytes},
+                   {"gathered_bytes", s.gathered_bytes},
+                   {"unsharded_grads_bytes", s.unsharded_grads_bytes},
+                   {"grads_bytes", s.grads_bytes},
+                   {"total_bytes", s.total_bytes()}});
+  return out;
+}
+
 ojson memory_json(const Plan& plan) {
   const MemoryPlan& m = plan.memory;
   const RankMemory& r = m.per_rank;
@@ -51,7 +67,8 @@ ojson memory_json(const Plan& plan) {
                         {"steady_bytes", r.steady_bytes},
                         {"peak_bytes", r.peak_bytes}}},
           {"peak", std::move(peak)},
-          {"notes", m.notes}};
+          {"notes", m.notes},
+          {"timeline", timeline_json(m)}};
 }
 
 }  // namespace

@@ -164,7 +164,6 @@ MemoryPlan estimate_memory(const Plan& plan, const MemorySettings& settings) {
 
   // Walk a training step. Gradients were freed by zero_grad before forward;
   // sharded gradients reappear unit by unit in backward.
-  const int64_t base = r.params_bytes + r.optimizer_bytes + r.buffers_bytes;
   std::vector<int64_t> ancestors_gathered(n, 0), ancestors_grad(n, 0);
   for (size_t i = 1; i < n; ++i) {
     const auto p = static_cast<size_t>(plan.units[i].parent);
@@ -176,7 +175,21 @@ MemoryPlan estimate_memory(const Plan& plan, const MemorySettings& settings) {
   const bool keep_after_forward = mem.effective_strategy == ShardingStrategy::ShardGradOp;
   r.peak_bytes = r.steady_bytes;
   r.peak_phase = "optimizer step";
-  auto consider = [&](int64_t bytes, const char* phase, size_t unit) {
+  mem.timeline.reserve(2 * n + 1);
+  // One step of the series; the peak is the first step above the steady state.
+  auto record = [&](const char* phase, size_t unit, int64_t gathered_now, int64_t unsharded_grads,
+                    int64_t grads) {
+    MemoryStep s;
+    s.phase = phase;
+    s.unit = static_cast<int>(unit);
+    s.params_bytes = r.params_bytes;
+    s.optimizer_bytes = r.optimizer_bytes;
+    s.buffers_bytes = r.buffers_bytes;
+    s.gathered_bytes = gathered_now;
+    s.unsharded_grads_bytes = unsharded_grads;
+    s.grads_bytes = grads;
+    const int64_t bytes = s.total_bytes();
+    mem.timeline.push_back(std::move(s));
     if (bytes <= r.peak_bytes) return;
     r.peak_bytes = bytes;
     r.peak_phase = phase;
@@ -190,7 +203,7 @@ MemoryPlan estimate_memory(const Plan& plan, const MemorySettings& settings) {
   for (size_t j = 0; j < n; ++j) {
     const int64_t next = j + 1 < n ? gathered[j + 1] : 0;
     const int64_t live = keep_after_forward ? prefix + gathered[j] : ancestors_gathered[j] + gathered[j];
-    consider(base + live + next, "forward", j);
+    record("forward", j, live + next, 0, 0);
     prefix += gathered[j];
   }
   // Backward, in reverse: unit j and its ancestors are gathered (the root was
@@ -208,9 +221,16 @@ MemoryPlan estimate_memory(const Plan& plan, const MemorySettings& settings) {
       live = ancestors_gathered[j] + gathered[j] + (prefetch ? gathered[j - 1] : 0);
     }
     // Ignored parameters' gradients are whole and counted from the start of backward.
-    consider(base + ignored + live + ancestors_grad[j] + grad_unsharded[j] + sharded_grads_done, "backward", j);
+    record("backward", j, live, ancestors_grad[j] + grad_unsharded[j], ignored + sharded_grads_done);
     sharded_grads_done += grad_sharded[j];
   }
+  MemoryStep step;  // the optimizer step: the steady state, nothing gathered
+  step.phase = "optimizer step";
+  step.params_bytes = r.params_bytes;
+  step.optimizer_bytes = r.optimizer_bytes;
+  step.buffers_bytes = r.buffers_bytes;
+  step.grads_bytes = r.grads_bytes;
+  mem.timeline.push_back(std::move(step));
   if (r.peak_unit >= 0) {
     const size_t j = static_cast<size_t>(r.peak_unit);
     std::vector<bool> ancestor(n, false);

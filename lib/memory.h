@@ -54,12 +54,31 @@ struct RankMemory {
   std::vector<int> peak_gathered;  // units gathered at the peak
 };
 
+// What a rank holds at one point of a training step: while `unit` runs its
+// forward or backward, or in the optimizer step (unit -1). The series walks
+// forward unit by unit, backward in reverse, then the optimizer step; the peak
+// (RankMemory) is its largest total.
+struct MemoryStep {
+  std::string phase;  // "forward", "backward" or "optimizer step"
+  int unit = -1;
+  int64_t params_bytes = 0;     // sharded parameters (+ ignored ones), always held
+  int64_t optimizer_bytes = 0;  // always held
+  int64_t buffers_bytes = 0;    // always held
+  int64_t gathered_bytes = 0;   // unsharded parameters gathered now, prefetch included
+  int64_t unsharded_grads_bytes = 0;  // gradients before their reduce-scatter
+  int64_t grads_bytes = 0;      // sharded gradients left so far (+ ignored parameters' gradients)
+  int64_t total_bytes() const {
+    return params_bytes + optimizer_bytes + buffers_bytes + gathered_bytes + unsharded_grads_bytes + grads_bytes;
+  }
+};
+
 struct MemoryPlan {
   MemorySettings settings;
   ShardingStrategy effective_strategy = ShardingStrategy::FullShard;
   int64_t shard_group_size = 1;  // ranks a flat parameter is sharded over
   std::vector<UnitMemory> units;  // parallel to Plan::units
   RankMemory per_rank;
+  std::vector<MemoryStep> timeline;  // one training step, in order
   std::vector<std::string> notes;
 };
 

@@ -232,6 +232,9 @@ PlanDiff diff_plans(const json& a, const json& b) {
     std::map<std::string, json> fa, fb;
     flatten(a[s], s, fa);
     flatten(b[s], s, fb);
+    // The memory timeline follows from units and settings: its changes show there.
+    fa.erase("memory.timeline");
+    fb.erase("memory.timeline");
     for (const auto& [path, v] : fb) {
       auto it = fa.find(path);
       if (it != fa.end() && it->second != v) d.other.push_back({path, it->second, v});

@@ -1,6 +1,8 @@
 // The memory model against figures worked out by hand (docs/memory-model.md).
 #include <doctest/doctest.h>
 
+#include <algorithm>
+
 #include "memory.h"
 #include "tree_builder.h"
 
@@ -155,4 +157,43 @@ TEST_CASE("buffers are replicated, cast to buffer_dtype under mixed precision") 
   CHECK(plain.per_rank.buffers_bytes == 400);
   auto mp = memory_of(b, R"({"mixed_precision": {"buffer_dtype": "bfloat16"}})", ranks(8));
   CHECK(mp.per_rank.buffers_bytes == 200);
+}
+
+TEST_CASE("the timeline walks forward, backward in reverse, then the optimizer step; its largest total is the peak") {
+  auto b = blocks();
+  auto m = memory_of(b, R"({"module_classes": ["Block"]})", ranks(4));
+  const auto& t = m.timeline;
+  REQUIRE(t.size() == 2 * 3 + 1);
+  const std::vector<std::string> phases = {"forward", "forward", "forward", "backward",
+                                           "backward", "backward", "optimizer step"};
+  const std::vector<int> units = {0, 1, 2, 2, 1, 0, -1};
+  for (size_t i = 0; i < t.size(); ++i) {
+    CHECK(t[i].phase == phases[i]);
+    CHECK(t[i].unit == units[i]);
+    CHECK(t[i].params_bytes == 68);
+    CHECK(t[i].optimizer_bytes == 136);
+  }
+  // Forward at root: root (48) and the prefetched a (128) gathered, no gradient yet.
+  CHECK(t[0].gathered_bytes == 48 + 128);
+  CHECK(t[0].grads_bytes + t[0].unsharded_grads_bytes == 0);
+  // Backward at b (the peak): root + b + prefetched a; unsharded grads of root and b.
+  CHECK(t[3].gathered_bytes == 48 + 96 + 128);
+  CHECK(t[3].unsharded_grads_bytes == 48 + 96);
+  CHECK(t[3].total_bytes() == m.per_rank.peak_bytes);
+  // Backward at root: b (24) and a (32) have left their sharded gradients.
+  CHECK(t[5].grads_bytes == 24 + 32);
+  CHECK(t[6].total_bytes() == m.per_rank.steady_bytes);
+  CHECK(t[6].gathered_bytes == 0);
+  int64_t largest = 0;
+  for (const auto& s : t) largest = std::max(largest, s.total_bytes());
+  CHECK(largest == m.per_rank.peak_bytes);
+}
+
+TEST_CASE("the timeline's optimizer step is the peak when nothing else exceeds it") {
+  auto b = blocks();
+  auto m = memory_of(b, R"({"module_classes": ["Block"]})", ranks(1));
+  REQUIRE(m.per_rank.peak_phase == "optimizer step");
+  CHECK(m.timeline.back().phase == "optimizer step");
+  CHECK(m.timeline.back().total_bytes() == m.per_rank.peak_bytes);
+  for (const auto& s : m.timeline) CHECK(s.total_bytes() <= m.per_rank.peak_bytes);
 }
