@@ -21,6 +21,7 @@
 #include "errors.h"
 #include "file_io.h"
 #include "gate.h"
+#include "html_writer.h"
 #include "json_writer.h"
 #include "loaders/loader.h"
 #include "memory.h"
@@ -149,7 +150,12 @@ int run(const Options& opt) {
       }
       text = opt.emit == "torch" ? plan_to_torch(plan) : plan_to_accelerate(plan);
     } else {
-      text = opt.format == "json" ? gate.annotate(std::move(json)).dump(1) + "\n" : plan_to_text(plan) + gate.text();
+      if (opt.format == "json")
+        text = gate.annotate(std::move(json)).dump(1) + "\n";
+      else if (opt.format == "html")
+        text = plan_to_html(gate.annotate(std::move(json)));
+      else
+        text = plan_to_text(plan) + gate.text();
     }
   }
 
@@ -179,8 +185,8 @@ int main(int argc, char** argv) {
       ->required();
   app.add_option("-p,--policy", opt.policy, "auto-wrap policy JSON (policies/policy.schema.json) or an "
                                             "Accelerate config YAML; without it, no auto-wrap: one root unit");
-  auto* format = app.add_option("-f,--format", opt.format, "output format")
-      ->check(CLI::IsMember({"text", "json"}))
+  auto* format = app.add_option("-f,--format", opt.format, "output format (html: one self-contained page, works offline)")
+      ->check(CLI::IsMember({"text", "json", "html"}))
       ->capture_default_str();
   app.add_option("--emit", opt.emit,
                  "instead of the plan, write what applies it: accelerate (an Accelerate config YAML) or "

@@ -1,0 +1,156 @@
+// The HTML report in a real browser: Debian's chromium driven by playwright-core.
+// For each model: the page has one rectangle per unit, hovering a unit shows its
+// path, the peak label agrees with the JSON plan, nothing is logged as an error
+// and nothing is requested but the page itself. Screenshots go to OUT_DIR.
+//
+// Usage: node test_html_report.mjs FSDP_PLAN_BINARY NODE_PREFIX OUT_DIR   (run by ctest;
+//        NODE_PREFIX holds node_modules/playwright-core, installed from this
+//        directory's package-lock.json by npm ci)
+//    or: node test_html_report.mjs --time PAGE.html NODE_PREFIX   (prints the render time)
+import { spawnSync } from "node:child_process";
+import fs from "node:fs";
+import os from "node:os";
+import path from "node:path";
+import { createRequire } from "node:module";
+import { fileURLToPath, pathToFileURL } from "node:url";
+
+const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..", "..");
+const CHROMIUM = "/usr/bin/chromium";
+const FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+               "--disable-background-networking", "--disable-component-update", "--disable-sync"];
+
+function fail(message) {
+  console.error("FAIL: " + message);
+  process.exitCode = 1;
+}
+function check(ok, message) {
+  if (!ok) fail(message);
+  return ok;
+}
+
+function playwright(prefix) {
+  const require = createRequire(path.join(path.resolve(prefix), "package.json"));
+  return require("playwright-core");
+}
+
+// A fresh profile per run; the page is opened from a file.
+async function openBrowser(pw) {
+  if (!fs.existsSync(CHROMIUM)) throw new Error(CHROMIUM + " is missing: apt-get install chromium (scripts/dev does)");
+  const profile = fs.mkdtempSync(path.join(os.tmpdir(), "fsdp-plan-chromium-"));
+  const context = await pw.chromium.launchPersistentContext(profile, {
+    executablePath: CHROMIUM, headless: true, args: FLAGS, viewport: { width: 1280, height: 900 },
+  });
+  return { context, close: async () => { await context.close(); fs.rmSync(profile, { recursive: true, force: true }); } };
+}
+
+// Opens the page and waits for report.js to finish; returns what went wrong on the way.
+async function load(context, file) {
+  const page = await context.newPage();
+  const url = pathToFileURL(file).href;
+  const errors = [], requests = [];
+  page.on("console", (m) => { if (m.type() === "error") errors.push("console: " + m.text()); });
+  page.on("pageerror", (e) => errors.push("page error: " + e.message));
+  page.on("request", (r) => { if (r.url() !== url) requests.push(r.url()); });
+  const t0 = Date.now();
+  await page.goto(url);
+  await page.waitForSelector("body[data-ready='1']", { timeout: 60000 });
+  const wallMs = Date.now() - t0;
+  return { page, errors, requests, wallMs };
+}
+
+async function checkModel(context, binary, outDir, name, args) {
+  console.log(`-- ${name}: fsdp-plan ${args.join(" ")}`);
+  const run = (extra) => spawnSync(binary, [...args, ...extra], { encoding: "utf8", maxBuffer: 1 << 30 });
+  const j = run(["--format", "json"]);
+  if (!check(j.status === 0 || j.status === 1, `${name}: json exit ${j.status}: ${j.stderr}`)) return;
+  const plan = JSON.parse(j.stdout);
+  const file = path.join(outDir, name + ".html");
+  const h = run(["--format", "html", "-o", file]);
+  if (!check(h.status === j.status && h.stdout === "", `${name}: html exit ${h.status}: ${h.stderr}`)) return;
+
+  const { page, errors, requests } = await load(context, file);
+  const n = plan.units.length;
+  const rects = await page.locator("#treemap rect.unit").count();
+  check(rects === n, `${name}: ${rects} unit rectangles for ${n} units`);
+
+  // Hover the largest unit with no unit inside it (its whole rectangle is its own).
+  const parents = new Set(plan.units.map((u) => u.parent));
+  let pick = -1;
+  plan.units.forEach((u, i) => { if (!parents.has(i) && (pick < 0 || u.param_bytes > plan.units[pick].param_bytes)) pick = i; });
+  await page.hover(`#treemap rect.unit[data-index="${pick}"]`);
+  const shown = await page.locator("#tooltip .path").textContent();
+  const want = `#${pick} ${plan.units[pick].path === "" ? "(root)" : plan.units[pick].path}`;
+  check(shown === want, `${name}: hovering unit ${pick} shows "${shown}", want "${want}"`);
+  check(await page.locator("#tooltip").isVisible(), `${name}: the tooltip is not visible`);
+
+  // The peak label names the plan's peak.
+  const peak = plan.memory.peak, perRank = plan.memory.per_rank;
+  const label = page.locator("#peak-label");
+  const text = await label.textContent();
+  check(Number(await label.getAttribute("data-bytes")) === perRank.peak_bytes,
+        `${name}: peak label has ${await label.getAttribute("data-bytes")} bytes, plan says ${perRank.peak_bytes}`);
+  check(await label.getAttribute("data-unit-path") === (peak.unit_path ?? ""), `${name}: peak label's unit differs from the plan's`);
+  // The text plan's peak line, as C++ formats it: "peak 1.1 MiB in backward at unit 2 blocks.1, 3 units gathered".
+  const t = run(["--format", "text"]);
+  const line = t.stdout.split("\n").map((l) => l.trim()).find((l) => l.startsWith("peak "));
+  check(line !== undefined && (line === text || line.startsWith(text + ",")),
+        `${name}: peak label "${text}" is not the text plan's "${line}"`);
+  check(await page.locator("#memory-svg path.area").count() === 6, `${name}: the memory chart lacks its six categories`);
+  check(await page.locator("#warning-table tr").count() === plan.warnings.length ||
+        (plan.warnings.length === 0 && await page.locator("#warnings").textContent() === "No warnings."),
+        `${name}: the warnings table does not list the plan's ${plan.warnings.length} warnings`);
+
+  await page.screenshot({ path: path.join(outDir, name + ".png"), fullPage: true });
+  check(errors.length === 0, `${name}: ${errors.join("; ")}`);
+  check(requests.length === 0, `${name}: the page requested ${requests.join(", ")}`);
+  await page.close();
+  console.log(`   ${n} units, hovered ${want}, label "${text}"`);
+}
+
+async function main() {
+  const argv = process.argv.slice(2);
+  if (argv[0] === "--time") {
+    const [, file, prefix] = argv;
+    const browser = await openBrowser(playwright(prefix));
+    try {
+      for (let k = 0; k < 3; ++k) {
+        const { page, errors, requests, wallMs } = await load(browser.context, path.resolve(file));
+        const scriptMs = await page.evaluate(() => document.body.dataset.renderMs);
+        // After the next frame: layout and paint of what report.js built.
+        const paintedMs = await page.evaluate(() => new Promise((done) =>
+          requestAnimationFrame(() => setTimeout(() => done(performance.now().toFixed(0))))));
+        const marks = await page.evaluate(() => performance.getEntriesByType("mark")
+          .map((m) => m.name.replace("fsdp-plan:", "") + " " + m.startTime.toFixed(0)).join(", "));
+        const rects = await page.locator("#treemap rect.unit").count();
+        console.log(`run ${k + 1}: ${rects} unit rectangles; from navigation to rendered ${wallMs} ms ` +
+                    `(report.js ${scriptMs} ms; painted at ${paintedMs} ms of the page's clock; marks: ${marks}); ` +
+                    `errors ${errors.length}, requests ${requests.length}`);
+        await page.close();
+      }
+    } finally {
+      await browser.close();
+    }
+    return;
+  }
+  const [binary, prefix, outDir] = argv;
+  fs.mkdirSync(outDir, { recursive: true });
+  const models = path.join(ROOT, "sample_models"), policies = path.join(ROOT, "policies");
+  const browser = await openBrowser(playwright(prefix));
+  try {
+    await checkModel(browser.context, binary, outDir, "tiny_gpt",
+      [path.join(models, "tiny_gpt.pt"), "--policy", path.join(policies, "transformer.json"), "--world-size", "8"]);
+    // Size-based: tied weights split across units (a warning) and an empty unit.
+    await checkModel(browser.context, binary, outDir, "tiny_gpt_size_based",
+      [path.join(models, "tiny_gpt.pt"), "--policy", path.join(policies, "size_based.json"), "--world-size", "4",
+       "--max-unit-numel", "40000"]);
+    // Mixed precision with BatchNorm units that run without it.
+    await checkModel(browser.context, binary, outDir, "small_cnn_mixed_precision",
+      [path.join(models, "small_cnn.pt"), "--policy", path.join(policies, "mixed_precision.json"), "--world-size", "2"]);
+  } finally {
+    await browser.close();
+  }
+  if (process.exitCode) console.error("html report: FAILED");
+  else console.log("html report: all checks passed");
+}
+
+main().catch((e) => { console.error(e); process.exit(1); });
