@@ -77,7 +77,8 @@
     ["ok", "unit"],
   ];
   function status(i) {
-    const sev = unitWarnings[i].map((w) => w.severity);
+    // mixed_precision_override is what "mixed precision off" already shows.
+    const sev = unitWarnings[i].filter((w) => w.kind !== "mixed_precision_override").map((w) => w.severity);
     if (sev.includes("error")) return "error";
     if (sev.includes("warning")) return "warning";
     if (units[i].mixed_precision === false) return "mp-off";
@@ -226,7 +227,8 @@
       rects.append(svgEl("rect", { class: cls, x: n.x0, y: n.y0, width: w, height: h, "data-index": i }));
       const label = frame ? labelled(n) : w > 50 && h > 15;
       if (label) {
-        const name = unitName(units[i]) + (n.data.kind === "own" ? ": own parameters" : "");
+        const own = n.data.kind === "own", framed = own && labelled(n.parent);
+        const name = framed ? "own parameters" : unitName(units[i]) + (own ? " (own)" : "");
         const fit = Math.floor((w - 6) / 6.2);
         labels.append(svgEl("text", { class: "label", x: n.x0 + 3, y: n.y0 + 11 },
                             name.length > fit ? "…" + name.slice(name.length - fit + 1) : name));

@@ -7,6 +7,7 @@
 //        NODE_PREFIX holds node_modules/playwright-core, installed from this
 //        directory's package-lock.json by npm ci)
 //    or: node test_html_report.mjs --time PAGE.html NODE_PREFIX   (prints the render time)
+//    or: node test_html_report.mjs --screenshot PAGE.html OUT.png NODE_PREFIX   (units and memory, for docs/)
 import { spawnSync } from "node:child_process";
 import fs from "node:fs";
 import os from "node:os";
@@ -127,6 +128,21 @@ async function main() {
                     `errors ${errors.length}, requests ${requests.length}`);
         await page.close();
       }
+    } finally {
+      await browser.close();
+    }
+    return;
+  }
+  if (argv[0] === "--screenshot") {
+    const [, file, out, prefix] = argv;
+    const browser = await openBrowser(playwright(prefix));
+    try {
+      const { page } = await load(browser.context, path.resolve(file));
+      await page.setViewportSize({ width: 1100, height: 900 });
+      await page.reload();
+      await page.waitForSelector("body[data-ready='1']");
+      const box = await page.locator("#memory-section").boundingBox();
+      await page.screenshot({ path: out, fullPage: true, clip: { x: 0, y: 0, width: 1100, height: Math.ceil(box.y + box.height) + 8 } });
     } finally {
       await browser.close();
     }
