@@ -95,6 +95,17 @@ Reader::Reader(std::unique_ptr<Source> source) : source_(std::move(source)) {
     throw Error(Error::kDamaged, what);
   }
   zip_error_fini(&error);
+  // A throw below skips the destructor: the archive must be discarded here.
+  try {
+    read_entries();
+  } catch (...) {
+    zip_discard(archive_);
+    archive_ = nullptr;
+    throw;
+  }
+}
+
+void Reader::read_entries() {
   const zip_int64_t n = zip_get_num_entries(archive_, 0);
   entries_.reserve(static_cast<size_t>(std::max<zip_int64_t>(n, 0)));
   for (zip_int64_t i = 0; i < n; ++i) {

@@ -61,6 +61,7 @@ class Reader {
 
  private:
   explicit Reader(std::unique_ptr<Source> source);
+  void read_entries();  // the directory, after the archive is open
   std::unique_ptr<Source> source_;
   ::zip* archive_ = nullptr;
   std::vector<Entry> entries_;
