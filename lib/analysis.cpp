@@ -37,6 +37,7 @@ class Analysis {
     empty_units();
     unmatched_classes();
     unmatched_globs();
+    unrecorded_classes();
   }
 
  private:
@@ -260,6 +261,42 @@ class Analysis {
       add("ignored_root", Severity::Warning,
           "the root module is ignored, so every parameter is ignored; FSDP warns that this is not well supported",
           {""});
+  }
+
+  // A torch.export archive records the class only of modules whose forward
+  // ran; policies decide by class, so say which modules they cannot see.
+  void unrecorded_classes() {
+    std::vector<std::string> unknown, inferred;
+    for (ModuleId m = 0; m < static_cast<ModuleId>(tree_.num_modules()); ++m) {
+      const ClassSource src = tree_.module(m).class_source;
+      if (src == ClassSource::Unrecorded) unknown.push_back(tree_.path(m));
+      if (src == ClassSource::Inferred) inferred.push_back(tree_.path(m));
+    }
+    auto shown = [](const std::vector<std::string>& paths) {
+      std::vector<std::string> q;
+      for (const auto& p : paths) q.push_back(quoted(p));
+      return listing(q);
+    };
+    if (!unknown.empty()) {
+      const bool one = unknown.size() == 1;
+      add("unrecorded_class", Severity::Warning,
+          std::to_string(unknown.size()) + (one ? " module has" : " modules have") + " no recorded class (" +
+              (one ? "its" : "their") + " forward never ran during torch.export): " + shown(unknown) +
+              "; no policy class but Module matches " + (one ? "it" : "them") +
+              ", and a size policy treats " + (one ? "it as a plain module" : "them as plain modules"),
+          unknown);
+    }
+    if (!inferred.empty()) {
+      std::set<std::string> classes;
+      for (ModuleId m = 0; m < static_cast<ModuleId>(tree_.num_modules()); ++m)
+        if (tree_.module(m).class_source == ClassSource::Inferred) classes.insert(short_class(m));
+      add("inferred_class", Severity::Info,
+          std::to_string(inferred.size()) + (inferred.size() == 1 ? " module has" : " modules have") +
+              " no recorded class (never called during torch.export), taken from " +
+              (inferred.size() == 1 ? "its" : "their") + " contents: " + shown(inferred) + " as " +
+              listing({classes.begin(), classes.end()}, classes.size()),
+          inferred, {classes.begin(), classes.end()});
+    }
   }
 
   Plan& plan_;

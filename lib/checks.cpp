@@ -48,7 +48,7 @@ const std::vector<std::string>& warning_kinds() {
   // Keep in step with lib/analysis.cpp and the README's table of kinds.
   static const std::vector<std::string> kinds = {
       "nested_wrap",  "mixed_precision_override", "shared_param_across_units", "empty_unit",
-      "unmatched_class", "unmatched_ignore",      "ignored_root",
+      "unmatched_class", "unmatched_ignore",      "ignored_root", "unrecorded_class", "inferred_class",
       // Read from an Accelerate config (lib/accelerate_config.cpp).
       "accelerate_config", "accelerate_config_key", "accelerate_class_missing"};
   return kinds;

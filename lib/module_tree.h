@@ -29,9 +29,19 @@ struct TensorSlot {
   TensorId tensor;
 };
 
+// Whether the file says what class a module is. A torch.export archive
+// records the class only of modules whose forward ran during export.
+enum class ClassSource : uint8_t {
+  Recorded,
+  Inferred,    // guessed from the module's contents (a never-called ModuleList)
+  Unrecorded,  // unknown; type_name is kUnrecordedClass
+};
+inline constexpr const char* kUnrecordedClass = "(unrecorded)";
+
 struct Module {
   std::string name;        // attribute name in the parent; "" for the root
   std::string type_name;   // qualified class as stored, mangling and all
+  ClassSource class_source = ClassSource::Recorded;
   ModuleId parent = -1;
   std::vector<ModuleId> children;   // registration order
   std::vector<TensorSlot> params;   // registration order; None-valued slots left out

@@ -1,0 +1,319 @@
+// The zip side of the .pt2 loader: find the archive's JSON records, check
+// them against the directory, and hand them to build_export_tree. Weight
+// records (data/weights/weight_N, data/constants/tensor_N) are never opened.
+#include "export_loader.h"
+
+#include <zlib.h>
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <memory>
+
+#include "../errors.h"
+#include "export_program.h"
+#include "zip_directory.h"
+
+namespace fsdp_plan {
+namespace {
+
+const char kSaveAgain[] = "save the model again with torch.export.save";
+// No JSON record comes near this; a bigger claim means a damaged or hostile file.
+constexpr uint64_t kMaxRecord = uint64_t{1} << 30;
+// deflate cannot expand data more than about 1032 times.
+constexpr uint64_t kMaxDeflateRatio = 1032;
+
+// Messages can quote names from a corrupt file: keep them one line of ASCII.
+std::string printable(const std::string& s) {
+  static const char hex[] = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : s) {
+    if (c >= 0x20 && c < 0x7f) {
+      out.push_back(static_cast<char>(c));
+    } else {
+      out += "\\x";
+      out.push_back(hex[c >> 4]);
+      out.push_back(hex[c & 15]);
+    }
+  }
+  return out;
+}
+
+// Where bytes come from, counted.
+struct Source {
+  uint64_t size = 0;
+  std::function<size_t(uint64_t, void*, size_t)> read;
+};
+
+struct FileCloser {
+  void operator()(std::FILE* f) const { std::fclose(f); }
+};
+
+class Archive {
+ public:
+  Archive(std::string name, Source src, ExportReadStats& stats, const ExportOptions& options)
+      : name_(std::move(name)), src_(std::move(src)), stats_(stats), options_(options) {
+    stats_.file_size = src_.size;
+    read_at_ = [this](uint64_t pos, void* buf, size_t n) -> size_t {
+      if (pos >= src_.size) return 0;
+      n = static_cast<size_t>(std::min<uint64_t>(n, src_.size - pos));
+      const size_t got = src_.read(pos, buf, n);
+      stats_.bytes_read += got;
+      return got;
+    };
+  }
+
+  // Throws zip::Error if there is no readable directory.
+  void open() {
+    dir_ = std::make_unique<zip::Directory>(src_.size, read_at_);
+    if (!dir_->entries().empty()) {
+      const std::string& first = dir_->entries().front().name;
+      const auto slash = first.find('/');
+      if (slash != std::string::npos) prefix_ = first.substr(0, slash + 1);
+    }
+  }
+
+  bool looks_exported() const {
+    return !prefix_.empty() && (has("archive_format") || has_models() || old_format());
+  }
+
+  ModuleTree load() {
+    try {
+      open();
+    } catch (const zip::Error& e) {
+      throw InputError(name_, std::string(e.kind == zip::Error::kNoEnd
+                                              ? "the zip's central directory is missing"
+                                              : "the zip's central directory is damaged") +
+                                  ": the file is truncated or damaged; copy or save it again");
+    }
+    if (old_format()) {
+      throw InputError(name_, "a torch.export archive in the format of PyTorch 2.5 and earlier "
+                              "(serialized_exported_program.json); fsdp-plan reads the format of "
+                              "PyTorch 2.6 and later: load it with torch.export.load and save it "
+                              "again with torch.export.save under a newer PyTorch");
+    }
+    if (has("archive_format")) {
+      const std::string format = trimmed(read("archive_format", 64));
+      if (format != "pt2") {
+        throw InputError(name_, "record archive_format says \"" + format +
+                                    "\", not \"pt2\": not a torch.export archive fsdp-plan knows");
+      }
+    }
+    // torch.export.load refuses any other archive version.
+    if (has("archive_version")) {
+      const std::string version = trimmed(read("archive_version", 64));
+      if (version != "0") {
+        throw InputError(name_, "torch.export archive version \"" + version +
+                                    "\", but fsdp-plan reads version 0, as torch 2.6 to 2.13 write it; " +
+                                    kSaveAgain + " under one of those");
+      }
+    }
+    ExportRecords rec;
+    rec.model_name = pick_model();
+    rec.model = read("models/" + rec.model_name + ".json", kMaxRecord);
+    const std::string weights = "data/weights/" + rec.model_name + "_weights_config.json";
+    if (!has(weights)) missing(weights);
+    rec.weights = read(weights, kMaxRecord);
+    const std::string constants = "data/constants/" + rec.model_name + "_constants_config.json";
+    if (has(constants)) rec.constants = read(constants, kMaxRecord);
+    return build_export_tree(name_, rec);
+  }
+
+ private:
+  [[noreturn]] void missing(const std::string& record) const {
+    throw InputError(name_, "record " + record + " is missing: the file is incomplete or damaged; " +
+                                kSaveAgain);
+  }
+
+  bool has(const std::string& record) const { return dir_->find(prefix_ + record) != nullptr; }
+
+  bool has_models() const {
+    for (const auto& e : dir_->entries())
+      if (e.name.rfind(prefix_ + "models/", 0) == 0) return true;
+    return false;
+  }
+
+  bool old_format() const {
+    const std::string old = "serialized_exported_program.json";
+    for (const auto& e : dir_->entries()) {
+      if (e.name == old || (e.name.size() > old.size() && e.name.compare(e.name.size() - old.size() - 1, std::string::npos, "/" + old) == 0)) {
+        return true;
+      }
+    }
+    return false;
+  }
+
+  static std::string trimmed(std::string s) {
+    while (!s.empty() && (s.back() == '\n' || s.back() == '\r' || s.back() == ' ')) s.pop_back();
+    return printable(s);
+  }
+
+  // torch.export.load takes the program named "model"; an archive from
+  // package_pt2 with one program of another name is read too.
+  std::string pick_model() const {
+    const std::string dir = prefix_ + "models/";
+    std::vector<std::string> names;
+    for (const auto& e : dir_->entries()) {
+      if (e.name.rfind(dir, 0) != 0 || e.name.size() < dir.size() + 6) continue;
+      if (e.name.compare(e.name.size() - 5, 5, ".json") != 0) continue;
+      const std::string n = e.name.substr(dir.size(), e.name.size() - dir.size() - 5);
+      if (n.find('/') == std::string::npos) names.push_back(n);
+    }
+    for (const auto& n : names)
+      if (n == "model") return n;
+    if (names.size() == 1) return names.front();
+    if (names.empty()) {
+      for (const auto& e : dir_->entries()) {
+        if (e.name.rfind(prefix_ + "data/aotinductor/", 0) == 0) {
+          throw InputError(name_, "an AOTInductor package without an exported program "
+                                  "(models/*.json): fsdp-plan reads the program that "
+                                  "torch.export.save writes");
+        }
+      }
+      missing("models/model.json");
+    }
+    std::string list;
+    for (const auto& n : names) list += (list.empty() ? "" : ", ") + printable(n);
+    throw InputError(name_, "a torch.export archive with several programs (" + list +
+                                ") and none named \"model\"; fsdp-plan plans the one "
+                                "torch.export.load would load");
+  }
+
+  // A record's bytes, checked against the directory: a sane size that fits
+  // in the file, and the stored CRC-32.
+  std::string read(const std::string& record, uint64_t max_size) {
+    const zip::Entry* e = dir_->find(prefix_ + record);
+    if (!e) missing(record);
+    const std::string damaged = "record " + record + " is damaged (";
+    const std::string again = "); " + std::string(kSaveAgain);
+    const uint64_t limit = e->method == 0 ? dir_->data_limit() : e->comp_size * kMaxDeflateRatio + 64;
+    if (e->uncomp_size > max_size || e->uncomp_size > limit) {
+      throw InputError(name_, "record " + record + " claims to be " + std::to_string(e->uncomp_size) +
+                                  " bytes, more than " +
+                                  (e->uncomp_size > max_size ? "a JSON record of a model can be"
+                                   : e->method == 0
+                                       ? "the file holds (" + std::to_string(src_.size) + " bytes)"
+                                       : std::string("its compressed data can give")) +
+                                  ": the file is damaged; " + kSaveAgain);
+    }
+    if (e->method != 0 && e->method != 8) {
+      throw InputError(name_, damaged + "zip compression method " + std::to_string(e->method) +
+                                  ", which PyTorch never writes" + again);
+    }
+    if (e->method == 0 && e->comp_size != e->uncomp_size) throw InputError(name_, damaged + "sizes disagree" + again);
+    uint64_t start = 0;
+    try {
+      start = dir_->data_offset(*e, read_at_);
+    } catch (const zip::Error& err) {
+      throw InputError(name_, damaged + err.what() + again);
+    }
+    std::string raw(static_cast<size_t>(e->comp_size), '\0');
+    if (read_at_(start, raw.data(), raw.size()) != raw.size()) {
+      throw InputError(name_, damaged + "cannot read it" + again);
+    }
+    std::string out = e->method == 0 ? std::move(raw) : inflate(raw, *e, damaged, again);
+    const uLong crc = crc32(0L, reinterpret_cast<const Bytef*>(out.data()), static_cast<uInt>(out.size()));
+    if (options_.verify_crc && crc != e->crc) throw InputError(name_, damaged + "CRC mismatch" + again);
+    stats_.records_read.push_back(record);
+    return out;
+  }
+
+  std::string inflate(const std::string& in, const zip::Entry& e, const std::string& damaged,
+                      const std::string& again) const {
+    std::string out(static_cast<size_t>(e.uncomp_size), '\0');
+    z_stream zs{};
+    if (inflateInit2(&zs, -MAX_WBITS) != Z_OK) throw InputError(name_, damaged + "cannot decompress it" + again);
+    zs.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(in.data()));
+    zs.avail_in = static_cast<uInt>(in.size());
+    zs.next_out = reinterpret_cast<Bytef*>(out.data());
+    zs.avail_out = static_cast<uInt>(out.size());
+    const int rc = ::inflate(&zs, Z_FINISH);
+    const uLong produced = zs.total_out;
+    inflateEnd(&zs);
+    if (rc != Z_STREAM_END || produced != e.uncomp_size) {
+      throw InputError(name_, damaged + "cannot decompress it" + again);
+    }
+    return out;
+  }
+
+  std::string name_;
+  Source src_;
+  ExportReadStats& stats_;
+  ExportOptions options_;
+  zip::ReadAt read_at_;
+  std::unique_ptr<zip::Directory> dir_;
+  std::string prefix_;  // "model/": torch names the top folder after the file
+};
+
+Source file_source(const std::string& path, std::shared_ptr<std::FILE>& keep) {
+  keep.reset(std::fopen(path.c_str(), "rb"), FileCloser());
+  if (!keep) throw InputError(path, "cannot open file");
+  std::error_code ec;
+  const auto size = std::filesystem::file_size(path, ec);
+  if (ec) throw InputError(path, "cannot open file: " + ec.message());
+  std::FILE* f = keep.get();
+  return Source{size, [f](uint64_t pos, void* buf, size_t n) -> size_t {
+                  if (fseeko(f, static_cast<off_t>(pos), SEEK_SET) != 0) return 0;
+                  return std::fread(buf, 1, n, f);
+                }};
+}
+
+Source memory_source(const void* data, size_t size) {
+  const auto* bytes = static_cast<const char*>(data);
+  return Source{size, [bytes, size](uint64_t pos, void* buf, size_t n) -> size_t {
+                  if (pos >= size) return 0;
+                  n = static_cast<size_t>(std::min<uint64_t>(n, size - pos));
+                  std::memcpy(buf, bytes + pos, n);
+                  return n;
+                }};
+}
+
+ModuleTree guarded(const std::string& name, const std::function<ModuleTree()>& load) {
+  try {
+    return load();
+  } catch (const InputError& e) {
+    throw InputError(name, printable(e.what()));
+  } catch (const std::bad_alloc&) {
+    throw InputError(name, "cannot read torch.export archive: out of memory; the file is damaged or too big");
+  } catch (const std::length_error&) {
+    throw InputError(name, "cannot read torch.export archive: out of memory; the file is damaged or too big");
+  }
+}
+
+}  // namespace
+
+bool is_export_archive(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return false;
+  try {
+    std::shared_ptr<std::FILE> keep;
+    Source src = file_source(path, keep);
+    char head[4] = {};
+    if (src.read(0, head, 4) != 4 || std::memcmp(head, "PK\x03\x04", 4) != 0) return false;
+    ExportReadStats stats;
+    Archive a(path, std::move(src), stats, {});
+    a.open();
+    return a.looks_exported();
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+ModuleTree load_export(const std::string& path, ExportReadStats* stats, const ExportOptions& options) {
+  ExportReadStats local;
+  return guarded(path, [&] {
+    std::shared_ptr<std::FILE> keep;
+    return Archive(path, file_source(path, keep), stats ? *stats : local, options).load();
+  });
+}
+
+ModuleTree load_export_bytes(const std::string& name, const void* data, size_t size,
+                             ExportReadStats* stats, const ExportOptions& options) {
+  ExportReadStats local;
+  return guarded(name, [&] {
+    return Archive(name, memory_source(data, size), stats ? *stats : local, options).load();
+  });
+}
+
+}  // namespace fsdp_plan

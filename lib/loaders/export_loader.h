@@ -1,0 +1,40 @@
+// Loader for torch.export archives (.pt2, torch.export.save, PyTorch 2.6 and
+// later): reads the zip's directory and three JSON records, never a weight.
+// Torch-free.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "../module_tree.h"
+
+namespace fsdp_plan {
+
+// What load_export read from disk, to prove it left the weights alone.
+struct ExportReadStats {
+  uint64_t file_size = 0;
+  uint64_t bytes_read = 0;                // zip directory and headers included
+  std::vector<std::string> records_read;  // whole records, in the order read
+};
+
+struct ExportOptions {
+  // Refuse records whose CRC-32 differs from the zip's. Off only for the
+  // fuzzer, so that its mutations reach the JSON reader.
+  bool verify_crc = true;
+};
+
+// Whether the file is a zip laid out as a torch.export archive (any
+// extension). False for anything else, damaged zips included: the
+// TorchScript loader then says what is wrong.
+bool is_export_archive(const std::string& path);
+
+ModuleTree load_export(const std::string& path, ExportReadStats* stats = nullptr,
+                       const ExportOptions& options = {});
+
+// The bytes of a .pt2 already in memory; `name` stands for the file in messages.
+ModuleTree load_export_bytes(const std::string& name, const void* data, size_t size,
+                             ExportReadStats* stats = nullptr, const ExportOptions& options = {});
+
+}  // namespace fsdp_plan
