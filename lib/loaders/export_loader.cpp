@@ -88,10 +88,10 @@ class Archive {
                                   ": the file is truncated or damaged; copy or save it again");
     }
     if (old_format()) {
-      throw InputError(name_, "a torch.export archive in the format of PyTorch 2.5 and earlier "
-                              "(serialized_exported_program.json); fsdp-plan reads the format of "
-                              "PyTorch 2.6 and later: load it with torch.export.load and save it "
-                              "again with torch.export.save under a newer PyTorch");
+      throw InputError(name_, "a torch.export archive in the older format "
+                              "(serialized_exported_program.json); fsdp-plan reads the pt2 archive "
+                              "format of newer PyTorch: load it with torch.export.load and save it "
+                              "again with torch.export.save under torch 2.13");
     }
     if (has("archive_format")) {
       const std::string format = trimmed(read("archive_format", 64));
@@ -105,8 +105,8 @@ class Archive {
       const std::string version = trimmed(read("archive_version", 64));
       if (version != "0") {
         throw InputError(name_, "torch.export archive version \"" + version +
-                                    "\", but fsdp-plan reads version 0, as torch 2.6 to 2.13 write it; " +
-                                    kSaveAgain + " under one of those");
+                                    "\", but fsdp-plan reads version 0, as torch 2.13 writes it; " +
+                                    kSaveAgain + " under torch 2.13");
       }
     }
     ExportRecords rec;

@@ -1,5 +1,5 @@
-// Loader for torch.export archives (.pt2, torch.export.save, PyTorch 2.6 and
-// later): reads the zip's directory and three JSON records, never a weight.
+// Loader for torch.export archives (.pt2, torch.export.save in the pt2 archive
+// format of torch 2.13): reads the zip's directory and three JSON records, never a weight.
 // Torch-free.
 #pragma once
 

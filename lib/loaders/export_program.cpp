@@ -144,8 +144,7 @@ class ProgramReader {
                                   (torch_version ? " (torch " + *torch_version + ")" : std::string()) +
                                   ", but fsdp-plan reads version " +
                                   std::to_string(kExportSchemaMajor) +
-                                  ".x, as torch 2.6 to 2.13 write it; " + kSaveAgain +
-                                  " under one of those");
+                                  ".x, as torch 2.13 writes it; " + kSaveAgain + " under torch 2.13");
     }
   }
 

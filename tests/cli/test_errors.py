@@ -18,6 +18,7 @@ import zipfile
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BINARY = os.path.join(ROOT, "build", "app", "fsdp-plan")
 GPT = os.path.join(ROOT, "sample_models", "tiny_gpt.pt")
+PT2 = os.path.join(ROOT, "sample_models", "tiny_gpt.pt2")
 ERRORS_MD = os.path.join(ROOT, "docs", "errors.md")
 
 
@@ -96,6 +97,67 @@ def huge_sizes(name):
     return model(name, bytes(blob))
 
 
+def pt2_bytes():
+    with open(PT2, "rb") as f:
+        return f.read()
+
+
+def rezip_pt2(name, keep=lambda n: True, edit=None):
+    """A copy of the sample .pt2 with records dropped or rewritten (edit gets the
+    record name without the top folder)."""
+    with zipfile.ZipFile(PT2) as src, zipfile.ZipFile(name, "w", zipfile.ZIP_STORED) as dst:
+        for info in src.infolist():
+            record = info.filename.split("/", 1)[1]
+            if not keep(record):
+                continue
+            data = src.read(info.filename)
+            dst.writestr(info.filename, edit(record, data) if edit else data)
+    return [name]
+
+
+def pt2_json(name, record, change):
+    """The sample .pt2 with one JSON record changed by change(obj) in place."""
+    def edit(rec, data):
+        if rec != record:
+            return data
+        obj = json.loads(data)
+        change(obj)
+        return json.dumps(obj).encode()
+    return rezip_pt2(name, edit=edit)
+
+
+def pt2_raw(name, record, new_bytes):
+    return rezip_pt2(name, edit=lambda rec, data: new_bytes(data) if rec == record else data)
+
+
+def pt2_damaged(name):
+    """Change a name inside models/model.json (stored) without fixing its CRC."""
+    blob = bytearray(pt2_bytes())
+    with zipfile.ZipFile(PT2) as z:
+        rec = z.read("tiny_gpt/models/model.json")
+    at = bytes(blob).find(rec)
+    assert at > 0
+    where = rec.find(b"tok_emb")
+    blob[at + where:at + where + 7] = b"tok_emc"
+    return model(name, bytes(blob))
+
+
+def pt2_old_format(name):
+    with zipfile.ZipFile(name, "w") as z:
+        z.writestr("m/serialized_exported_program.json", "{}")
+        z.writestr("m/version", "8.0")
+    return [name]
+
+
+WEIGHTS_CONFIG = "data/weights/model_weights_config.json"
+
+
+def emb_sizes(sizes):
+    def change(obj):
+        obj["config"]["tok_emb.weight"]["tensor_meta"]["sizes"] = sizes
+    return change
+
+
 def torch_save(name, obj_factory):
     import torch
     torch.save(obj_factory(), name)
@@ -124,6 +186,25 @@ CASES = {
     "model-eager-save": lambda: torch_save("eager.pt", linear),
     "model-other-pickle": lambda: model("other.pkl", pickle.dumps({"epoch": 3})),
     "model-other-zip": lambda: (zipfile.ZipFile("docs.zip", "w").writestr("a.txt", "text"), ["docs.zip"])[1],
+    "pt2-truncated-half": lambda: model("half.pt2", pt2_bytes()[:len(pt2_bytes()) // 2]),
+    "pt2-damaged-record": lambda: pt2_damaged("damaged.pt2"),
+    "pt2-archive-version": lambda: pt2_raw("v1.pt2", "archive_version", lambda d: b"1"),
+    "pt2-schema-version": lambda: pt2_json("schema.pt2", "models/model.json",
+                                           lambda j: j["schema_version"].update(major=9, minor=1)),
+    "pt2-no-program": lambda: rezip_pt2("noprog.pt2", keep=lambda r: r != "models/model.json"),
+    "pt2-no-weights-config": lambda: rezip_pt2("noweights.pt2", keep=lambda r: r != WEIGHTS_CONFIG),
+    "pt2-invalid-json": lambda: pt2_raw("badjson.pt2", "models/model.json", lambda d: d[:100]),
+    "pt2-json-deep": lambda: pt2_raw("deep.pt2", "models/model.json", lambda d: b"[" * 200000 + b"]" * 200000),
+    "pt2-json-wrong-type": lambda: pt2_json("wrongtype.pt2", "models/model.json",
+                                            lambda j: j["graph_module"].update(module_call_graph="all")),
+    "pt2-json-negative-shape": lambda: pt2_json("negative.pt2", WEIGHTS_CONFIG,
+                                                emb_sizes([{"as_int": -1}, {"as_int": 64}])),
+    "pt2-json-huge-shape": lambda: pt2_json("hugeshape.pt2", WEIGHTS_CONFIG,
+                                            emb_sizes([{"as_int": 2 ** 62}, {"as_int": 64}])),
+    "pt2-json-symbolic-shape": lambda: pt2_json("symbolic.pt2", WEIGHTS_CONFIG,
+                                                emb_sizes([{"as_expr": {"expr_str": "s0"}}, {"as_int": 64}])),
+    "pt2-old-format": lambda: pt2_old_format("old.pt2"),
+    "pt2-inferred-class": lambda: [PT2],
     "policy-missing": lambda: [GPT, "--policy", "missing.json"],
     "policy-invalid-json": lambda: policy('{\n  "module_classes": ["Block"],\n}\n'),
     "policy-not-object": lambda: policy('["Block"]'),
