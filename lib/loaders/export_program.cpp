@@ -12,7 +12,9 @@
 namespace fsdp_plan {
 namespace {
 
-using Json = nlohmann::ordered_json;
+// std::map objects: an ordered_json object checks every insertion against
+// all its keys, quadratic in the thousands of tensor_values of a big model.
+using Json = nlohmann::json;
 
 const char kSaveAgain[] = "save the model again with torch.export.save";
 
@@ -99,7 +101,8 @@ class ProgramReader {
     tensor_values_ = member(*graph_, "tensor_values");
     build_modules(*gm);
     record_classes();
-    const Json weights = parse(rec_.weights, weights_record_);
+    std::vector<std::string> weight_order;
+    const Json weights = parse(rec_.weights, weights_record_, &weight_order);
     const Json* wconfig = member(weights, "config");
     if (!wconfig || !wconfig->is_object()) damaged(weights_record_, "no config object");
     Json constants;
@@ -109,7 +112,7 @@ class ProgramReader {
       cconfig = member(constants, "config");
       if (!cconfig || !cconfig->is_object()) damaged(constants_record_, "no config object");
     }
-    add_tensors(*gm, *wconfig, cconfig);
+    add_tensors(*gm, *wconfig, weight_order, cconfig);
     infer_missing_classes();
     return std::move(tree_);
   }
@@ -119,9 +122,18 @@ class ProgramReader {
     throw InputError(file_, "record " + record + " is damaged (" + what + "); " + kSaveAgain);
   }
 
-  Json parse(const std::string& text, const std::string& record) const {
+  // `config_keys`, if given, gets the keys of the "config" object (depth 2)
+  // in file order, which the map forgets.
+  Json parse(const std::string& text, const std::string& record,
+             std::vector<std::string>* config_keys = nullptr) const {
     try {
-      return Json::parse(text);
+      if (!config_keys) return Json::parse(text);
+      return Json::parse(text, [config_keys](int depth, Json::parse_event_t event, Json& parsed) {
+        if (event == Json::parse_event_t::key && depth == 2 && parsed.is_string()) {
+          config_keys->push_back(parsed.get<std::string>());
+        }
+        return true;
+      });
     } catch (const Json::exception& e) {
       std::string what = e.what();
       const auto tag = what.find("] ");
@@ -205,6 +217,7 @@ class ProgramReader {
   struct Meta {
     TensorInfo info;
     std::string view;  // dtype, sizes, strides and offset: one tensor if the file and view agree
+    bool on_meta = false;
   };
 
   Meta read_meta(const Json& meta, const std::string& what, const std::string& record) {
@@ -237,6 +250,8 @@ class ProgramReader {
     if (total_bytes_ > (int64_t{1} << 62)) damaged(record, "tensors add up to an impossible size");
     const Json* rg = member(meta, "requires_grad");
     out.info.requires_grad = rg && rg->is_boolean() ? rg->get<bool>() : true;
+    const std::string* device = get_string(member(at(meta, "device"), "type"));
+    out.on_meta = device && *device == "meta";
     out.view = std::to_string(code) + "|" + sizes->dump();
     for (const char* k : {"strides", "storage_offset"}) {
       const Json* v = member(meta, k);
@@ -278,7 +293,11 @@ class ProgramReader {
       if (!path_name) damaged(config_record, what + " has no path_name");
       file_key = std::string(config_tag) + *path_name;
     }
-    const TensorId t = tensor_for(file_key, read_meta(*meta, what, record));
+    Meta info = read_meta(*meta, what, record);
+    // Meta tensors have no storage: torch writes them all to one record, so
+    // the record says nothing about ties (each is its own tensor here).
+    if (info.on_meta) file_key.clear();
+    const TensorId t = tensor_for(file_key, std::move(info));
     if (is_param) {
       tree_.add_param(m->second, local, t);
     } else {
@@ -289,7 +308,8 @@ class ProgramReader {
   // The graph signature lists parameters in named_parameters() order, then
   // buffers, each module's in registration order. Strict export leaves out
   // aliases and unused tensors; the weights config (the state_dict) has them.
-  void add_tensors(const Json& gm, const Json& wconfig, const Json* cconfig) {
+  void add_tensors(const Json& gm, const Json& wconfig, const std::vector<std::string>& weight_order,
+                   const Json* cconfig) {
     const Json* specs = member(at(gm, "signature"), "input_specs");
     if (!specs || !specs->is_array()) damaged(model_record_, "no graph signature input_specs");
     auto arg_name = [](const Json& spec) {
@@ -314,10 +334,12 @@ class ProgramReader {
         }
       }
     }
-    for (const auto& [fqn, entry] : wconfig.items()) {
-      const Json* is_param = member(entry, "is_param");
+    for (const std::string& fqn : weight_order) {
+      const Json* entry = member(wconfig, fqn.c_str());
+      if (!entry) continue;  // a key of another depth-2 object
+      const Json* is_param = member(*entry, "is_param");
       if (!is_param || !is_param->is_boolean()) damaged(weights_record_, fqn + " has no is_param");
-      add_tensor(fqn, is_param->get<bool>(), &entry, "w:", weights_record_, "");
+      add_tensor(fqn, is_param->get<bool>(), entry, "w:", weights_record_, "");
     }
   }
 

@@ -54,8 +54,8 @@ JSON_RECORDS = ("archive_format", "archive_version", "models/", "data/weights/mo
                 "data/constants/model_constants_config.json")
 
 
-def export_to(model: nn.Module, inputs: Tuple[Any, ...], path: str) -> None:
-    ep = torch.export.export(model, inputs)
+def export_to(model: nn.Module, inputs: Tuple[Any, ...], kwargs: Dict[str, Any], path: str) -> None:
+    ep = torch.export.export(model, inputs, kwargs=kwargs)
     torch.export.save(ep, path)
 
 
@@ -95,7 +95,7 @@ def sample_cases() -> Dict[str, Tuple[Any, Dict[str, Dict[str, Any]]]]:
     out = {}
     for name in models.SAMPLE_MODELS:
         policies = td.CASES[name][1] if name in td.CASES else {"empty": {}}
-        out[name] = ((lambda n=name: (models.build(n), (models.example_input(n),))), policies)
+        out[name] = ((lambda n=name: (models.build(n), (models.example_input(n),), {})), policies)
     return out
 
 
@@ -107,8 +107,9 @@ def corpus_cases() -> Dict[str, Tuple[Any, Dict[str, Dict[str, Any]]]]:
     out = {}
     for name in corpus.SMALL:
         def build(n=name):
+            # By keyword, as HF's forward takes them (T5's second argument is not decoder_input_ids).
             m = corpus.build(n)
-            return m, tuple(corpus.example_inputs(n, m))
+            return m, (), dict(zip(corpus.builder(n).inputs, corpus.example_inputs(n, m)))
         out["corpus:" + name] = (build, None)  # policies depend on the model
     return out
 
@@ -180,12 +181,12 @@ def main(argv: List[str]) -> int:
             continue
         path = os.path.join(work, mname.replace(":", "_") + ".pt2")
         try:
-            model, inputs = builder()
+            model, inputs, kwargs = builder()
         except Exception as e:  # the corpus lacks a dependency, say
             not_exported.append(f"{mname}: could not build: {type(e).__name__}: {str(e)[:200]}")
             continue
         try:
-            export_to(model, inputs, path)
+            export_to(model, inputs, kwargs, path)
         except Exception as e:
             first = (str(e).strip().splitlines() or [""])[0][:240]
             not_exported.append(f"{mname}: torch.export.export fails: {type(e).__name__}: {first}")
