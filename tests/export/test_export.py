@@ -18,7 +18,7 @@ saved with torch.export.save to a temp dir. Then:
   records only, and bytes read + the weight records' sizes <= the file size.
 
     /work/venv/bin/python tests/export/test_export.py FSDP_PLAN EXPORT_STATS
-        [-k SUBSTRING] [--keep DIR] [-v]
+        [--set samples|corpus|all] [-k SUBSTRING] [--keep DIR] [-v]
 
 The last line is `N passed, M failed`; exit 1 on any failure. Models that do
 not export are listed with torch's reason (not a failure: the loader is not
@@ -153,6 +153,8 @@ def main(argv: List[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("binary")
     ap.add_argument("stats")
+    ap.add_argument("--set", default="all", choices=("samples", "corpus", "all"),
+                    help="sample models, corpus models (tests/corpus, when present) or both")
     ap.add_argument("-k", dest="only", default=None)
     ap.add_argument("--keep", default=None)
     ap.add_argument("-v", dest="verbose", action="store_true")
@@ -174,7 +176,10 @@ def main(argv: List[str]) -> int:
         for n in notes:
             print(f"    note: {n}")
 
-    cases = {**sample_cases(), **corpus_cases()}
+    cases = {**(sample_cases() if args.set != "corpus" else {}),
+             **(corpus_cases() if args.set != "samples" else {})}
+    if args.set == "corpus" and not cases:
+        print("SKIP no tests/corpus/corpus.py in this checkout")
     for mname, (builder, policies) in cases.items():
         if args.only and args.only not in mname and (policies is None or not any(
                 args.only in f"{mname} / {p}" for p in policies)):
