@@ -3,17 +3,15 @@
 // records (data/weights/weight_N, data/constants/tensor_N) are never opened.
 #include "export_loader.h"
 
-#include <zlib.h>
-
-#include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <memory>
 
 #include "../errors.h"
 #include "export_program.h"
-#include "zip_directory.h"
+#include "zip_reader.h"
 
 namespace fsdp_plan {
 namespace {
@@ -40,33 +38,19 @@ std::string printable(const std::string& s) {
   return out;
 }
 
-// Where bytes come from, counted.
-struct Source {
-  uint64_t size = 0;
-  std::function<size_t(uint64_t, void*, size_t)> read;
-};
-
-struct FileCloser {
-  void operator()(std::FILE* f) const { std::fclose(f); }
-};
-
 class Archive {
  public:
-  Archive(std::string name, Source src, ExportReadStats& stats, const ExportOptions& options)
-      : name_(std::move(name)), src_(std::move(src)), stats_(stats), options_(options) {
-    stats_.file_size = src_.size;
-    read_at_ = [this](uint64_t pos, void* buf, size_t n) -> size_t {
-      if (pos >= src_.size) return 0;
-      n = static_cast<size_t>(std::min<uint64_t>(n, src_.size - pos));
-      const size_t got = src_.read(pos, buf, n);
-      stats_.bytes_read += got;
-      return got;
-    };
+  using Open = std::function<std::unique_ptr<zip::Reader>()>;
+  Archive(std::string name, Open open, ExportReadStats& stats, const ExportOptions& options)
+      : name_(std::move(name)), open_(std::move(open)), stats_(stats), options_(options) {}
+  ~Archive() {
+    if (dir_) stats_.bytes_read = dir_->bytes_read();
   }
 
   // Throws zip::Error if there is no readable directory.
   void open() {
-    dir_ = std::make_unique<zip::Directory>(src_.size, read_at_);
+    dir_ = open_();
+    stats_.file_size = dir_->file_size();
     if (!dir_->entries().empty()) {
       const std::string& first = dir_->entries().front().name;
       const auto slash = first.find('/');
@@ -187,87 +171,34 @@ class Archive {
     if (!e) missing(record);
     const std::string damaged = "record " + record + " is damaged (";
     const std::string again = "); " + std::string(kSaveAgain);
-    const uint64_t limit = e->method == 0 ? dir_->data_limit() : e->comp_size * kMaxDeflateRatio + 64;
+    const uint64_t limit = e->method == 0 ? dir_->file_size() : e->comp_size * kMaxDeflateRatio + 64;
     if (e->uncomp_size > max_size || e->uncomp_size > limit) {
       throw InputError(name_, "record " + record + " claims to be " + std::to_string(e->uncomp_size) +
                                   " bytes, more than " +
                                   (e->uncomp_size > max_size ? "a JSON record of a model can be"
                                    : e->method == 0
-                                       ? "the file holds (" + std::to_string(src_.size) + " bytes)"
+                                       ? "the file holds (" + std::to_string(dir_->file_size()) + " bytes)"
                                        : std::string("its compressed data can give")) +
                                   ": the file is damaged; " + kSaveAgain);
     }
-    if (e->method != 0 && e->method != 8) {
-      throw InputError(name_, damaged + "zip compression method " + std::to_string(e->method) +
-                                  ", which PyTorch never writes" + again);
-    }
-    if (e->method == 0 && e->comp_size != e->uncomp_size) throw InputError(name_, damaged + "sizes disagree" + again);
-    uint64_t start = 0;
+    std::string out;
     try {
-      start = dir_->data_offset(*e, read_at_);
+      out = dir_->read(*e, options_.verify_crc);
     } catch (const zip::Error& err) {
       throw InputError(name_, damaged + err.what() + again);
     }
-    std::string raw(static_cast<size_t>(e->comp_size), '\0');
-    if (read_at_(start, raw.data(), raw.size()) != raw.size()) {
-      throw InputError(name_, damaged + "cannot read it" + again);
-    }
-    std::string out = e->method == 0 ? std::move(raw) : inflate(raw, *e, damaged, again);
-    const uLong crc = crc32(0L, reinterpret_cast<const Bytef*>(out.data()), static_cast<uInt>(out.size()));
-    if (options_.verify_crc && crc != e->crc) throw InputError(name_, damaged + "CRC mismatch" + again);
+    stats_.bytes_read = dir_->bytes_read();
     stats_.records_read.push_back(record);
     return out;
   }
 
-  std::string inflate(const std::string& in, const zip::Entry& e, const std::string& damaged,
-                      const std::string& again) const {
-    std::string out(static_cast<size_t>(e.uncomp_size), '\0');
-    z_stream zs{};
-    if (inflateInit2(&zs, -MAX_WBITS) != Z_OK) throw InputError(name_, damaged + "cannot decompress it" + again);
-    zs.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(in.data()));
-    zs.avail_in = static_cast<uInt>(in.size());
-    zs.next_out = reinterpret_cast<Bytef*>(out.data());
-    zs.avail_out = static_cast<uInt>(out.size());
-    const int rc = ::inflate(&zs, Z_FINISH);
-    const uLong produced = zs.total_out;
-    inflateEnd(&zs);
-    if (rc != Z_STREAM_END || produced != e.uncomp_size) {
-      throw InputError(name_, damaged + "cannot decompress it" + again);
-    }
-    return out;
-  }
-
   std::string name_;
-  Source src_;
+  Open open_;
   ExportReadStats& stats_;
   ExportOptions options_;
-  zip::ReadAt read_at_;
-  std::unique_ptr<zip::Directory> dir_;
+  std::unique_ptr<zip::Reader> dir_;
   std::string prefix_;  // "model/": torch names the top folder after the file
 };
-
-Source file_source(const std::string& path, std::shared_ptr<std::FILE>& keep) {
-  keep.reset(std::fopen(path.c_str(), "rb"), FileCloser());
-  if (!keep) throw InputError(path, "cannot open file");
-  std::error_code ec;
-  const auto size = std::filesystem::file_size(path, ec);
-  if (ec) throw InputError(path, "cannot open file: " + ec.message());
-  std::FILE* f = keep.get();
-  return Source{size, [f](uint64_t pos, void* buf, size_t n) -> size_t {
-                  if (fseeko(f, static_cast<off_t>(pos), SEEK_SET) != 0) return 0;
-                  return std::fread(buf, 1, n, f);
-                }};
-}
-
-Source memory_source(const void* data, size_t size) {
-  const auto* bytes = static_cast<const char*>(data);
-  return Source{size, [bytes, size](uint64_t pos, void* buf, size_t n) -> size_t {
-                  if (pos >= size) return 0;
-                  n = static_cast<size_t>(std::min<uint64_t>(n, size - pos));
-                  std::memcpy(buf, bytes + pos, n);
-                  return n;
-                }};
-}
 
 ModuleTree guarded(const std::string& name, const std::function<ModuleTree()>& load) {
   try {
@@ -286,13 +217,14 @@ ModuleTree guarded(const std::string& name, const std::function<ModuleTree()>& l
 bool is_export_archive(const std::string& path) {
   std::error_code ec;
   if (!std::filesystem::is_regular_file(path, ec)) return false;
+  char head[4] = {};
+  {
+    std::ifstream in(path, std::ios::binary);
+    if (!in.read(head, 4) || std::memcmp(head, "PK\x03\x04", 4) != 0) return false;
+  }
   try {
-    std::shared_ptr<std::FILE> keep;
-    Source src = file_source(path, keep);
-    char head[4] = {};
-    if (src.read(0, head, 4) != 4 || std::memcmp(head, "PK\x03\x04", 4) != 0) return false;
     ExportReadStats stats;
-    Archive a(path, std::move(src), stats, {});
+    Archive a(path, [&] { return zip::Reader::open_file(path); }, stats, {});
     a.open();
     return a.looks_exported();
   } catch (const std::exception&) {
@@ -303,8 +235,7 @@ bool is_export_archive(const std::string& path) {
 ModuleTree load_export(const std::string& path, ExportReadStats* stats, const ExportOptions& options) {
   ExportReadStats local;
   return guarded(path, [&] {
-    std::shared_ptr<std::FILE> keep;
-    return Archive(path, file_source(path, keep), stats ? *stats : local, options).load();
+    return Archive(path, [&] { return zip::Reader::open_file(path); }, stats ? *stats : local, options).load();
   });
 }
 
@@ -312,7 +243,8 @@ ModuleTree load_export_bytes(const std::string& name, const void* data, size_t s
                              ExportReadStats* stats, const ExportOptions& options) {
   ExportReadStats local;
   return guarded(name, [&] {
-    return Archive(name, memory_source(data, size), stats ? *stats : local, options).load();
+    return Archive(name, [&] { return zip::Reader::open_memory(data, size); }, stats ? *stats : local,
+                   options).load();
   });
 }
 
