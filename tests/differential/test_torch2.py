@@ -271,6 +271,7 @@ def main(argv: List[str]) -> int:
     ap.add_argument("--keep", default=None, help="write policies and plans here")
     ap.add_argument("-j", dest="jobs", type=int, default=2, help="parallel binary runs (default 2)")
     ap.add_argument("-v", dest="verbose", action="store_true", help="print every difference")
+    ap.add_argument("--no-jit", action="store_true", help="leave out the --loader jit comparison")
     ap.add_argument("--world-sizes", default=",".join(map(str, WORLD_SIZES)),
                     help="comma-separated (default 1,3,8; the sanitizer build runs 3 only)")
     args = ap.parse_args(argv)
@@ -336,6 +337,8 @@ def main(argv: List[str]) -> int:
                     status = "fail" if msgs else "known" if known else "pass"
                     report(status, label + ("" if msgs else f" ({n_units} units)"), msgs or known)
                     if ws == world_sizes[0] and not uop and pname == "no_split":
+                        if args.no_jit:
+                            continue
                         status, detail = jit_loader_check(args.binary, model_path, ppath, plan)
                         report(status, f"{name} / {pname} / --loader jit", [detail] if detail else [])
     pool.shutdown()
