@@ -7,6 +7,7 @@
 #include <iostream>
 #include <optional>
 
+#include "emit.h"
 #include "errors.h"
 #include "file_io.h"
 #include "loaders/loader.h"
@@ -38,7 +39,7 @@ void write_output(const std::string& file, const std::string& text, const char* 
 }  // namespace
 
 int suggest_main(int argc, char** argv) {
-  std::string model, policy_file, format = "text", output, budget, activations = "0", strategy, optimizer;
+  std::string model, policy_file, format = "text", output, budget, activations = "0", strategy, optimizer, emit;
   std::optional<int64_t> world_size;
   size_t top = 10;
   bool verbose = false;
@@ -61,7 +62,13 @@ int suggest_main(int argc, char** argv) {
   app.add_option("--top", top, "how many ranked policies to show")->check(CLI::Range(size_t{1}, size_t{100000}))
       ->capture_default_str();
   app.add_flag("-v,--verbose", verbose, "timings on stderr");
-  app.add_option("-f,--format", format, "report format")->check(CLI::IsMember({"text", "json"}))->capture_default_str();
+  auto* emit_opt = app.add_option("--emit", emit, "instead of the report, write what applies the best fitting "
+                                                  "policy: accelerate (Accelerate config YAML) or torch (Python "
+                                                  "with apply_fsdp(model)); the report goes to stderr")
+                       ->check(CLI::IsMember({"accelerate", "torch"}));
+  auto* format_opt =
+      app.add_option("-f,--format", format, "report format")->check(CLI::IsMember({"text", "json"}))->capture_default_str();
+  emit_opt->excludes(format_opt);
   app.add_option("-o,--output", output, "write the best fitting policy (JSON) to FILE; nothing is written "
                                         "when none fits");
   app.footer("Candidates: each module class alone and in pairs (the model's own block classes first), size "
@@ -108,6 +115,27 @@ int suggest_main(int argc, char** argv) {
     bool fits = !s.ranked.empty() && s.ranked.front().fits;
 
     std::string report = format == "json" ? suggestion_to_json(s, ctx).dump(1) + "\n" : suggestion_to_text(s, ctx);
+    if (!emit.empty()) {
+      // stdout carries only the hand-off (it is piped into a file); the ranking is for the person.
+      std::cerr << report;
+      if (!fits) {
+        std::cerr << "fsdp-plan: error: suggest: --emit " << emit << ": nothing written: no policy fits the budget\n";
+        return 1;
+      }
+      const Candidate& best = s.ranked.front();
+      Plan plan = *best.plan;
+      plan.model.path = model;
+      std::string text;
+      try {
+        text = emit == "torch" ? plan_to_torch(plan) : plan_to_accelerate(plan);
+      } catch (const EmitError& e) {
+        std::cerr << "fsdp-plan: error: suggest: --emit " << emit << ": " << best.label << ": " << e.what() << "\n";
+        return 2;
+      }
+      if (!output.empty()) write_output(output, policy_file_json(best.policy).dump(2) + "\n", "policy");
+      write_output("", text, emit == "torch" ? "Python code" : "Accelerate config");
+      return 0;
+    }
     // The policy file first: if it cannot be written, no report claims it was.
     if (!output.empty() && fits) write_output(output, policy_file_json(s.ranked.front().policy).dump(2) + "\n", "policy");
     write_output("", report, "report");

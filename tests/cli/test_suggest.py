@@ -116,6 +116,31 @@ class Suggest(Scratch):
             self.assertEqual(c["policy"]["mixed_precision"], {"param_dtype": "bfloat16"})
             self.assertEqual(c["policy"]["fsdp"]["optimizer"], "sgd")
 
+    def test_emit_hands_off_the_best_policy(self):
+        # stdout carries only the hand-off; the ranking goes to stderr.
+        best = os.path.join(self.tmp, "best.json")
+        r = self.suggest(GPT, "--world-size", "8", "--budget", "1MiB", "--emit", "accelerate", "-o", best)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("best    ", r.stderr)
+        self.assertIn("distributed_type: FSDP", r.stdout)
+        self.assertIn("num_processes: 8", r.stdout)
+        yaml_file = self.write("accelerate.yaml", r.stdout)
+        # Read back as Accelerate would, the config gives the suggested policy's units.
+        units = [json.loads(run(GPT, "--policy", f, "-f", "json").stdout)["units"] for f in (yaml_file, best)]
+        self.assertEqual([u["path"] for u in units[0]], [u["path"] for u in units[1]])
+        r = self.suggest(GPT, "--world-size", "8", "--budget", "1MiB", "--emit", "torch")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        compile(r.stdout, "apply_fsdp.py", "exec")  # valid Python
+        self.assertIn("def apply_fsdp(", r.stdout)
+
+    def test_emit_when_nothing_fits_writes_nothing(self):
+        r = self.suggest(GPT, "--world-size", "8", "--budget", "1KiB", "--emit", "torch")
+        self.assertEqual(r.returncode, 1)
+        self.assertEqual(r.stdout, "")
+        self.assertIn("nothing fits", r.stderr)
+        self.assertIn("--emit torch: nothing written", r.stderr)
+        self.assert_input_error(self.suggest(GPT, "--budget", "1MiB", "--emit", "torch", "-f", "json"), "--format")
+
     def test_bad_input(self):
         self.assert_input_error(self.suggest(GPT, "--budget", "lots"), "lots", "is not a size")
         self.assert_input_error(self.suggest(GPT), "--budget")
