@@ -55,6 +55,7 @@ struct Options {
   std::optional<int64_t> world_size, shard_group_size;
   std::optional<std::string> strategy, optimizer;
   bool use_orig_params = false;
+  std::optional<double> warn_root_share;  // root_too_large threshold; overrides checks.warn_root_share
   int verbosity = 0;
   bool quiet = false;
   fsdp_plan::GateOptions gate;
@@ -112,6 +113,7 @@ int run(const Options& opt) {
   if (opt.strategy) fsdp.strategy = *parse_strategy(*opt.strategy);
   if (opt.optimizer) fsdp.optimizer = *parse_optimizer(*opt.optimizer);
   if (opt.use_orig_params) fsdp.use_orig_params = true;
+  if (opt.warn_root_share) policy.checks.warn_root_share = opt.warn_root_share;
   if (std::string why = settings_error(fsdp); !why.empty()) throw UsageError(why);
 
   auto t0 = std::chrono::steady_clock::now();
@@ -208,6 +210,11 @@ int main(int argc, char** argv) {
   app.add_flag("--use-orig-params", opt.use_orig_params, "FSDP use_orig_params=True (adds alignment padding)");
   app.add_option("--optimizer", opt.optimizer, "optimizer state for the memory model (default adam)")
       ->check(CLI::IsMember({"adam", "adamw", "sgd", "sgd-momentum", "none"}));
+  app.add_option("--warn-root-share", opt.warn_root_share,
+                 "warn (root_too_large) when the root unit holds more than this share of the parameters "
+                 "(default 0.5)")
+      ->type_name("F")
+      ->check(CLI::Range(0.0, 1.0));
   app.add_flag("--dump-tree", opt.dump_tree, "print the loaded module tree as JSON instead of a plan");
   app.add_flag("-v,--verbose", opt.verbosity, "log progress to stderr (-vv for more)");
   app.add_flag("-q,--quiet", opt.quiet, "log only errors");

@@ -86,6 +86,7 @@ class Analysis {
       for (const auto& o : u.params) {
         u.param_numel += tree_.tensor(o.tensor).numel();
         u.param_bytes += tree_.tensor(o.tensor).bytes();
+        (tree_.tensor(o.tensor).requires_grad ? u.trainable_numel : u.frozen_numel) += tree_.tensor(o.tensor).numel();
       }
       for (const auto& o : u.buffers) {
         u.buffer_numel += tree_.tensor(o.tensor).numel();

@@ -40,6 +40,7 @@ void Budgets::override_with(const Budgets& over) {
   if (over.max_units) max_units = over.max_units;
   if (over.max_root_share) max_root_share = over.max_root_share;
   if (over.max_peak_bytes) max_peak_bytes = over.max_peak_bytes;
+  if (over.warn_root_share) warn_root_share = over.warn_root_share;
   for (const auto& k : over.fail_on)
     if (std::find(fail_on.begin(), fail_on.end(), k) == fail_on.end()) fail_on.push_back(k);
 }
@@ -50,7 +51,9 @@ const std::vector<std::string>& warning_kinds() {
       "nested_wrap",  "mixed_precision_override", "shared_param_across_units", "empty_unit",
       "unmatched_class", "unmatched_ignore",      "ignored_root", "unrecorded_class", "inferred_class",
       // Read from an Accelerate config (lib/accelerate_config.cpp).
-      "accelerate_config", "accelerate_config_key", "accelerate_class_missing"};
+      "accelerate_config", "accelerate_config_key", "accelerate_class_missing",
+      // lib/flat_param_refusals.cpp (FSDP1) and lib/root_warnings.cpp
+      "mixed_requires_grad", "mixed_dtype", "integer_param", "scalar_param", "root_too_large", "single_unit"};
   return kinds;
 }
 

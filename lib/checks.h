@@ -19,6 +19,8 @@ struct Budgets {
   std::optional<double> max_root_share;   // root unit's share of the sharded parameters, 0..1
   std::optional<int64_t> max_peak_bytes;  // memory.per_rank.peak_bytes
   std::vector<std::string> fail_on;       // warning kinds, or "any"
+  // Not a budget: the root share above which the plan warns (root_too_large).
+  std::optional<double> warn_root_share;
 
   bool empty() const;
   // Limits set in `over` replace these; fail_on kinds are added.

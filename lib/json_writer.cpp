@@ -11,10 +11,12 @@ ojson tensor_list(const Plan& plan, const std::vector<Owned>& owned, bool params
   ojson out = ojson::array();
   for (const auto& o : owned) {
     const TensorInfo& t = plan.tree->tensor(o.tensor);
-    out.push_back({{"name", params ? plan.param_name(o) : plan.buffer_name(o)},
-                   {"shape", t.shape},
-                   {"dtype", t.dtype},
-                   {"numel", t.numel()}});
+    ojson j = {{"name", params ? plan.param_name(o) : plan.buffer_name(o)},
+               {"shape", t.shape},
+               {"dtype", t.dtype},
+               {"numel", t.numel()}};
+    if (params) j["requires_grad"] = t.requires_grad;
+    out.push_back(std::move(j));
   }
   return out;
 }
@@ -100,6 +102,8 @@ nlohmann::ordered_json plan_to_json(const Plan& plan) {
                      {"param_numel", u.param_numel},
                      {"param_bytes", u.param_bytes},
                      {"params", tensor_list(plan, u.params, true)},
+                     {"trainable_numel", u.trainable_numel},
+                     {"frozen_numel", u.frozen_numel},
                      {"buffer_numel", u.buffer_numel},
                      {"buffer_bytes", u.buffer_bytes},
                      {"buffers", tensor_list(plan, u.buffers, false)},
@@ -115,6 +119,7 @@ nlohmann::ordered_json plan_to_json(const Plan& plan) {
     if (!w.classes.empty()) j["classes"] = w.classes;
     if (!w.params.empty()) j["params"] = w.params;
     if (!w.suggestions.empty()) j["suggestions"] = w.suggestions;
+    if (!w.fix.is_null()) j["fix"] = w.fix;
     warnings.push_back(std::move(j));
   }
   out["warnings"] = std::move(warnings);

@@ -32,6 +32,23 @@ int64_t flat_numel(const Plan& plan, const Unit& u, int64_t itemsize, bool align
   return total;
 }
 
+// Frozen elements of the unit's flat parameter that fall in rank 0's shard,
+// laid out as flat_numel lays them out. A unit mixing frozen and trainable
+// parameters gets a gradient for its whole flat parameter, but an optimizer
+// (over the original parameters, with use_orig_params) keeps state only for
+// the trainable ones.
+int64_t frozen_in_first_shard(const Plan& plan, const Unit& u, int64_t itemsize, bool align, int64_t shard) {
+  int64_t offset = 0, frozen = 0;
+  const int64_t aligned = std::max<int64_t>(1, 16 / itemsize);
+  for (const auto& o : u.params) {
+    if (align && offset % aligned != 0) offset += aligned - offset % aligned;
+    const TensorInfo& t = plan.tree->tensor(o.tensor);
+    if (!t.requires_grad) frozen += std::max<int64_t>(0, std::min(offset + t.numel(), shard) - offset);
+    offset += t.numel();
+  }
+  return frozen;
+}
+
 int optimizer_states(Optimizer o) {
   switch (o) {
     case Optimizer::Adam: return 2;  // exp_avg, exp_avg_sq
@@ -141,11 +158,17 @@ MemoryPlan estimate_memory(const Plan& plan, const MemorySettings& settings) {
     // gradient there before reduce-scatter; NO_SHARD computes in place unless
     // mixed precision needs a low-precision copy.
     gathered[i] = sharded || low ? um.unsharded_bytes : 0;
-    grad_unsharded[i] = gathered[i];
-    grad_sharded[i] = um.sharded_bytes;
+    // A wholly frozen unit's flat parameter has requires_grad=False: no
+    // gradient, no optimizer state. Any trainable parameter makes it True.
+    const bool trains = u.trainable_numel > 0;
+    grad_unsharded[i] = trains ? gathered[i] : 0;
+    grad_sharded[i] = trains ? um.sharded_bytes : 0;
     r.params_bytes += um.sharded_bytes;
-    r.grads_bytes += um.sharded_bytes;
-    r.optimizer_bytes += states * um.sharded_bytes;
+    r.grads_bytes += grad_sharded[i];
+    int64_t state_numel = trains ? um.sharded_numel : 0;
+    if (trains && u.frozen_numel > 0 && settings.use_orig_params)
+      state_numel -= frozen_in_first_shard(plan, u, itemsize, true, um.sharded_numel);
+    r.optimizer_bytes += states * state_numel * itemsize;
     for (const auto& o : u.buffers) {
       const int64_t own = plan.tree->tensor(o.tensor).itemsize;
       const bool cast = u.mixed_precision.value_or(false) && mp_buffer > 0;
@@ -153,11 +176,21 @@ MemoryPlan estimate_memory(const Plan& plan, const MemorySettings& settings) {
     }
     mem.units.push_back(um);
   }
-  // Ignored parameters stay whole on every rank, with whole gradients and state.
-  int64_t owned = 0;
-  for (const auto& u : plan.units) owned += u.param_bytes;
-  const int64_t ignored = plan.model.param_bytes - owned;
-  r.params_bytes += ignored;
+  // Ignored parameters stay whole on every rank, with whole gradients and
+  // state when they train.
+  std::vector<bool> seen(plan.tree->num_tensors(), false);
+  for (const auto& u : plan.units)
+    for (const auto& o : u.params) seen[static_cast<size_t>(o.tensor)] = true;
+  int64_t ignored_all = 0, ignored = 0;  // ignored: the trainable part
+  for (const auto& m : plan.tree->modules())
+    for (const auto& p : m.params) {
+      if (seen[static_cast<size_t>(p.tensor)]) continue;
+      seen[static_cast<size_t>(p.tensor)] = true;
+      const TensorInfo& t = plan.tree->tensor(p.tensor);
+      ignored_all += t.bytes();
+      if (t.requires_grad) ignored += t.bytes();
+    }
+  r.params_bytes += ignored_all;
   r.grads_bytes += ignored;
   r.optimizer_bytes += states * ignored;
   r.steady_bytes = r.params_bytes + r.grads_bytes + r.optimizer_bytes + r.buffers_bytes;

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "memory.h"
 #include "module_tree.h"
 #include "policy.h"
@@ -26,6 +28,7 @@ struct Unit {
   int depth = 0;    // number of enclosing units
   std::vector<Owned> params, buffers;
   int64_t param_numel = 0, param_bytes = 0, buffer_numel = 0, buffer_bytes = 0;
+  int64_t trainable_numel = 0, frozen_numel = 0;  // by requires_grad; they sum to param_numel
   std::optional<bool> mixed_precision;  // nullopt: the policy configures none
 };
 
@@ -40,6 +43,9 @@ struct Warning {
   std::vector<std::string> classes;  // class names concerned
   std::vector<std::string> params;   // parameter names concerned
   std::vector<std::string> suggestions;
+  // A policy fragment that removes the warning, checked by planning again:
+  // arrays add to the policy's, objects merge into it. Null when none is known.
+  nlohmann::ordered_json fix;
 };
 
 struct ModelSummary {

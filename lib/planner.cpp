@@ -4,12 +4,16 @@
 #include "grouping.h"
 #include "ignored.h"
 #include "memory.h"
+#include "refusals.h"
 #include "selection.h"
 #include "wrap_policy.h"
 
 namespace fsdp_plan {
 
-Plan make_plan(const ModuleTree& tree, const Policy& policy, const std::string& model_path) {
+namespace {
+
+// With `search_fixes`, warnings try their fixes by planning again without.
+Plan plan_with(const ModuleTree& tree, const Policy& policy, const std::string& model_path, bool search_fixes) {
   ClassMatcher matcher;
   Ignored ignored = resolve_ignored(tree, policy);
   std::vector<bool> wrapped(tree.num_modules(), false);
@@ -22,8 +26,17 @@ Plan make_plan(const ModuleTree& tree, const Policy& policy, const std::string& 
   plan.model.path = model_path;
   plan.units = group_units(tree, wrapped, ignored.tensor);
   analyse(plan, ignored, matcher);
+  const Replan replan = [&](const Policy& p) { return plan_with(tree, p, model_path, false); };
+  flat_param_refusals(plan, search_fixes ? &replan : nullptr);
+  root_warnings(plan, search_fixes ? &replan : nullptr);
   plan.memory = estimate_memory(plan, policy.fsdp);
   return plan;
+}
+
+}  // namespace
+
+Plan make_plan(const ModuleTree& tree, const Policy& policy, const std::string& model_path) {
+  return plan_with(tree, policy, model_path, true);
 }
 
 }  // namespace fsdp_plan

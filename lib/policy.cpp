@@ -20,7 +20,7 @@ const std::vector<std::string> kTopKeys = {"$schema", "module_classes", "min_num
                                            "mixed_precision", "ignored_modules", "ignored_params",
                                            "fsdp", "checks"};
 const std::vector<std::string> kChecksKeys = {"max_unit_numel", "max_units", "max_root_share", "max_peak_bytes",
-                                              "fail_on"};
+                                              "fail_on", "warn_root_share"};
 const std::vector<std::string> kMixedPrecisionKeys = {"param_dtype", "reduce_dtype", "buffer_dtype",
                                                       "ignore_classes"};
 const std::vector<std::string> kFsdpKeys = {"world_size", "sharding_strategy", "shard_group_size",
@@ -142,19 +142,22 @@ class Parser {
       out.optimizer = *parse_optimizer(one_of(*it, "fsdp.optimizer", kOptimizers));
   }
 
+  double share(const json& v, const std::string& key) const {
+    if (!v.is_number()) fail("\"" + key + "\" must be a number, not " + type_of(v));
+    double share = v.get<double>();
+    if (share < 0 || share > 1) fail("\"" + key + "\" is a share between 0 and 1, not " + v.dump());
+    return share;
+  }
+
   Budgets checks(const json& obj) const {
     if (!obj.is_object()) fail("\"checks\" must be an object, not " + type_of(obj));
     check_keys(obj, kChecksKeys, " in \"checks\"");
     Budgets b;
     if (auto it = obj.find("max_unit_numel"); it != obj.end()) b.max_unit_numel = count(*it, "checks.max_unit_numel");
     if (auto it = obj.find("max_units"); it != obj.end()) b.max_units = count(*it, "checks.max_units");
-    if (auto it = obj.find("max_root_share"); it != obj.end()) {
-      if (!it->is_number()) fail("\"checks.max_root_share\" must be a number, not " + type_of(*it));
-      double share = it->get<double>();
-      if (share < 0 || share > 1)
-        fail("\"checks.max_root_share\" is a share between 0 and 1, not " + it->dump());
-      b.max_root_share = share;
-    }
+    if (auto it = obj.find("max_root_share"); it != obj.end()) b.max_root_share = share(*it, "checks.max_root_share");
+    if (auto it = obj.find("warn_root_share"); it != obj.end())
+      b.warn_root_share = share(*it, "checks.warn_root_share");
     if (auto it = obj.find("max_peak_bytes"); it != obj.end()) {
       if (it->is_string()) {
         auto size = parse_size(it->get<std::string>());

@@ -110,8 +110,11 @@ std::string plan_to_text(const Plan& plan) {
          format_count(m.buffer_numel) + " (" + format_bytes(m.buffer_bytes) + ")\n";
   out += wrap("policy  " + describe_policy(plan.policy), 100, std::string(8, ' ')) + "\n";
 
+  // Frozen parameters (requires_grad=False) get a column only in models that have them.
+  const bool frozen = std::any_of(plan.units.begin(), plan.units.end(), [](const Unit& u) { return u.frozen_numel > 0; });
   out += pad("#", 4, true) + "  " + pad("unit", kUnitWidth) + "  " + pad("class", kClassWidth) + pad("params", 8, true) +
-         pad("size", 11, true) + pad("buffers", 11, true) + pad("mp", 4, true) + "\n";
+         (frozen ? pad("frozen", 9, true) : "") + pad("size", 11, true) + pad("buffers", 11, true) + pad("mp", 4, true) +
+         "\n";
   int64_t owned_numel = 0;
   for (size_t i = 0; i < plan.units.size(); ++i) {
     const Unit& u = plan.units[i];
@@ -121,7 +124,9 @@ std::string plan_to_text(const Plan& plan) {
     std::string cls = fit_right(std::string(short_name(demangle(tree.module(u.module).type_name))), kClassWidth - 1);
     std::string mp = !u.mixed_precision ? "-" : *u.mixed_precision ? "on" : "off";
     out += pad(std::to_string(i), 4, true) + "  " + pad(name, kUnitWidth) + "  " + pad(cls, kClassWidth) +
-           pad(format_count(u.param_numel), 8, true) + pad(format_bytes(u.param_bytes), 11, true) +
+           pad(format_count(u.param_numel), 8, true) +
+           (frozen ? pad(u.frozen_numel ? format_count(u.frozen_numel) : "-", 9, true) : "") +
+           pad(format_bytes(u.param_bytes), 11, true) +
            pad(u.buffers.empty() ? "-" : format_bytes(u.buffer_bytes), 11, true) + pad(mp, 4, true) + "\n";
     owned_numel += u.param_numel;
   }

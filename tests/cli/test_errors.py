@@ -219,6 +219,7 @@ CASES = {
     "policy-duplicate-class": lambda: policy('{"module_classes": ["Block", "Block"]}'),
     "policy-bad-dtype": lambda: policy('{"mixed_precision": {"param_dtype": "bf16"}}'),
     "policy-bad-strategy": lambda: policy('{"fsdp": {"sharding_strategy": "FULL_SHARDS"}}'),
+    "policy-bad-root-share": lambda: policy('{"checks": {"warn_root_share": 1.5}}'),
     "policy-glob-no-module": lambda: policy('{"ignored_modules": ["decoder.*"]}'),
     "policy-glob-no-param": lambda: policy('{"ignored_params": ["*.gamma"]}'),
     "policy-class-no-module": lambda: policy('{"module_classes": ["Blok"]}'),
