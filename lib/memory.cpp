@@ -32,21 +32,21 @@ int64_t flat_numel(const Plan& plan, const Unit& u, int64_t itemsize, bool align
   return total;
 }
 
-// Frozen elements of the unit's flat parameter that fall in rank 0's shard,
-// laid out as flat_numel lays them out. A unit mixing frozen and trainable
-// parameters gets a gradient for its whole flat parameter, but an optimizer
-// (over the original parameters, with use_orig_params) keeps state only for
-// the trainable ones.
-int64_t frozen_in_first_shard(const Plan& plan, const Unit& u, int64_t itemsize, bool align, int64_t shard) {
-  int64_t offset = 0, frozen = 0;
+// Trainable elements of the unit's flat parameter that fall in rank 0's
+// shard, laid out as flat_numel lays them out. A unit mixing frozen and
+// trainable parameters gets a gradient for its whole flat parameter, but an
+// optimizer over the original parameters (use_orig_params) keeps state only
+// for the trainable ones' local views.
+int64_t trainable_in_first_shard(const Plan& plan, const Unit& u, int64_t itemsize, bool align, int64_t shard) {
+  int64_t offset = 0, trainable = 0;
   const int64_t aligned = std::max<int64_t>(1, 16 / itemsize);
   for (const auto& o : u.params) {
     if (align && offset % aligned != 0) offset += aligned - offset % aligned;
     const TensorInfo& t = plan.tree->tensor(o.tensor);
-    if (!t.requires_grad) frozen += std::max<int64_t>(0, std::min(offset + t.numel(), shard) - offset);
+    if (t.requires_grad) trainable += std::max<int64_t>(0, std::min(offset + t.numel(), shard) - offset);
     offset += t.numel();
   }
-  return frozen;
+  return trainable;
 }
 
 int optimizer_states(Optimizer o) {
@@ -167,7 +167,7 @@ MemoryPlan estimate_memory(const Plan& plan, const MemorySettings& settings) {
     r.grads_bytes += grad_sharded[i];
     int64_t state_numel = trains ? um.sharded_numel : 0;
     if (trains && u.frozen_numel > 0 && settings.use_orig_params)
-      state_numel -= frozen_in_first_shard(plan, u, itemsize, true, um.sharded_numel);
+      state_numel = trainable_in_first_shard(plan, u, itemsize, true, um.sharded_numel);
     r.optimizer_bytes += states * state_numel * itemsize;
     for (const auto& o : u.buffers) {
       const int64_t own = plan.tree->tensor(o.tensor).itemsize;

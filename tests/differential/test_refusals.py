@@ -1,0 +1,270 @@
+#!/usr/bin/env python3
+"""The plan's FSDP1 refusals against real FSDP1 (torch 2.13, `fake` backend, one process).
+
+Models, made here and saved as TorchScript (traced):
+  lora    a small Llama from a config, with peft LoRA on q_proj/v_proj: frozen base
+          weights and trainable adapters in every decoder layer;
+  dtypes  bfloat16 blocks, each with a float32 Router module inside.
+
+For each, with the policy wrapping the block class:
+  1. fsdp-plan marks some units as errors (mixed_requires_grad / mixed_dtype);
+  2. real FSDP1, one unit at a time (bottom-up, a refused unit's parameters left
+     out of its ancestors), raises for exactly those units, and nothing else;
+  3. real FSDP1 auto-wrapping with the policy raises the error the plan quotes;
+  4. the plan's `fix` merged into the policy: fsdp-plan reports no error, and
+     real FSDP1 auto-wrapping with the fixed policy constructs.
+And the memory of frozen parameters (lora, use_orig_params=True, world size 4,
+rank 0): the plan's gradient and Adam state bytes equal those of real FSDP1
+after a training step (flat parameter gradients, exp_avg + exp_avg_sq).
+
+    /work/venv/bin/python tests/differential/test_refusals.py BINARY
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+import warnings
+
+warnings.filterwarnings("ignore")
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.nn as nn  # noqa: E402
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP  # noqa: E402
+from torch.distributed.fsdp.wrap import ModuleWrapPolicy  # noqa: E402
+from torch.testing._internal.distributed.fake_pg import FakeStore  # noqa: E402
+
+BINARY = os.environ.get("FSDP_PLAN", "build/app/fsdp-plan")
+WORLD = 4
+CPU = torch.device("cpu")
+
+
+# ---------------------------------------------------------------------------
+# Models
+# ---------------------------------------------------------------------------
+def lora_model() -> nn.Module:
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                      use_cache=False, attn_implementation="eager", pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    peft = get_peft_model(LlamaForCausalLM(cfg), LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    return peft.base_model.model  # the HF model with LoRA layers injected, as FSDP would wrap it
+
+
+def lora_inputs():
+    return (torch.randint(3, 256, (2, 8)),)
+
+
+class Router(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(2, 16))  # float32: routers are often kept in full precision
+
+    def forward(self, x):
+        return x.float() @ self.weight.t()
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 16).to(torch.bfloat16)
+        self.router = Router()
+
+    def forward(self, x):
+        return self.fc(x) + self.router(x).sum(-1, keepdim=True).to(x.dtype)
+
+
+class MoeNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList([Block(), Block()])
+        self.head = nn.Linear(16, 4).to(torch.bfloat16)
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = b(x)
+        return self.head(x)
+
+
+def dtype_model() -> nn.Module:
+    torch.manual_seed(0)
+    return MoeNet()
+
+
+def dtype_inputs():
+    return (torch.randn(2, 16, dtype=torch.bfloat16),)
+
+
+def save_traced(model: nn.Module, inputs, path: str, hf: bool):
+    """Traces the model itself (HF outputs are reduced to the first tensor), so the root keeps its class."""
+    if hf:
+        forward = model.forward
+        model.forward = lambda ids: forward(input_ids=ids)[0]
+    try:
+        with torch.no_grad():
+            torch.jit.save(torch.jit.trace(model, inputs, strict=False, check_trace=False), path)
+    finally:
+        if hf:
+            del model.forward
+
+
+# ---------------------------------------------------------------------------
+# Plans and policies
+# ---------------------------------------------------------------------------
+def plan(model_path: str, policy: dict, tmp: str) -> dict:
+    pol = os.path.join(tmp, "policy.json")
+    with open(pol, "w") as f:
+        json.dump(policy, f)
+    r = subprocess.run([BINARY, model_path, "--policy", pol, "-f", "json"], capture_output=True, text=True,
+                       timeout=300)
+    if r.returncode not in (0, 1):
+        raise AssertionError(f"fsdp-plan failed ({r.returncode}): {r.stderr}")
+    return json.loads(r.stdout)
+
+
+def text_plan(model_path: str, policy: dict, tmp: str) -> str:
+    pol = os.path.join(tmp, "policy.json")
+    with open(pol, "w") as f:
+        json.dump(policy, f)
+    return subprocess.run([BINARY, model_path, "--policy", pol], capture_output=True, text=True, timeout=300).stdout
+
+
+def with_fix(policy: dict, fix: dict) -> dict:
+    out = json.loads(json.dumps(policy))
+    for key, value in fix.items():
+        if isinstance(value, list):
+            out[key] = list(out.get(key) or []) + [v for v in value if v not in (out.get(key) or [])]
+        else:
+            out.setdefault(key, {}).update(value)
+    return out
+
+
+def class_matches(pattern: str, cls: type) -> bool:
+    qualified = cls.__module__ + "." + cls.__qualname__
+    return pattern == qualified or pattern == cls.__qualname__ or qualified.endswith("." + pattern)
+
+
+def wrap_classes(model: nn.Module, policy: dict):
+    names = policy.get("module_classes") or []
+    return {type(m) for m in model.modules() if any(class_matches(n, type(m)) for n in names)}
+
+
+def error_units(p: dict, kind: str):
+    return sorted({u for w in p["warnings"] if w["kind"] == kind and w["severity"] == "error" for u in w["modules"]})
+
+
+# ---------------------------------------------------------------------------
+# Real FSDP1
+# ---------------------------------------------------------------------------
+def refused_units(model: nn.Module, p: dict, use_orig_params: bool):
+    """FSDP1 on each of the plan's units, deepest first, as auto-wrapping does;
+    a refused unit's parameters are left out of its ancestors (ignored_states)."""
+    refused, left_out = [], []
+    units = [u["path"] for u in p["units"]]
+    for path in reversed(units):  # pre-order reversed: every unit after its descendants
+        module = model.get_submodule(path) if path else model
+        inside = {id(q) for q in module.parameters()}
+        ignored = [q for q in left_out if id(q) in inside]
+        try:
+            wrapped = FSDP(module, device_id=CPU, use_orig_params=use_orig_params, ignored_states=ignored or None)
+        except ValueError:
+            refused.append(path)
+            left_out.extend(q for q in module.parameters() if id(q) not in {id(x) for x in left_out})
+            continue
+        if path:
+            parent, _, name = path.rpartition(".")
+            setattr(model.get_submodule(parent) if parent else model, name, wrapped)
+    return sorted(refused)
+
+
+def auto_wrap(model: nn.Module, policy: dict):
+    return FSDP(model, device_id=CPU, auto_wrap_policy=ModuleWrapPolicy(wrap_classes(model, policy)),
+                use_orig_params=bool(policy.get("fsdp", {}).get("use_orig_params", False)))
+
+
+class Refusals(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        dist.init_process_group("fake", rank=0, world_size=WORLD, store=FakeStore())
+        cls.tmp = tempfile.mkdtemp(prefix="refusals-")
+        cls._files = {}
+
+    def file(self, name):
+        """The model saved as TorchScript, made on first use."""
+        if name not in self._files:
+            make, inputs, hf = {"lora": (lora_model, lora_inputs, True),
+                                "dtypes": (dtype_model, dtype_inputs, False)}[name]
+            path = os.path.join(self.tmp, name + ".pt")
+            save_traced(make(), inputs(), path, hf)
+            self._files[name] = path
+        return self._files[name]
+
+    @classmethod
+    def tearDownClass(cls):
+        dist.destroy_process_group()
+
+    def check(self, name, make, kind, policy, quote):
+        p = plan(self.file(name), policy, self.tmp)
+        marked = error_units(p, kind)
+        self.assertTrue(marked, f"{name}: the plan marks no unit {kind}")
+        # Every error of the plan is this kind: the per-unit run below covers all of them.
+        self.assertEqual({w["kind"] for w in p["warnings"] if w["severity"] == "error"}, {kind})
+        orig = bool(policy.get("fsdp", {}).get("use_orig_params", False))
+        self.assertEqual(refused_units(make(), p, orig), marked, f"{name}: units FSDP1 refuses")
+        with self.assertRaises(ValueError) as raised:
+            auto_wrap(make(), policy)
+        self.assertIn(quote(str(raised.exception)), next(w["message"] for w in p["warnings"] if w["kind"] == kind))
+
+        fix = next(w for w in p["warnings"] if w["kind"] == kind).get("fix")
+        self.assertIsNotNone(fix, f"{name}: no fix")
+        fixed_policy = with_fix(policy, fix)
+        fixed = plan(self.file(name), fixed_policy, self.tmp)
+        self.assertEqual([w for w in fixed["warnings"] if w["severity"] == "error"], [])
+        auto_wrap(make(), fixed_policy)  # constructs
+        self.assertEqual(refused_units(make(), fixed, orig), [])
+        return p, fixed_policy
+
+    def test_lora_mixed_requires_grad(self):
+        policy = {"module_classes": ["LlamaDecoderLayer"], "fsdp": {"world_size": WORLD}}
+        # ModuleWrapPolicy checks frozen parameters before flattening and names the first unit (post-order).
+        p, fixed = self.check("lora", lora_model, "mixed_requires_grad", policy,
+                              lambda msg: msg.split(" has both")[0] and "has both parameters with requires_grad=True and False")
+        self.assertEqual(error_units(p, "mixed_requires_grad"), ["model.layers.0", "model.layers.1"])
+        print("\n--- LoRA, before the fix ---\n" + text_plan(self.file("lora"), policy, self.tmp))
+        print("--- LoRA, after the fix " + json.dumps(fixed) + " ---\n" + text_plan(self.file("lora"), fixed, self.tmp))
+
+    def test_float32_among_bfloat16(self):
+        self.check("dtypes", dtype_model, "mixed_dtype", {"module_classes": ["Block"], "fsdp": {"world_size": WORLD}},
+                   lambda msg: msg)
+
+    def test_frozen_memory_matches_fsdp1(self):
+        policy = {"module_classes": ["LlamaDecoderLayer"], "fsdp": {"world_size": WORLD, "use_orig_params": True}}
+        p = plan(self.file("lora"), policy, self.tmp)
+        w = [w for w in p["warnings"] if w["kind"] == "mixed_requires_grad"]
+        self.assertEqual([x["severity"] for x in w], ["warning"])
+        model = auto_wrap(lora_model(), policy)
+        optim = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=False)
+        model(*lora_inputs())[0].float().sum().backward()
+        optim.step()
+        handles = [m._handle for m in FSDP.fsdp_modules(model) if m._handle is not None]
+        self.assertEqual(len(handles), len(p["units"]))
+        grads = sum(h.flat_param.grad.numel() * h.flat_param.grad.element_size()
+                    for h in handles if h.flat_param.grad is not None)
+        state = sum(t.numel() * t.element_size() for s in optim.state.values()
+                    for k, t in s.items() if k in ("exp_avg", "exp_avg_sq"))
+        per_rank = p["memory"]["per_rank"]
+        self.assertEqual(per_rank["grads_bytes"], grads)
+        self.assertEqual(per_rank["optimizer_bytes"], state)
+        # Frozen parameters cost no gradient: the root (embeddings, head, norm) is all frozen.
+        self.assertIsNone(handles[0].flat_param.grad)
+        self.assertEqual(p["units"][0]["trainable_numel"], 0)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1:
+        BINARY = os.path.abspath(sys.argv.pop(1))
+    unittest.main(verbosity=2)
