@@ -2,7 +2,7 @@
 """The plan's FSDP1 refusals against real FSDP1 (torch 2.13, `fake` backend, one process).
 
 Models, made here and saved as TorchScript (traced):
-  lora    a small Llama from a config, with peft LoRA on q_proj/v_proj: frozen base
+  lora    the corpus's small Llama (tests/corpus/corpus.py), with peft LoRA on q_proj/v_proj: frozen base
           weights and trainable adapters in every decoder layer;
   dtypes  bfloat16 blocks, each with a float32 Router module inside.
 
@@ -36,6 +36,9 @@ from torch.distributed.fsdp import FullyShardedDataParallel as FSDP  # noqa: E40
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy  # noqa: E402
 from torch.testing._internal.distributed.fake_pg import FakeStore  # noqa: E402
 
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "corpus"))  # corpus.py, imported when needed (transformers is slow)
+
 BINARY = os.environ.get("FSDP_PLAN", "build/app/fsdp-plan")
 WORLD = 4
 CPU = torch.device("cpu")
@@ -45,18 +48,16 @@ CPU = torch.device("cpu")
 # Models
 # ---------------------------------------------------------------------------
 def lora_model() -> nn.Module:
+    """The corpus's small Llama with peft LoRA on q_proj and v_proj."""
+    import corpus
     from peft import LoraConfig, get_peft_model
-    from transformers import LlamaConfig, LlamaForCausalLM
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                      use_cache=False, attn_implementation="eager", pad_token_id=0, bos_token_id=1, eos_token_id=2)
-    peft = get_peft_model(LlamaForCausalLM(cfg), LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    peft = get_peft_model(corpus.build("llama"), LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
     return peft.base_model.model  # the HF model with LoRA layers injected, as FSDP would wrap it
 
 
 def lora_inputs():
-    return (torch.randint(3, 256, (2, 8)),)
+    torch.manual_seed(0)
+    return (torch.randint(3, 64, (2, 8)),)
 
 
 class Router(nn.Module):
@@ -100,16 +101,14 @@ def dtype_inputs():
 
 
 def save_traced(model: nn.Module, inputs, path: str, hf: bool):
-    """Traces the model itself (HF outputs are reduced to the first tensor), so the root keeps its class."""
-    if hf:
-        forward = model.forward
-        model.forward = lambda ids: forward(input_ids=ids)[0]
-    try:
-        with torch.no_grad():
-            torch.jit.save(torch.jit.trace(model, inputs, strict=False, check_trace=False), path)
-    finally:
+    """Traces the model itself, so the root keeps its class (HF models as the corpus traces them)."""
+    with torch.no_grad():
         if hf:
-            del model.forward
+            import corpus
+            traced = corpus.trace(model, "llama", inputs)
+        else:
+            traced = torch.jit.trace(model, inputs)
+    torch.jit.save(traced, path)
 
 
 # ---------------------------------------------------------------------------
