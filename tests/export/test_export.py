@@ -215,8 +215,10 @@ def main(argv: List[str]) -> int:
         # Warnings name exactly the modules whose forward never ran.
         called = called_paths(path)
         never = [n for n, _ in model.named_modules(remove_duplicate=False) if n not in called]
+        # Exit 1: a plan FSDP would refuse (Whisper's frozen position embeddings in a unit with
+        # trainable parameters, tied_trunk's float64 head among float32): still a plan to compare.
         r = run([args.binary, path, "--format", "json"])
-        if r.returncode != 0:
+        if r.returncode not in (0, 1):
             report(False, f"{mname} / unrecorded classes", [f"exit {r.returncode}: {r.stderr.strip()}"])
         else:
             plan = json.loads(r.stdout)
@@ -239,7 +241,7 @@ def main(argv: List[str]) -> int:
             except Exception as e:
                 report(False, label, [f"reference failed: {type(e).__name__}: {e}"])
                 continue
-            actual, err = td.run_binary(args.binary, path, ppath)
+            actual, err = td.run_binary(args.binary, path, ppath, ok_codes=(0, 1))
             if actual is None:
                 report(False, label, [err])
                 continue
