@@ -94,6 +94,9 @@ def compare_plans(expected: Dict[str, Any], actual: Dict[str, Any]) -> List[str]
                     msgs.append(f"{tag}: {label} expected {_tensor_desc(t)}, plan has {_tensor_desc(a)}")
                 elif "numel" in a and a["numel"] != t["numel"]:
                     msgs.append(f"{tag}: {label} {t['name']!r} numel expected {t['numel']}, plan has {a['numel']}")
+                elif "requires_grad" in t and a.get("requires_grad") != t["requires_grad"]:
+                    msgs.append(f"{tag}: {label} {t['name']!r} requires_grad expected {t['requires_grad']}, "
+                                f"plan has {a.get('requires_grad')}")
         msgs.extend(later)
     for ei, eu in enumerate(eunits):
         if eu["path"] not in aby_path:

@@ -280,8 +280,11 @@ def dtype_name(dt: torch.dtype) -> str:
     return str(dt).replace("torch.", "")
 
 
-def tensor_entry(name: str, t: torch.Tensor) -> Dict[str, Any]:
-    return {"name": name, "shape": list(t.shape), "dtype": dtype_name(t.dtype), "numel": t.numel()}
+def tensor_entry(name: str, t: torch.Tensor, param: bool = False) -> Dict[str, Any]:
+    out = {"name": name, "shape": list(t.shape), "dtype": dtype_name(t.dtype), "numel": t.numel()}
+    if param:  # the plan gives requires_grad for parameters only
+        out["requires_grad"] = bool(t.requires_grad)
+    return out
 
 
 def reference_plan(model: nn.Module, policy: Dict[str, Any]) -> Dict[str, Any]:
@@ -300,7 +303,7 @@ def reference_plan(model: nn.Module, policy: Dict[str, Any]) -> Dict[str, Any]:
         units.append({
             "path": path,
             "class": type(m).__name__,
-            "params": [tensor_entry(pre + n, p) for n, p in params],
+            "params": [tensor_entry(pre + n, p, param=True) for n, p in params],
             "buffers": [tensor_entry(pre + n, b) for n, b in buffers],
             "mixed_precision": (not isinstance(m, mp_ignore)) if has_mp else None,
         })
