@@ -31,7 +31,9 @@ def read_table():
             continue
         message = cells[3]
         assert message.startswith("`") and message.endswith("`"), line
-        rows[cells[0].strip("`")] = (int(cells[2]), message[1:-1])
+        # ``...`` (Markdown code with a backtick inside): the message between "`` " and " ``".
+        fence = 3 if message.startswith("`` ") and message.endswith(" ``") else 1
+        rows[cells[0].strip("`")] = (int(cells[2]), message[fence:-fence])
     return rows
 
 
@@ -169,6 +171,29 @@ def linear():
     return nn.Linear(2, 2)
 
 
+def refused(kind):
+    """A two-Linear model FSDP1 refuses as one unit, scripted by Debian's torch."""
+    import torch
+    import torch.nn as nn
+
+    class Pair(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Linear(4, 4)
+            self.b = nn.Linear(4, 4)
+            if kind == "frozen":  # LoRA-like: one frozen weight among trainable parameters
+                self.a.weight.requires_grad_(False)
+            if kind == "dtypes":
+                self.b.double()
+            self.scale = nn.Parameter(torch.tensor(1.0) if kind == "scalar" else torch.ones(1))
+
+        def forward(self, x):
+            return self.b(self.a(x).to(self.b.weight.dtype)) * self.scale.to(self.b.weight.dtype)
+
+    torch.jit.save(torch.jit.script(Pair()), kind + ".pt")
+    return [kind + ".pt"]
+
+
 CASES = {
     "model-missing": lambda: ["missing.pt"],
     "model-directory": lambda: (os.mkdir("adir"), ["adir"])[1],
@@ -237,6 +262,10 @@ CASES = {
     "output-is-directory": lambda: (os.mkdir("out"), [GPT, "-o", "out"])[1],
     "output-disk-full": lambda: [GPT, "-o", "/dev/full"],
     "usage-no-model": lambda: [],
+    "refused-mixed-requires-grad": lambda: refused("frozen"),
+    "refused-mixed-dtype": lambda: refused("dtypes"),
+    "refused-scalar-param": lambda: refused("scalar"),
+    "root-too-large": lambda: policy('{"module_classes": ["LayerNorm"]}'),
     "usage-bad-format": lambda: [GPT, "--format", "yaml"],
     "usage-bad-world-size": lambda: [GPT, "--world-size", "0"],
     "usage-emit-format": lambda: [GPT, "--emit", "accelerate"],  # the test adds -f json

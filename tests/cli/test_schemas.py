@@ -67,6 +67,26 @@ class Schemas(unittest.TestCase):
             with self.subTest(policy=os.path.basename(p)):
                 self.policy.validate(load(p))
 
+    def test_every_warning_kind_is_documented(self):
+        """The kinds --fail-on accepts (its error lists them) are the policy schema's fail_on enum,
+        named in the plan schema's warnings[].kind and in the README's table of kinds."""
+        import re
+        r = run(MODELS[0], "--fail-on", "no_such_kind")
+        self.assertEqual(r.returncode, 2, r.stderr)
+        kinds = re.search(r"one of ([a-z_, ]+)\)", r.stderr).group(1).split(", ")
+        self.assertIn("mixed_requires_grad", kinds)
+        fail_on = POLICY_SCHEMA["properties"]["checks"]["properties"]["fail_on"]["items"]["enum"]
+        self.assertEqual(sorted(kinds), sorted(fail_on))
+        described = PLAN_SCHEMA["properties"]["warnings"]["items"]["properties"]["kind"]["description"]
+        with open(os.path.join(ROOT, "README.md")) as f:
+            readme = f.read()
+        for k in kinds:
+            if k == "any":
+                continue
+            with self.subTest(kind=k):
+                self.assertRegex(described, rf"\b{k}\b")
+                self.assertIn(f"| `{k}` |", readme)
+
     def test_policy_schema_accepts_checks_and_rejects_typos(self):
         self.policy.validate({"checks": {"max_unit_numel": 1e6, "max_units": 10, "max_root_share": 0.25,
                                          "max_peak_bytes": "80GiB", "fail_on": ["any", "empty_unit"]}})
