@@ -55,6 +55,12 @@ Gate::Gate(const nlohmann::ordered_json& plan, const Budgets& policy_budgets, co
   }
 }
 
+bool Gate::reads_plan(const Budgets& policy_budgets, const GateOptions& opt) {
+  Budgets budgets = policy_budgets;
+  budgets.override_with(opt.budgets);
+  return !budgets.empty() || !opt.expect.empty();
+}
+
 bool Gate::passed() const { return (!checks_ || checks_->passed()) && (!diff_ || diff_->equal()); }
 
 nlohmann::ordered_json Gate::annotate(nlohmann::ordered_json plan) const {

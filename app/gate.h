@@ -28,6 +28,10 @@ class Gate {
   Gate(const nlohmann::ordered_json& plan, const Budgets& policy_budgets, const GateOptions& opt,
        const std::string& model_file);
 
+  // Whether a Gate with these settings reads the plan JSON at all; when not,
+  // the caller may pass an empty one (building it costs more than planning).
+  static bool reads_plan(const Budgets& policy_budgets, const GateOptions& opt);
+
   bool passed() const;
   // The plan JSON plus "checks" and "expect" sections, when they apply.
   nlohmann::ordered_json annotate(nlohmann::ordered_json plan) const;

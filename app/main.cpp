@@ -138,7 +138,10 @@ int run(const Options& opt) {
     if (accelerate)
       plan.warnings.insert(plan.warnings.begin(), accelerate->warnings.begin(), accelerate->warnings.end());
     spdlog::info("planned {} units in {:.1f} ms", plan.units.size(), ms_since(t0));
-    auto json = plan_to_json(plan);
+    // The JSON plan costs more than planning a big model: built only when written or checked.
+    const bool json_written = opt.emit.empty() && opt.format != "text";
+    auto json = json_written || Gate::reads_plan(policy.checks, opt.gate) ? plan_to_json(plan)
+                                                                           : nlohmann::ordered_json();
     Gate gate(json, policy.checks, opt.gate, opt.model);
     if (plan.has_errors() || !gate.passed()) code = kExitRefused;
     if (!opt.emit.empty()) {

@@ -441,6 +441,12 @@ ModuleTree load_archive(const std::string& path, ArchiveReadStats* stats,
   return load_from(path, [&] { return zip::Reader::open_file(path); }, stats ? *stats : local, options);
 }
 
+ModuleTree load_archive(const std::string& path, std::unique_ptr<zip::Reader> zip) {
+  ArchiveReadStats local;
+  check_file(path);
+  return load_from(path, [&] { return std::move(zip); }, local, ArchiveOptions{});
+}
+
 ModuleTree load_archive(const std::string& path, ArchiveReadStats* stats) {
   return load_archive(path, stats, ArchiveOptions{});
 }

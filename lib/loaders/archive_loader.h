@@ -3,11 +3,13 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "../module_tree.h"
 
 namespace fsdp_plan {
+namespace zip { class Reader; }
 
 // What load_archive read from disk, to prove it left the weights alone.
 struct ArchiveReadStats {
@@ -23,6 +25,8 @@ struct ArchiveOptions {
 };
 
 ModuleTree load_archive(const std::string& path, ArchiveReadStats* stats);
+// The same with the file's zip already open (load_model opens it once).
+ModuleTree load_archive(const std::string& path, std::unique_ptr<zip::Reader> zip);
 ModuleTree load_archive(const std::string& path, ArchiveReadStats* stats,
                         const ArchiveOptions& options);
 

@@ -38,6 +38,37 @@ std::string printable(const std::string& s) {
   return out;
 }
 
+// The folder all records live in ("model/": torch names it after the file),
+// or "" when the first record is in none.
+std::string top_folder(const zip::Reader& dir) {
+  if (dir.entries().empty()) return "";
+  const std::string& first = dir.entries().front().name;
+  const auto slash = first.find('/');
+  return slash == std::string::npos ? "" : first.substr(0, slash + 1);
+}
+
+bool has_models(const zip::Reader& dir, const std::string& prefix) {
+  for (const auto& e : dir.entries())
+    if (e.name.rfind(prefix + "models/", 0) == 0) return true;
+  return false;
+}
+
+bool old_format(const zip::Reader& dir) {
+  const std::string old = "serialized_exported_program.json";
+  for (const auto& e : dir.entries()) {
+    if (e.name == old || (e.name.size() > old.size() && e.name.compare(e.name.size() - old.size() - 1, std::string::npos, "/" + old) == 0)) {
+      return true;
+    }
+  }
+  return false;
+}
+
+bool looks_exported(const zip::Reader& dir) {
+  const std::string prefix = top_folder(dir);
+  return !prefix.empty() &&
+         (dir.find(prefix + "archive_format") || has_models(dir, prefix) || old_format(dir));
+}
+
 class Archive {
  public:
   using Open = std::function<std::unique_ptr<zip::Reader>()>;
@@ -51,15 +82,7 @@ class Archive {
   void open() {
     dir_ = open_();
     stats_.file_size = dir_->file_size();
-    if (!dir_->entries().empty()) {
-      const std::string& first = dir_->entries().front().name;
-      const auto slash = first.find('/');
-      if (slash != std::string::npos) prefix_ = first.substr(0, slash + 1);
-    }
-  }
-
-  bool looks_exported() const {
-    return !prefix_.empty() && (has("archive_format") || has_models() || old_format());
+    prefix_ = top_folder(*dir_);
   }
 
   ModuleTree load() {
@@ -71,7 +94,7 @@ class Archive {
                                               : "the zip's central directory is damaged") +
                                   ": the file is truncated or damaged; copy or save it again");
     }
-    if (old_format()) {
+    if (old_format(*dir_)) {
       throw InputError(name_, "a torch.export archive in the older format "
                               "(serialized_exported_program.json); fsdp-plan reads the pt2 archive "
                               "format of newer PyTorch: load it with torch.export.load and save it "
@@ -112,21 +135,6 @@ class Archive {
 
   bool has(const std::string& record) const { return dir_->find(prefix_ + record) != nullptr; }
 
-  bool has_models() const {
-    for (const auto& e : dir_->entries())
-      if (e.name.rfind(prefix_ + "models/", 0) == 0) return true;
-    return false;
-  }
-
-  bool old_format() const {
-    const std::string old = "serialized_exported_program.json";
-    for (const auto& e : dir_->entries()) {
-      if (e.name == old || (e.name.size() > old.size() && e.name.compare(e.name.size() - old.size() - 1, std::string::npos, "/" + old) == 0)) {
-        return true;
-      }
-    }
-    return false;
-  }
 
   static std::string trimmed(std::string s) {
     while (!s.empty() && (s.back() == '\n' || s.back() == '\r' || s.back() == ' ')) s.pop_back();
@@ -223,13 +231,17 @@ bool is_export_archive(const std::string& path) {
     if (!in.read(head, 4) || std::memcmp(head, "PK\x03\x04", 4) != 0) return false;
   }
   try {
-    ExportReadStats stats;
-    Archive a(path, [&] { return zip::Reader::open_file(path); }, stats, {});
-    a.open();
-    return a.looks_exported();
+    return looks_exported(*zip::Reader::open_file(path));
   } catch (const std::exception&) {
     return false;
   }
+}
+
+bool is_export_archive(const zip::Reader& zip) { return looks_exported(zip); }
+
+ModuleTree load_export(const std::string& path, std::unique_ptr<zip::Reader> zip) {
+  ExportReadStats local;
+  return guarded(path, [&] { return Archive(path, [&] { return std::move(zip); }, local, {}).load(); });
 }
 
 ModuleTree load_export(const std::string& path, ExportReadStats* stats, const ExportOptions& options) {

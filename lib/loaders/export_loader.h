@@ -5,12 +5,14 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "../module_tree.h"
 
 namespace fsdp_plan {
+namespace zip { class Reader; }
 
 // What load_export read from disk, to prove it left the weights alone.
 struct ExportReadStats {
@@ -29,6 +31,10 @@ struct ExportOptions {
 // extension). False for anything else, damaged zips included: the
 // TorchScript loader then says what is wrong.
 bool is_export_archive(const std::string& path);
+// The same on a zip already open: load_model reads a directory once for the
+// format check and the loader (150,000 records take longer than a plan).
+bool is_export_archive(const zip::Reader& zip);
+ModuleTree load_export(const std::string& path, std::unique_ptr<zip::Reader> zip);
 
 ModuleTree load_export(const std::string& path, ExportReadStats* stats = nullptr,
                        const ExportOptions& options = {});
