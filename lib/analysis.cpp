@@ -147,8 +147,37 @@ class Analysis {
         modules, cls);
   }
 
-  // A tensor used by modules in different units: FSDP flattens it into one
-  // unit, and the others reach it only while that unit is gathered.
+  // Units from each of `units` up to, not including, their lowest common
+  // enclosing unit: unwrapping them puts every use in that one unit.
+  int common_unit(const std::set<int>& units) const {
+    auto chain = [&](int u) {
+      std::vector<int> c;
+      for (; u >= 0; u = plan_.units[static_cast<size_t>(u)].parent) c.push_back(u);
+      return std::vector<int>(c.rbegin(), c.rend());  // root first
+    };
+    std::vector<int> common = chain(*units.begin());
+    for (int u : units) {
+      std::vector<int> c = chain(u);
+      size_t n = 0;
+      while (n < common.size() && n < c.size() && common[n] == c[n]) ++n;
+      common.resize(n);
+    }
+    return common.back();
+  }
+  std::string common_unit_name(const std::set<int>& units) const {
+    return quoted(tree_.path(plan_.units[static_cast<size_t>(common_unit(units))].module));
+  }
+  std::vector<int> units_below_common(const std::set<int>& units) const {
+    const int top = common_unit(units);
+    std::set<int> out;
+    for (int u : units)
+      for (; u != top; u = plan_.units[static_cast<size_t>(u)].parent) out.insert(u);
+    return {out.begin(), out.end()};
+  }
+
+  // A tensor used by modules in different units (a tied weight split). FSDP1
+  // builds units bottom-up; without use_orig_params each unit flattens its
+  // own copy, with it the first unit built holds the tensor (grouping.h).
   void shared_params() {
     struct Use {
       ModuleId module;
@@ -164,13 +193,11 @@ class Analysis {
       for (const auto& p : tree_.module(m).params)
         if (count[static_cast<size_t>(p.tensor)] > 1 && !ignored_.tensor[static_cast<size_t>(p.tensor)])
           uses[p.tensor].push_back({m, &p.name});
-    std::vector<int> owner(tree_.num_tensors(), -1);
-    for (size_t i = 0; i < plan_.units.size(); ++i)
-      for (const auto& o : plan_.units[i].params) owner[static_cast<size_t>(o.tensor)] = static_cast<int>(i);
 
     struct Found {
       size_t first_use;  // ordinal of the first use, for a stable order
       TensorId tensor;
+      std::set<int> units;  // units reaching it, in module order
     };
     std::vector<Found> found;
     std::vector<size_t> order(tree_.num_modules());
@@ -179,28 +206,48 @@ class Analysis {
     for (const auto& [t, list] : uses) {
       std::set<int> units;
       for (const auto& u : list) units.insert(unit_of_[static_cast<size_t>(u.module)]);
-      if (units.size() > 1) found.push_back({order[static_cast<size_t>(list.front().module)], t});
+      if (units.size() > 1) found.push_back({order[static_cast<size_t>(list.front().module)], t, std::move(units)});
     }
+    if (found.empty()) return;
     std::sort(found.begin(), found.end(), [](const Found& a, const Found& b) { return a.first_use < b.first_use; });
+    std::vector<std::vector<int>> holders(tree_.num_tensors());
+    for (const Found& f : found) holders[static_cast<size_t>(f.tensor)].clear();
+    for (size_t i = 0; i < plan_.units.size(); ++i)
+      for (const auto& o : plan_.units[i].params)
+        if (count[static_cast<size_t>(o.tensor)] > 1) holders[static_cast<size_t>(o.tensor)].push_back(static_cast<int>(i));
+    const bool orig = plan_.policy.fsdp.use_orig_params;
     for (const auto& f : found) {
       const auto& list = uses[f.tensor];
-      const Unit& own = plan_.units[static_cast<size_t>(owner[static_cast<size_t>(f.tensor)])];
-      std::vector<std::string> names, modules, others;
+      std::vector<std::string> names, modules, units;
       for (const auto& u : list) {
         names.push_back(tree_.qualify(u.module, *u.name));
         modules.push_back(tree_.path(u.module));
-        int uu = unit_of_[static_cast<size_t>(u.module)];
-        std::string other = quoted(tree_.path(plan_.units[static_cast<size_t>(uu)].module));
-        if (plan_.units[static_cast<size_t>(uu)].module != own.module &&
-            std::find(others.begin(), others.end(), other) == others.end())
-          others.push_back(std::move(other));
       }
+      for (int u : f.units) units.push_back(quoted(tree_.path(plan_.units[static_cast<size_t>(u)].module)));
+      const auto& held = holders[static_cast<size_t>(f.tensor)];
+      const TensorInfo& t = tree_.tensor(f.tensor);
+      std::string message = "one tensor (" + std::to_string(t.numel()) + " elements) is used as " +
+                            listing(names, names.size()) + " in units " + listing(units, units.size()) + ": ";
+      if (!orig) {
+        message += "FSDP1 (use_orig_params=False) flattens a copy into each, so it is held " +
+                   std::to_string(held.size()) +
+                   " times and the tie breaks at the first optimizer step (each copy gets its own gradient)";
+      } else {
+        const std::string owner =
+            held.empty() ? "none" : quoted(tree_.path(plan_.units[static_cast<size_t>(held.front())].module));
+        message += "FSDP1 (use_orig_params=True) flattens it into the first unit built, " + owner +
+                   " (units are built bottom-up); the others see only this rank's shard of it outside the forward of " +
+                   owner + ", so theirs fails when parameters are sharded (torch 2.13: \"size mismatch\")";
+      }
+      // The fix: no unit boundary between the uses and their lowest common enclosing unit.
+      std::vector<std::string> to_unwrap;
+      for (int u : units_below_common(f.units)) to_unwrap.push_back(quoted(tree_.path(plan_.units[static_cast<size_t>(u)].module)));
+      message += "; fix: let " + common_unit_name(f.units) + " hold every use by not wrapping " +
+                 listing(to_unwrap, to_unwrap.size());
       Warning w;
       w.kind = "shared_param_across_units";
       w.severity = Severity::Warning;
-      w.message = "one tensor is used as " + listing(names, names.size()) + " in different units: owned by unit " +
-                  quoted(tree_.path(own.module)) + ", also used in " + listing(others) +
-                  "; wrap the modules that share it in one unit";
+      w.message = std::move(message);
       w.modules = std::move(modules);
       w.params = std::move(names);
       plan_.warnings.push_back(std::move(w));

@@ -1,11 +1,14 @@
 #include "planner.h"
 
+#include <optional>
+
 #include "analysis.h"
 #include "grouping.h"
 #include "ignored.h"
 #include "memory.h"
 #include "refusals.h"
 #include "selection.h"
+#include "sharded_views.h"
 #include "wrap_policy.h"
 
 namespace fsdp_plan {
@@ -17,14 +20,18 @@ Plan plan_with(const ModuleTree& tree, const Policy& policy, const std::string& 
   ClassMatcher matcher;
   Ignored ignored = resolve_ignored(tree, policy);
   std::vector<bool> wrapped(tree.num_modules(), false);
-  if (auto wrap_policy = make_wrap_policy(policy, tree, matcher))
-    wrapped = select_wrapped(tree, *wrap_policy, ignored);
+  if (auto wrap_policy = make_wrap_policy(policy, tree, matcher)) {
+    // FSDP1 with use_orig_params shrinks flattened tied weights as it goes.
+    std::optional<ShardedViews> views;
+    if (policy.fsdp.use_orig_params) views.emplace(tree, ignored, policy.fsdp);
+    wrapped = select_wrapped(tree, *wrap_policy, ignored, views ? &*views : nullptr);
+  }
 
   Plan plan;
   plan.tree = &tree;
   plan.policy = policy;
   plan.model.path = model_path;
-  plan.units = group_units(tree, wrapped, ignored.tensor);
+  plan.units = group_units(tree, wrapped, ignored.tensor, policy.fsdp.use_orig_params);
   analyse(plan, ignored, matcher);
   const Replan replan = [&](const Policy& p) { return plan_with(tree, p, model_path, false); };
   flat_param_refusals(plan, search_fixes ? &replan : nullptr);

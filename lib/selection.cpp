@@ -2,6 +2,8 @@
 
 #include <unordered_map>
 
+#include "sharded_views.h"
+
 namespace fsdp_plan {
 
 std::vector<int64_t> subtree_numel(const ModuleTree& tree, const std::vector<bool>& ignored_tensor) {
@@ -40,7 +42,8 @@ std::vector<int64_t> subtree_numel(const ModuleTree& tree, const std::vector<boo
   return total;
 }
 
-std::vector<bool> select_wrapped(const ModuleTree& tree, const WrapPolicy& policy, const Ignored& ignored) {
+std::vector<bool> select_wrapped(const ModuleTree& tree, const WrapPolicy& policy, const Ignored& ignored,
+                                 ShardedViews* views) {
   const std::vector<int64_t> numel = subtree_numel(tree, ignored.tensor);
   std::vector<bool> wrapped(tree.num_modules(), false);
 
@@ -48,14 +51,16 @@ std::vector<bool> select_wrapped(const ModuleTree& tree, const WrapPolicy& polic
   // sums what each child's _recursive_wrap call returned.
   struct Frame {
     ModuleId module;
+    int64_t numel;  // nonwrapped_numel when the call began
     size_t next_child = 0;
     int64_t wrapped_by_children = 0;
   };
   std::vector<Frame> stack;
   int64_t returned = 0;  // the value the last finished call returned
   auto enter = [&](ModuleId m) {
-    if (policy(m, /*recurse=*/true, numel[static_cast<size_t>(m)])) {
-      stack.push_back({m});
+    const int64_t n = numel[static_cast<size_t>(m)] - (views ? views->shrink(m) : 0);
+    if (policy(m, /*recurse=*/true, n)) {
+      stack.push_back({m, n});
       return true;
     }
     returned = 0;  // nothing below m is wrapped
@@ -72,10 +77,11 @@ std::vector<bool> select_wrapped(const ModuleTree& tree, const WrapPolicy& polic
       if (!enter(child)) f.wrapped_by_children += returned;
       continue;
     }
-    const int64_t n = numel[static_cast<size_t>(f.module)];
+    const int64_t n = f.numel;
     const int64_t remainder = n - f.wrapped_by_children;  // negative with tied weights, as in PyTorch
     if (policy(f.module, /*recurse=*/false, remainder)) {
       wrapped[static_cast<size_t>(f.module)] = true;
+      if (views) views->built(f.module, wrapped);
       returned = n;
     } else {
       returned = f.wrapped_by_children;

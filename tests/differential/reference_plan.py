@@ -14,6 +14,14 @@ test_differential.py, the venv's torch 2.13 for test_torch2.py):
 - the grouping pass is the seed's `_get_fully_sharded_module_to_states`
   (shared/seed/_wrap_utils.py.txt), copied below, extended only to remember
   each tensor's name (unit path + DFS prefix + local name);
+- except for a tensor reached from several units (a tied weight split across
+  units), whose place the seed does not model: FSDP1's wrapper class builds
+  its units bottom-up, and each unit flattens what `_get_orig_params` still
+  yields. `fsdp1_flat_params` restates that (torch 1.13: fully_sharded_data_parallel.py
+  `_get_orig_params`, no use_orig_params; 2.13: _init_utils.py
+  `_get_orig_params`, _flat_param.py `_set_fsdp_flattened` only with
+  use_orig_params): each unit flattens its own copy, or with use_orig_params
+  the first unit built holds it;
 - ignored modules / params follow FSDP 1.13's _get_ignored_modules /
   _get_ignored_params.
 
@@ -273,6 +281,48 @@ def get_fully_sharded_module_to_states(root_module, auto_wrap_policy, ignored_mo
     return fully_sharded_module_to_states
 
 
+def fsdp1_flat_params(root_module: nn.Module, units: List[nn.Module], ignored_params: Set[nn.Parameter],
+                      use_orig_params: bool) -> Dict[nn.Module, List[Tuple[str, nn.Parameter]]]:
+    """Each unit's flat parameter as FSDP1's wrapper builds them: units in
+    post-order (`_recursive_wrap` / `_post_order_apply`, the root last); a unit
+    takes the parameters its subtree still holds as originals, wrapped
+    descendants excluded (they replaced theirs with views), ignored ones and
+    (use_orig_params only) ones an earlier unit marked flattened left out; in
+    `named_modules(remove_duplicate=False)` order, each tensor once."""
+    unit_set = set(units)
+    order: List[nn.Module] = []
+    stack = [(root_module, False)]
+    while stack:  # post-order without recursion
+        m, done = stack.pop()
+        if done:
+            if m in unit_set:
+                order.append(m)
+            continue
+        stack.append((m, True))
+        for child in reversed(list(m.children())):
+            stack.append((child, False))
+    flattened: Set[nn.Parameter] = set()
+    out: Dict[nn.Module, List[Tuple[str, nn.Parameter]]] = {}
+    for unit in order:
+        params: List[Tuple[str, nn.Parameter]] = []
+        seen: Set[nn.Parameter] = set()
+        walk: Deque[Tuple[nn.Module, str]] = collections.deque([(unit, "")])
+        while walk:
+            module, prefix = walk.popleft()
+            for name, child in reversed(list(module.named_children())):
+                if child not in unit_set:
+                    walk.appendleft((child, prefix + name + "."))
+            for pname, param in module._parameters.items():
+                if param is None or param in ignored_params or param in flattened or param in seen:
+                    continue
+                seen.add(param)
+                params.append((prefix + pname, param))
+        if use_orig_params:
+            flattened |= seen
+        out[unit] = params
+    return out
+
+
 # ---------------------------------------------------------------------------
 # Plan in the tool's JSON shape
 # ---------------------------------------------------------------------------
@@ -287,10 +337,16 @@ def tensor_entry(name: str, t: torch.Tensor, param: bool = False) -> Dict[str, A
     return out
 
 
-def reference_plan(model: nn.Module, policy: Dict[str, Any]) -> Dict[str, Any]:
+def reference_plan(model: nn.Module, policy: Dict[str, Any], use_orig_params: bool = False) -> Dict[str, Any]:
+    """The plan FSDP1 builds. Sizes decide as on the untouched model: with
+    use_orig_params a size policy may see a tied weight an earlier unit
+    flattened at its sharded size (tests/differential/README.md); compare
+    use_orig_params plans of size policies with real FSDP1 instead."""
     auto = build_policy(policy, model)
     ignored_modules, ignored_params = ignored_sets(policy, model)
     states = get_fully_sharded_module_to_states(model, auto, ignored_modules, ignored_params)
+    flat = fsdp1_flat_params(model, list(states), ignored_params, use_orig_params)
+    states = collections.OrderedDict((m, (flat[m], buffers)) for m, (_, buffers) in states.items())
     mp_ignore = mp_ignore_classes(policy, model)
     has_mp = policy.get("mixed_precision") is not None
     module_to_path = {}

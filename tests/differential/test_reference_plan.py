@@ -82,34 +82,45 @@ class ReferencePlanTest(unittest.TestCase):
         self.assertEqual(summary(plan), [
             ("", ["emb.weight", "body.0.weight", "body.0.bias", "body.2.weight", "body.2.bias"], [], None)])
 
-    def test_tied_weight_goes_to_first_unit_in_modules_order(self):
+    def test_tied_weight_split_across_units(self):
         m = TiedPair()
+        # FSDP1 builds a, then b, then the root. Without use_orig_params each
+        # unit flattens its own copy; with it the first unit built holds it.
         plan = rp.reference_plan(m, {"module_classes": ["Linear"]})
         self.assertEqual(summary(plan), [
             ("", [], [], None),
             ("a", ["a.weight", "a.bias"], [], None),
-            ("b", ["b.bias"], [], None),
+            ("b", ["b.weight", "b.bias"], [], None),
         ])
+        plan = rp.reference_plan(m, {"module_classes": ["Linear"]}, use_orig_params=True)
+        self.assertEqual(summary(plan)[1:], [("a", ["a.weight", "a.bias"], [], None), ("b", ["b.bias"], [], None)])
 
     def test_tied_head_to_root_then_embedding_unit(self):
         m = TiedLM()
-        # Only Linear wrapped: the root's DFS reaches emb.weight first; head's unit is empty.
+        # Only Linear wrapped: head (built before the root) and the root each flatten a copy.
         plan = rp.reference_plan(m, {"module_classes": ["Linear"]})
         self.assertEqual(summary(plan), [
             ("", ["emb.weight"], [], None),
             ("body.0", ["body.0.weight", "body.0.bias"], [], None),
             ("body.2", ["body.2.weight", "body.2.bias"], [], None),
-            ("head", [], [], None),
+            ("head", ["head.weight"], [], None),
         ])
-        # Embedding wrapped too: it comes before head in .modules() order.
-        plan = rp.reference_plan(m, {"module_classes": ["Embedding", "Linear"]})
+        # With use_orig_params, head is built first and holds it; the root has none left.
+        plan = rp.reference_plan(m, {"module_classes": ["Linear"]}, use_orig_params=True)
+        self.assertEqual(summary(plan)[0], ("", [], [], None))
+        self.assertEqual(summary(plan)[-1], ("head", ["head.weight"], [], None))
+        # Embedding wrapped too: emb is built before head.
+        plan = rp.reference_plan(m, {"module_classes": ["Embedding", "Linear"]}, use_orig_params=True)
         self.assertEqual(summary(plan)[1], ("emb", ["emb.weight"], [], None))
         self.assertEqual(summary(plan)[-1], ("head", [], [], None))
 
     def test_root_direct_param_precedes_children(self):
         m = RootOwnsTied()
         plan = rp.reference_plan(m, {"module_classes": ["Linear"]})
-        self.assertEqual(summary(plan), [("", ["scale"], [], None), ("child", ["child.bias"], [], None)])
+        # The child is built first and flattens its own copy; the root still lists its own first.
+        self.assertEqual(summary(plan), [("", ["scale"], [], None), ("child", ["child.weight", "child.bias"], [], None)])
+        plan = rp.reference_plan(m, {"module_classes": ["Linear"]}, use_orig_params=True)
+        self.assertEqual(summary(plan), [("", [], [], None), ("child", ["child.weight", "child.bias"], [], None)])
 
     def test_negative_remainder_with_tied_weights(self):
         m = TiedPair()
@@ -122,7 +133,7 @@ class ReferencePlanTest(unittest.TestCase):
         self.assertIn(("TiedPair", False, 120 - 220), log)   # negative remainder
         plan = rp.reference_plan(m, {"min_num_params": 110})
         self.assertEqual(summary(plan), [
-            ("", [], [], None), ("a", ["a.weight", "a.bias"], [], None), ("b", ["b.bias"], [], None)])
+            ("", [], [], None), ("a", ["a.weight", "a.bias"], [], None), ("b", ["b.weight", "b.bias"], [], None)])
 
     def test_force_leaf_is_not_descended_nor_wrapped(self):
         m = Enc()
@@ -226,8 +237,8 @@ class ReferencePlanTest(unittest.TestCase):
         self.assertEqual(summary(plan), [
             ("", ["proj", "trunk.scale", "norm.weight", "norm.bias", "out.weight", "out.bias"], ["table", "steps"], None),
             ("trunk.enc", ["trunk.enc.weight"], [], None),
-            ("trunk.dec", [], [], None),
-            ("trunk.extra", ["trunk.extra.bias"], [], None),
+            ("trunk.dec", ["trunk.dec.weight"], [], None),  # its own copy of enc's weight
+            ("trunk.extra", ["trunk.extra.weight", "trunk.extra.bias"], [], None),  # and the root one of proj
         ])
         self.assertEqual([p["dtype"] for p in plan["units"][0]["params"]][-2:], ["float64", "float64"])
         self.assertEqual([(b["shape"], b["dtype"]) for b in plan["units"][0]["buffers"]],
@@ -303,8 +314,8 @@ class CompareTest(unittest.TestCase):
         a["units"][0]["params"] = []
         self.assertEqual(self.diff(a), ["unit 0 '': param 'emb.weight' expected in this unit, plan has it in no unit"])
         a = self.copy()
-        a["units"][3]["params"].append({"name": "head.weight", "shape": [20, 4], "dtype": "float32", "numel": 80})
-        self.assertEqual(self.diff(a), ["unit 3 'head': plan has param 'head.weight', which PyTorch assigns to no unit"])
+        a["units"][3]["params"].append({"name": "head.scale", "shape": [20], "dtype": "float32", "numel": 20})
+        self.assertEqual(self.diff(a), ["unit 3 'head': plan has param 'head.scale', which PyTorch assigns to no unit"])
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@
 
 1. torch 2.13's own wrap functions (ModuleWrapPolicy/transformer_auto_wrap_policy,
    size_based_auto_wrap_policy, _or_policy, _wrap_module_cls_individually,
-   _recursive_wrap) and the seed's grouping pass: reference_plan.py, the same
+   _recursive_wrap) and FSDP1's grouping (the seed's, with a tied weight split
+   across units placed as FSDP1 builds it): reference_plan.py, the same
    oracle test_differential.py runs on Debian's torch 1.13;
 2. real FSDP1, `FullyShardedDataParallel(model, auto_wrap_policy=...,
    device_id=cpu, use_orig_params=..., mixed_precision=..., ignored_...)` in
@@ -166,40 +167,17 @@ def real_fsdp(eager: nn.Module, policy: Dict[str, Any], world_size: int, use_ori
     return units
 
 
-def tied_split(plan: Dict[str, Any]) -> Tuple[set, set]:
-    """Names and module paths of tensors the plan says are shared across units."""
-    names, modules = set(), set()
-    for w in plan.get("warnings") or []:
-        if w.get("kind") == "shared_param_across_units":
-            names.update(w.get("params") or [])
-            modules.update(w.get("modules") or [])
-    return names, modules
-
-
-def compare_fsdp(real: List[Dict[str, Any]], plan: Dict[str, Any], tied_names: set = frozenset(),
-                 tied_modules: set = frozenset()) -> List[str]:
-    """Differences between FSDP's units and the plan's. With `tied_names`/`tied_modules`
-    (a tied weight split across units), leaves out what FSDP1 does differently there:
-    units on the path to a module using the tensor may come and go, the tensor's names
-    are dropped from both sides, and sizes of units holding it are not compared."""
-    def near_tie(path: str) -> bool:
-        return any(m == path or m.startswith(path + ".") or path == "" for m in tied_modules)
-
+def compare_fsdp(real: List[Dict[str, Any]], plan: Dict[str, Any]) -> List[str]:
+    """Differences between FSDP's units and the plan's."""
     msgs: List[str] = []
     punits = plan.get("units") or []
-    rby, pby = {u["path"]: u for u in real}, {u.get("path"): u for u in punits}
-    rpaths = [u["path"] for u in real if not (u["path"] not in pby and near_tie(u["path"]))]
-    ppaths = [u.get("path") for u in punits if not (u.get("path") not in rby and near_tie(u.get("path")))]
+    rpaths, ppaths = [u["path"] for u in real], [u.get("path") for u in punits]
     if rpaths != ppaths:
-        return [f"FSDP built units {[u['path'] for u in real][:12]}, the plan has {[u.get('path') for u in punits][:12]}"]
-    for path in rpaths:
-        ru, pu = rby[path], pby[path]
-        tag = f"unit {path!r}"
+        return [f"FSDP built units {rpaths[:12]}, the plan has {ppaths[:12]}"]
+    for ru, pu in zip(real, punits):
+        tag = f"unit {ru['path']!r}"
         pparams = [{"name": t["name"], "shape": t["shape"], "numel": t["numel"]} for t in pu.get("params") or []]
         rparams = ru["params"]
-        tied_here = any(t["name"] in tied_names for t in pparams + rparams)
-        pparams = [t for t in pparams if t["name"] not in tied_names]
-        rparams = [t for t in rparams if t["name"] not in tied_names]
         if pparams != rparams:
             rn, pn = [t["name"] for t in rparams], [t["name"] for t in pparams]
             if rn != pn:
@@ -209,7 +187,7 @@ def compare_fsdp(real: List[Dict[str, Any]], plan: Dict[str, Any], tied_names: s
                 msgs.append(f"{tag}: shapes/numels differ from FSDP's flat parameter")
         mem = pu.get("memory") or {}
         for key in ("flat_numel", "sharded_numel"):
-            if mem.get(key) != ru[key] and not tied_here:
+            if mem.get(key) != ru[key]:
                 msgs.append(f"{tag}: memory.{key} {mem.get(key)}, FSDP has {ru[key]}")
         if pu.get("mixed_precision") != ru["mixed_precision"]:
             msgs.append(f"{tag}: mixed_precision {pu.get('mixed_precision')}, FSDP has {ru['mixed_precision']}")
@@ -250,14 +228,7 @@ def check_real_fsdp(eager: nn.Module, policy: Dict[str, Any], ws: int, uop: bool
         return ["real FSDP1 failed:\n" + traceback.format_exc()], []
     if refusals:
         return [f"the plan says FSDP would refuse ({refusals}), FSDP1 accepted the model"], []
-    strict = compare_fsdp(real, plan)
-    tied_names, tied_modules = tied_split(plan)
-    if strict and tied_names:
-        # FSDP1's wrapper builds units bottom-up and treats a tied weight split across
-        # units unlike the seed (tests/differential/README.md): strict elsewhere.
-        return ([f"real FSDP1: {m}" for m in compare_fsdp(real, plan, tied_names, tied_modules)],
-                [f"known difference, tied weight split across units: real FSDP1: {m}" for m in strict])
-    return [f"real FSDP1: {m}" for m in strict], []
+    return [f"real FSDP1: {m}" for m in compare_fsdp(real, plan)], []
 
 
 def init_fake(world_size: int) -> None:
@@ -348,7 +319,7 @@ def main(argv: List[str]) -> int:
                         continue
                     msgs, known = [], []
                     if expected is not None and not uop:
-                        msgs += [f"torch {torch.__version__} wrap functions + seed grouping: {m}"
+                        msgs += [f"torch {torch.__version__} wrap functions + FSDP1 grouping: {m}"
                                  for m in compare_plans(expected, plan)]
                     real_msgs, known = check_real_fsdp(eager, policy, ws, uop, plan)
                     msgs += real_msgs

@@ -1,4 +1,6 @@
-// Which unit owns what: the seed's _get_fully_sharded_module_to_states (SEMANTICS.md section 2).
+// Which unit owns what: the seed's _get_fully_sharded_module_to_states (SEMANTICS.md section 2), and a
+// tied weight split across units as FSDP1's wrapper builds it (bottom-up; a copy per unit without
+// use_orig_params, the first unit built with it), checked against torch 2.13 in tests/differential.
 #include <doctest/doctest.h>
 
 #include "tree_builder.h"
@@ -41,38 +43,131 @@ TEST_CASE("units own their subtree minus wrapped descendants, in pre-order") {
   CHECK(count_warnings(plan, "shared_param_across_units") == 0);  // both uses sit in the root unit
 }
 
-TEST_CASE("a tied tensor goes to the first unit in module order that reaches it") {
-  // The embedding sits in a wrapped unit, the head in the root: the root comes first.
+namespace {
+const char* kOrig = R"("fsdp": {"use_orig_params": true})";
+std::string with_orig(const std::string& policy) { return policy.substr(0, policy.size() - 1) + ", " + kOrig + "}"; }
+}  // namespace
+
+TEST_CASE("a tied weight between a unit and the root: a copy in each, or the unit built first") {
+  // The embedding sits in a wrapped unit, the head in the root. FSDP1 builds emb_block before the root.
+  TreeBuilder b;
+  b.add("head", "Linear");
+  b.add("emb_block", "Block").add("emb_block.emb", "Embedding");
+  TensorId w = b.param("emb_block.emb", "weight", {10, 4});
+  b.tie("head", "weight", w);
+  const std::string classes = R"({"module_classes": ["Block"]})";
+  auto plan = plan_of(b, classes);
+  CHECK(unit_paths(plan) == Names{"", "emb_block"});
+  CHECK(param_names(plan, 0) == Names{"head.weight"});  // the root's own copy
+  CHECK(param_names(plan, 1) == Names{"emb_block.emb.weight"});
+  CHECK(plan.units[0].param_numel == 40);
+  CHECK(plan.units[1].param_numel == 40);
+  CHECK(plan.memory.units[0].flat_numel + plan.memory.units[1].flat_numel == 80);  // held twice
+  const Warning* shared = find_warning(plan, "shared_param_across_units");
+  REQUIRE(shared);
+  CHECK(shared->params == Names{"head.weight", "emb_block.emb.weight"});
+  CHECK(shared->message.find("flattens a copy into each") != std::string::npos);
+  CHECK(shared->message.find("held 2 times") != std::string::npos);
+  CHECK(shared->message.find("by not wrapping 'emb_block'") != std::string::npos);
+  CHECK(count_warnings(plan, "empty_unit") == 0);
+
+  auto orig = plan_of(b, with_orig(classes));
+  CHECK(param_names(orig, 0).empty());  // emb_block, built first, holds it
+  CHECK(param_names(orig, 1) == Names{"emb_block.emb.weight"});
+  shared = find_warning(orig, "shared_param_across_units");
+  REQUIRE(shared);
+  CHECK(shared->message.find("first unit built, 'emb_block'") != std::string::npos);
+  const Warning* empty = find_warning(orig, "empty_unit");
+  REQUIRE(empty);
+  CHECK(empty->modules == Names{""});
+}
+
+TEST_CASE("a tied weight between two sibling units") {
   TreeBuilder b;
   b.add("emb_block", "Block").add("emb_block.emb", "Embedding");
   TensorId w = b.param("emb_block.emb", "weight", {10, 4});
   b.add("head", "Linear");
   b.tie("head", "weight", w);
-  auto plan = plan_of(b, R"({"module_classes": ["Block"]})");
-  CHECK(unit_paths(plan) == Names{"", "emb_block"});
-  CHECK(param_names(plan, 0) == Names{"head.weight"});
-  CHECK(param_names(plan, 1).empty());
-  const Warning* shared = find_warning(plan, "shared_param_across_units");
+  b.param("head", "bias", {10});
+  const std::string classes = R"({"module_classes": ["Block", "Linear"]})";
+  auto plan = plan_of(b, classes);
+  CHECK(unit_paths(plan) == Names{"", "emb_block", "head"});
+  CHECK(param_names(plan, 1) == Names{"emb_block.emb.weight"});
+  CHECK(param_names(plan, 2) == Names{"head.weight", "head.bias"});
+  auto orig = plan_of(b, with_orig(classes));
+  CHECK(param_names(orig, 1) == Names{"emb_block.emb.weight"});
+  CHECK(param_names(orig, 2) == Names{"head.bias"});
+  const Warning* shared = find_warning(orig, "shared_param_across_units");
   REQUIRE(shared);
-  CHECK(shared->params == Names{"emb_block.emb.weight", "head.weight"});
-  const Warning* empty = find_warning(plan, "empty_unit");
-  REQUIRE(empty);
-  CHECK(empty->modules == Names{"emb_block"});
-  CHECK(empty->severity == Severity::Warning);
-
-  // Between two wrapped siblings, the earlier one owns it.
-  auto both = plan_of(b, R"({"module_classes": ["Block", "Linear"]})");
-  CHECK(unit_paths(both) == Names{"", "emb_block", "head"});
-  CHECK(param_names(both, 1) == Names{"emb_block.emb.weight"});
-  CHECK(param_names(both, 2).empty());
+  CHECK(shared->message.find("by not wrapping 'emb_block', 'head'") != std::string::npos);
 }
 
-TEST_CASE("every parameter and buffer is owned exactly once") {
+TEST_CASE("a tied weight where the sharing modules are nested: units are built bottom-up") {
+  // d (Head) encloses d.l.1 (Block); both, and unit a, use a's tensors. Pre-order would give
+  // d before d.l.1; FSDP1 builds a, d.l.1, d, then the root (torch 2.13 under the fake backend
+  // builds exactly these flat parameters from the same model).
+  TreeBuilder b;
+  b.add("a", "Block").add("a.e", "Sequential").linear("a.e.0", 4, 4).add("a.e.1", "Sequential");
+  b.linear("a.e.1.0", 4, 10);
+  b.add("d", "Head").add("d.l", "Sequential").add("d.l.0", "Linear");
+  b.tie("d.l.0", "weight", b.tree.module(b.id("a.e.0")).params[0].tensor);
+  b.param("d.l.0", "bias", {4});
+  b.add("d.l.1", "Block").add("d.l.1.e", "Linear");
+  b.tie("d.l.1.e", "weight", b.tree.module(b.id("a.e.1.0")).params[0].tensor);
+  b.param("d.l.1.e", "bias", {10});
+  b.tie("d.l.1.e", "extra", b.tree.module(b.id("d.l.0")).params[1].tensor);  // d's own bias, also in d.l.1
+  const std::string classes = R"({"module_classes": ["Block", "Head"]})";
+  auto plan = plan_of(b, classes);
+  CHECK(unit_paths(plan) == Names{"", "a", "d", "d.l.1"});
+  CHECK(param_names(plan, 1) == Names{"a.e.0.weight", "a.e.0.bias", "a.e.1.0.weight", "a.e.1.0.bias"});
+  CHECK(param_names(plan, 2) == Names{"d.l.0.weight", "d.l.0.bias"});
+  CHECK(param_names(plan, 3) == Names{"d.l.1.e.weight", "d.l.1.e.bias", "d.l.1.e.extra"});
+  auto orig = plan_of(b, with_orig(classes));
+  CHECK(param_names(orig, 2).empty());  // a took d.l.0.weight, d.l.1 took d's bias: both built before d
+  CHECK(param_names(orig, 3) == Names{"d.l.1.e.bias", "d.l.1.e.extra"});
+  CHECK(count_warnings(orig, "shared_param_across_units") == 3);
+}
+
+TEST_CASE("a tied weight ignored through one of its modules is in no unit") {
+  TreeBuilder b;
+  b.add("emb", "Block").add("emb.e", "Embedding");
+  TensorId w = b.param("emb.e", "weight", {10, 4});
+  b.add("head", "Linear");
+  b.tie("head", "weight", w);
+  for (const char* orig : {"false", "true"}) {
+    auto plan = plan_of(b, std::string(R"({"module_classes": ["Block"], "ignored_modules": ["head"], )") +
+                               R"("fsdp": {"use_orig_params": )" + orig + "}}");
+    CHECK(param_names(plan, 0).empty());
+    CHECK(param_names(plan, 1).empty());
+    CHECK(count_warnings(plan, "shared_param_across_units") == 0);
+  }
+}
+
+TEST_CASE("use_orig_params: a size policy sees a flattened tied weight at its rank-0 shard") {
+  // emb (4000) is built first; at world size 4 the root then counts only its 1000-element view in
+  // head, so head (1000 + 1000) falls below min_num_params and is not wrapped; on one rank,
+  // with NO_SHARD, or without use_orig_params, head counts 5000 and is wrapped.
+  TreeBuilder b;
+  b.add("emb", "Embedding");
+  TensorId w = b.param("emb", "weight", {1000, 4});
+  b.add("head", "Linear");
+  b.tie("head", "weight", w);
+  b.param("head", "bias", {1000});
+  const std::string size = R"({"min_num_params": 3000, "fsdp": {"world_size": 4, "use_orig_params": )";
+  CHECK(units_of(b, size + "false}}") == Names{"", "emb", "head"});
+  CHECK(units_of(b, size + "true}}") == Names{"", "emb"});
+  CHECK(units_of(b, R"({"min_num_params": 3000, "fsdp": {"world_size": 1, "use_orig_params": true}})") ==
+        Names{"", "emb", "head"});
+  CHECK(units_of(b, R"({"min_num_params": 3000, "fsdp": {"world_size": 4, "sharding_strategy": "NO_SHARD", )"
+                    R"("use_orig_params": true}})") == Names{"", "emb", "head"});
+}
+
+TEST_CASE("with use_orig_params every parameter and buffer is owned exactly once") {
   auto b = gpt();
   b.buffer("blocks.1.ln", "stat", {3});
   TensorId shared_buf = b.buffer("blocks.0", "mask", {4, 4});
   b.tree.add_buffer(b.id("blocks.1"), "mask", shared_buf);
-  auto plan = plan_of(b, R"({"module_classes": ["Block", "Linear", "LayerNorm"]})");
+  auto plan = plan_of(b, R"({"module_classes": ["Block", "Linear", "LayerNorm"], "fsdp": {"use_orig_params": true}})");
   std::vector<int> owners(b.tree.num_tensors(), 0);
   for (const auto& u : plan.units) {
     for (const auto& o : u.params) ++owners[static_cast<size_t>(o.tensor)];
