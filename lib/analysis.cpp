@@ -235,9 +235,14 @@ class Analysis {
       } else {
         const std::string owner =
             held.empty() ? "none" : quoted(tree_.path(plan_.units[static_cast<size_t>(held.front())].module));
+        const MemorySettings& fsdp = plan_.policy.fsdp;
+        const bool sharded = fsdp.world_size > 1 && fsdp.strategy != ShardingStrategy::NoShard;
         message += "FSDP1 (use_orig_params=True) flattens it into the first unit built, " + owner +
-                   " (units are built bottom-up); the others see only this rank's shard of it outside the forward of " +
-                   owner + ", so theirs fails when parameters are sharded (torch 2.13: \"size mismatch\")";
+                   " (units are built bottom-up); ";
+        message += sharded ? "the others see only this rank's shard of it outside the forward of " + owner +
+                                 ", so their forward fails (torch 2.13: \"size mismatch\")"
+                           : "the others can use it only because parameters stay whole here (NO_SHARD); with "
+                             "sharded parameters their forward fails (torch 2.13: \"size mismatch\")";
       }
       // The fix: no unit boundary between the uses and their lowest common enclosing unit.
       std::vector<std::string> to_unwrap;

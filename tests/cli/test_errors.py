@@ -266,6 +266,9 @@ CASES = {
     "refused-mixed-dtype": lambda: refused("dtypes"),
     "refused-scalar-param": lambda: refused("scalar"),
     "root-too-large": lambda: policy('{"module_classes": ["LayerNorm"]}'),
+    "tied-weight-split": lambda: policy('{"min_num_params": 20000}'),
+    "tied-weight-split-orig-params": lambda: policy('{"min_num_params": 20000, '
+                                                    '"fsdp": {"use_orig_params": true, "world_size": 8}}'),
     "usage-bad-format": lambda: [GPT, "--format", "yaml"],
     "usage-bad-world-size": lambda: [GPT, "--world-size", "0"],
     "usage-emit-format": lambda: [GPT, "--emit", "accelerate"],  # the test adds -f json
