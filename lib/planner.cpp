@@ -20,11 +20,13 @@ Plan plan_with(const ModuleTree& tree, const Policy& policy, const std::string& 
   ClassMatcher matcher;
   Ignored ignored = resolve_ignored(tree, policy);
   std::vector<bool> wrapped(tree.num_modules(), false);
+  std::string ranks_differ;
   if (auto wrap_policy = make_wrap_policy(policy, tree, matcher)) {
-    // FSDP1 with use_orig_params shrinks flattened tied weights as it goes.
+    // FSDP1 with use_orig_params shrinks flattened tied weights as it goes, by rank.
     std::optional<ShardedViews> views;
     if (policy.fsdp.use_orig_params) views.emplace(tree, ignored, policy.fsdp);
     wrapped = select_wrapped(tree, *wrap_policy, ignored, views ? &*views : nullptr);
+    if (views) ranks_differ = rank_disagreement(tree, ignored, policy.fsdp, *wrap_policy, wrapped, *views);
   }
 
   Plan plan;
@@ -33,6 +35,16 @@ Plan plan_with(const ModuleTree& tree, const Policy& policy, const std::string& 
   plan.model.path = model_path;
   plan.units = group_units(tree, wrapped, ignored.tensor, policy.fsdp.use_orig_params);
   analyse(plan, ignored, matcher);
+  if (!ranks_differ.empty()) {
+    Warning w;
+    w.kind = "shared_param_across_units";
+    w.severity = Severity::Warning;
+    w.message = "ranks would not build the same units: " + ranks_differ +
+                " (with use_orig_params=True each rank counts a tied weight an earlier unit flattened at its own "
+                "shard of it, and this policy decides by size); their collectives would not match and the job "
+                "hangs or fails; fix: let one unit hold every use of the tied weight, or wrap by module_classes";
+    plan.warnings.push_back(std::move(w));
+  }
   const Replan replan = [&](const Policy& p) { return plan_with(tree, p, model_path, false); };
   flat_param_refusals(plan, search_fixes ? &replan : nullptr);
   root_warnings(plan, search_fixes ? &replan : nullptr);

@@ -2,10 +2,13 @@
 
 #include <algorithm>
 
+#include "selection.h"
+
 namespace fsdp_plan {
 
-ShardedViews::ShardedViews(const ModuleTree& tree, const Ignored& ignored, const MemorySettings& settings)
-    : tree_(tree), ignored_(ignored), uses_(tree.num_tensors(), 0), flattened_(tree.num_tensors(), false) {
+ShardedViews::ShardedViews(const ModuleTree& tree, const Ignored& ignored, const MemorySettings& settings,
+                           int64_t rank)
+    : tree_(tree), ignored_(ignored), rank_(rank), uses_(tree.num_tensors(), 0), flattened_(tree.num_tensors(), false) {
   // As estimate_memory: one rank, or NO_SHARD, keeps whole parameters.
   if (settings.world_size > 1 && settings.strategy != ShardingStrategy::NoShard)
     group_ = settings.strategy == ShardingStrategy::HybridShard ? hybrid_group_size(settings) : settings.world_size;
@@ -47,12 +50,18 @@ void ShardedViews::built(ModuleId unit, const std::vector<bool>& wrapped) {
     total += tree_.tensor(t).numel();
   }
   if (total % group_ != 0) total += group_ - total % group_;
-  const int64_t shard = total / group_;  // rank 0 holds [0, shard)
+  const int64_t shard = total / group_;  // rank r holds [r * shard, (r + 1) * shard)
+  const int64_t begin = rank_ * shard, end = begin + shard;
   for (size_t i = 0; i < params.size(); ++i) {
     const TensorId t = params[i];
     if (uses_[static_cast<size_t>(t)] < 2) continue;  // nobody outside this unit reaches it
     const int64_t numel = tree_.tensor(t).numel();
-    const int64_t view = std::max<int64_t>(0, std::min(offsets[i] + numel, shard) - offsets[i]);
+    if (numel == 0) continue;
+    // Ranks [lo, hi] hold part of it: first and last partly, those between whole.
+    const int64_t lo = offsets[i] / shard, hi = (offsets[i] + numel - 1) / shard;
+    for (int64_t r : {lo, lo + 1, hi, hi + 1})
+      if (r > 0 && r < group_) breaks_.insert(r);
+    const int64_t view = std::max<int64_t>(0, std::min(offsets[i] + numel, end) - std::max(offsets[i], begin));
     if (view == numel) continue;
     Hidden h{numel - view, {}};
     for (ModuleId m : tied_uses_.at(t))
@@ -66,6 +75,41 @@ int64_t ShardedViews::shrink(ModuleId m) const {
   for (const Hidden& h : hidden_)
     if (h.above.count(m)) out += h.elements;
   return out;
+}
+
+}  // namespace fsdp_plan
+
+namespace fsdp_plan {
+
+std::string rank_disagreement(const ModuleTree& tree, const Ignored& ignored, const MemorySettings& settings,
+                              const WrapPolicy& policy, const std::vector<bool>& wrapped, const ShardedViews& rank0) {
+  constexpr size_t kMaxRanks = 64;  // stretches checked; a handful in practice
+  size_t checked = 0;
+  for (int64_t r : rank0.rank_breaks()) {
+    if (++checked > kMaxRanks) break;
+    ShardedViews views(tree, ignored, settings, r);
+    const std::vector<bool> other = select_wrapped(tree, policy, ignored, &views);
+    if (other == wrapped) continue;
+    std::vector<std::string> only0, onlyr;
+    for (ModuleId m = 0; m < static_cast<ModuleId>(tree.num_modules()); ++m) {
+      const auto i = static_cast<size_t>(m);
+      if (wrapped[i] && !other[i]) only0.push_back("'" + tree.path(m) + "'");
+      if (!wrapped[i] && other[i]) onlyr.push_back("'" + tree.path(m) + "'");
+    }
+    auto join = [](const std::vector<std::string>& v) {
+      std::string out;
+      for (size_t i = 0; i < v.size() && i < 3; ++i) out += (i ? ", " : "") + v[i];
+      if (v.size() > 3) out += " and " + std::to_string(v.size() - 3) + " more";
+      return out;
+    };
+    std::string diff;
+    if (!only0.empty()) diff += "rank 0 wraps " + join(only0) + " and rank " + std::to_string(r) + " does not";
+    if (!onlyr.empty())
+      diff += std::string(diff.empty() ? "" : ", ") + "rank " + std::to_string(r) + " wraps " + join(onlyr) +
+              " and rank 0 does not";
+    return diff;
+  }
+  return "";
 }
 
 }  // namespace fsdp_plan

@@ -258,3 +258,28 @@ TEST_CASE("a 100,000-deep chain and a 100,000-wide module plan without recursion
   CHECK(wplan.units.size() == 100001);
   CHECK(param_names(wplan, 100000) == Names{"99999.w"});
 }
+
+TEST_CASE("use_orig_params: ranks that count a tied weight differently and so wrap differently are reported") {
+  // Real FSDP1 (fake backend, world size 4, each rank in turn) wraps b on ranks 0 and 1 only: a's flat
+  // parameter is [tied 15, pad 1, other 15, pad 1], shards of 8; b counts 8 + 13 on rank 0, 7 + 13 on
+  // rank 1 and 0 + 13 on ranks 2 and 3 against min_num_params 20.
+  TreeBuilder b;
+  b.add("a", "Module").add("a.tied", "Linear").add("a.other", "Linear");
+  TensorId w = b.param("a.tied", "weight", {3, 5});
+  b.param("a.other", "weight", {3, 5});
+  b.add("b", "Linear");
+  b.tie("b", "weight", w);
+  b.param("b", "bias", {3});
+  b.param("b", "extra", {10});
+  auto plan = plan_of(b, R"({"min_num_params": 20, "fsdp": {"world_size": 4, "use_orig_params": true}})");
+  CHECK(unit_paths(plan) == Names{"", "a", "b"});
+  const Warning* split = nullptr;
+  for (const auto& x : plan.warnings)
+    if (x.message.rfind("ranks would not build the same units", 0) == 0) split = &x;
+  REQUIRE(split);
+  CHECK(split->kind == "shared_param_across_units");
+  CHECK(split->message.find("rank 0 wraps 'b' and rank 2 does not") != std::string::npos);
+  // Without use_orig_params every rank counts the whole tensor: no such warning.
+  auto flat = plan_of(b, R"({"min_num_params": 20, "fsdp": {"world_size": 4}})");
+  for (const auto& x : flat.warnings) CHECK(x.message.find("ranks would not") == std::string::npos);
+}
