@@ -231,6 +231,57 @@ def check_real_fsdp(eager: nn.Module, policy: Dict[str, Any], ws: int, uop: bool
     return [f"real FSDP1: {m}" for m in compare_fsdp(real, plan)], []
 
 
+class _SplitTie(nn.Module):
+    """A tied weight whose shard views differ by rank (docs/tied-weights.md): `a` flattens
+    [tied 15, pad 1, other 15, pad 1] at world size 4; `b` shares `tied` and adds 13 of its own."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Sequential(nn.Linear(5, 3, bias=False), nn.Linear(5, 3, bias=False))
+        self.b = nn.Linear(5, 3)
+        self.b.weight = self.a[0].weight
+        self.b.extra = nn.Parameter(torch.zeros(10))
+
+    def forward(self, x):
+        return self.a[0](x) + self.a[1](x) + self.b(x) + self.b.extra.sum()
+
+
+def check_ranks(binary: str, work: str) -> Tuple[str, List[str]]:
+    """With use_orig_params and a size policy, real FSDP1 on ranks 0..3 must build the plan's
+    units on rank 0, and the plan must warn that ranks differ exactly when they do."""
+    torch.manual_seed(0)
+    eager = _SplitTie()
+    path = os.path.join(work, "split_tie.pt")
+    torch.jit.script(eager).save(path)
+    msgs = []
+    for min_num_params in (20, 22):  # b counts 21, 20, 13, 13 by rank: ranks differ at 20, none wraps b at 22
+        policy = {"min_num_params": min_num_params}
+        ppath = os.path.join(work, f"split_tie.{min_num_params}.policy.json")
+        with open(ppath, "w") as f:
+            json.dump(policy, f)
+        plan, err = run_binary(binary, path, ppath, "--world-size", "4", "--use-orig-params")
+        if plan is None:
+            return "fail", [err]
+        per_rank = []
+        for rank in range(4):
+            if dist.is_initialized():
+                dist.destroy_process_group()
+            dist.init_process_group("fake", rank=rank, world_size=4, store=FakeStore())
+            fsdp = FSDP(copy.deepcopy(eager), device_id=torch.device("cpu"), use_orig_params=True,
+                        **fsdp_kwargs(policy, eager))
+            per_rank.append([unit_path(n) for n, m in fsdp.named_modules() if isinstance(m, FSDP)])
+        dist.destroy_process_group()
+        if [u["path"] for u in plan["units"]] != per_rank[0]:
+            msgs.append(f"min_num_params {min_num_params}: FSDP1 on rank 0 built {per_rank[0]}, "
+                        f"the plan has {[u['path'] for u in plan['units']]}")
+        differ = any(r != per_rank[0] for r in per_rank)
+        warned = any(w["message"].startswith("ranks would not build the same units") for w in plan["warnings"])
+        if differ != warned:
+            msgs.append(f"min_num_params {min_num_params}: FSDP1's units by rank {per_rank}, "
+                        f"the plan {'warns' if warned else 'does not warn'} that ranks differ")
+    return ("fail" if msgs else "pass"), msgs
+
+
 def init_fake(world_size: int) -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
@@ -332,6 +383,9 @@ def main(argv: List[str]) -> int:
                         status, detail = jit_loader_check(args.binary, model_path, ppath, plan)
                         report(status, f"{name} / {pname} / --loader jit", [detail] if detail else [])
     pool.shutdown()
+    if not args.only or args.only in "ranks":
+        status, msgs = check_ranks(args.binary, work)
+        report(status, "split_tie / size / world 4 / use_orig_params / ranks 0-3", msgs)
     if dist.is_initialized():
         dist.destroy_process_group()
     print(f"# {time.time() - t0:.1f}s, torch {torch.__version__}, binary {args.binary}", flush=True)
