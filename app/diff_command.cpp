@@ -37,8 +37,7 @@ int diff_main(int argc, char** argv) {
     std::string text = format == "json" ? diff_to_json(d, old_side, new_side).dump(1) + "\n"
                                         : diff_to_text(d, old_side, new_side);
     if (output.empty()) {
-      std::cout << text << std::flush;
-      if (!std::cout) throw std::runtime_error("writing to standard output failed");
+      write_stdout(text);
     } else {
       try {
         write_file_atomic(output, text);

@@ -12,9 +12,12 @@ namespace fsdp_plan {
 void add_gate_options(CLI::App& app, GateOptions& opt) {
   Budgets& b = opt.budgets;
   const char* group = "Budgets (exit 1 when violated; also settable under \"checks\" in the policy)";
-  app.add_option_function<int64_t>("--max-unit-numel", [&b](const int64_t& v) { b.max_unit_numel = v; },
-                                   "at most N parameters in any one unit")
-      ->type_name("N")->check(CLI::NonNegativeNumber)->group(group);
+  // Whole numbers as the policy JSON takes them, 1e6 included.
+  const CLI::Validator whole_number(
+      [](std::string& v) { return parse_count(v) ? std::string() : "\"" + v + "\" is not a whole number >= 0"; }, "");
+  app.add_option_function<std::string>("--max-unit-numel", [&b](const std::string& v) { b.max_unit_numel = parse_count(v); },
+                                       "at most N parameters in any one unit (1e8 is fine)")
+      ->type_name("N")->check(whole_number)->group(group);
   app.add_option_function<int64_t>("--max-units", [&b](const int64_t& v) { b.max_units = v; },
                                    "at most N units, the root included")
       ->type_name("N")->check(CLI::NonNegativeNumber)->group(group);

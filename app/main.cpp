@@ -10,7 +10,12 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include <sys/ioctl.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <iostream>
 #include <optional>
 
@@ -28,7 +33,9 @@
 #include "planner.h"
 #include "policy.h"
 #include "text_writer.h"
+#include "string_util.h"
 #include "tree_json.h"
+#include "tree_text.h"
 
 namespace {
 
@@ -51,11 +58,14 @@ struct Options {
   std::string emit;  // "", "accelerate" or "torch"
   bool format_given = false;
   bool dump_tree = false;
+  bool wide = false;
+  bool dump_tree_text = false;  // --dump-tree with an explicit -f text
   // Memory model overrides of the policy's "fsdp" settings; unset: keep the policy's.
   std::optional<int64_t> world_size, shard_group_size;
   std::optional<std::string> strategy, optimizer;
   bool use_orig_params = false;
   std::optional<double> warn_root_share;  // root_too_large threshold; overrides checks.warn_root_share
+  bool aliases = false;
   int verbosity = 0;
   bool quiet = false;
   fsdp_plan::GateOptions gate;
@@ -69,6 +79,18 @@ void setup_logging(const Options& opt) {
                     : opt.verbosity == 1 ? spdlog::level::info
                                          : spdlog::level::warn);
   spdlog::set_default_logger(logger);
+}
+
+// Columns for the text plan: COLUMNS, else the terminal's width, else 100.
+size_t text_width() {
+  if (const char* env = std::getenv("COLUMNS")) {
+    char* end = nullptr;
+    long v = std::strtol(env, &end, 10);
+    if (end != env && *end == '\0' && v > 0) return static_cast<size_t>(v);
+  }
+  struct winsize ws {};
+  if (::isatty(STDOUT_FILENO) && ::ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0) return ws.ws_col;
+  return 100;
 }
 
 double ms_since(std::chrono::steady_clock::time_point t0) {
@@ -88,6 +110,31 @@ const CLI::Validator kPositiveCount(
     },
     "N");
 
+// What -v leaves out: the policy and settings in effect, each unit, each alias (-vv).
+// Then what must not be missed, at any verbosity: a policy class matching
+// nothing, and a model with no parameter at all.
+void log_plan_details(const fsdp_plan::Plan& plan) {
+  using namespace fsdp_plan;
+  spdlog::debug("policy in effect: {}", policy_to_json(plan.policy).dump());
+  const MemorySettings& s = plan.memory.settings;
+  spdlog::debug("memory settings: world size {}, {} (runs as {}), shard group {}, optimizer {}{}", s.world_size,
+                strategy_name(s.strategy), strategy_name(plan.memory.effective_strategy),
+                plan.memory.shard_group_size, optimizer_name(s.optimizer),
+                s.use_orig_params ? ", use_orig_params" : "");
+  for (const auto& a : plan.aliases) spdlog::debug("alias: {} is {}, not visited", a.path, a.alias_of);
+  for (size_t i = 0; i < plan.units.size(); ++i) {
+    const Unit& u = plan.units[i];
+    spdlog::debug("unit {} '{}': {} parameters ({} elements), {} buffers, depth {}", i, plan.tree->path(u.module),
+                  u.params.size(), u.param_numel, u.buffers.size(), u.depth);
+  }
+  for (const auto& w : plan.warnings)
+    if (w.kind == "unmatched_class") spdlog::warn("{}", w.message);
+  if (plan.model.param_numel == 0)
+    spdlog::warn("{}: the model has no parameters, so FSDP has nothing to shard; a torch.jit.freeze'd model has its "
+                 "parameters folded into constants: save the model before freezing it",
+                 plan.model.path);
+}
+
 int run(const Options& opt) {
   using namespace fsdp_plan;
   // The policy first: it is cheap, and a typo should not wait for a big model.
@@ -98,6 +145,7 @@ int run(const Options& opt) {
   std::optional<AccelerateConfig> accelerate;  // --policy was an Accelerate config file
   if (!opt.policy.empty()) {
     std::string text = read_text_file(opt.policy);
+    reject_model_file(text, opt.policy);
     if (is_accelerate_config(text)) {
       accelerate = parse_accelerate_config(text, opt.policy);
       if (accelerate->fsdp_version == 2)
@@ -114,18 +162,31 @@ int run(const Options& opt) {
   if (opt.optimizer) fsdp.optimizer = *parse_optimizer(*opt.optimizer);
   if (opt.use_orig_params) fsdp.use_orig_params = true;
   if (opt.warn_root_share) policy.checks.warn_root_share = opt.warn_root_share;
+  if (opt.aliases) policy.module_aliases = true;
   if (std::string why = settings_error(fsdp); !why.empty()) throw UsageError(why);
+  if (fsdp.shard_group_size > 0 && fsdp.strategy != ShardingStrategy::HybridShard)
+    spdlog::warn("the shard group size ({}) is ignored: only HYBRID_SHARD uses it, and the strategy is {}",
+                 fsdp.shard_group_size, strategy_name(fsdp.strategy));
 
   auto t0 = std::chrono::steady_clock::now();
   check_readable_file(opt.model);
-  ModuleTree tree = load_model(opt.model, opt.loader == "jit" ? LoaderKind::Jit : LoaderKind::Archive);
+  ModuleTree tree;
+  try {
+    tree = load_model(opt.model, opt.loader == "jit" ? LoaderKind::Jit : LoaderKind::Archive);
+  } catch (const InputError& e) {
+    if (opt.loader != "jit") throw;
+    // TorchScript compiles every method, so a custom op (torchvision::nms) stops it.
+    throw InputError(e.file(), std::string(e.what()) +
+                                   "; the default loader reads only the structure and compiles nothing: "
+                                   "plan it without --loader jit");
+  }
   spdlog::info("loaded {} modules, {} tensors in {:.1f} ms ({} loader)", tree.num_modules(),
                tree.num_tensors(), ms_since(t0), opt.loader);
 
   std::string text;
   int code = kExitOk;
   if (opt.dump_tree) {
-    text = tree_to_json(tree).dump(1) + "\n";
+    text = opt.dump_tree_text ? tree_to_text(tree) : tree_to_json(tree).dump(1) + "\n";
   } else {
     t0 = std::chrono::steady_clock::now();
     if (accelerate) {
@@ -138,6 +199,7 @@ int run(const Options& opt) {
     if (accelerate)
       plan.warnings.insert(plan.warnings.begin(), accelerate->warnings.begin(), accelerate->warnings.end());
     spdlog::info("planned {} units in {:.1f} ms", plan.units.size(), ms_since(t0));
+    log_plan_details(plan);
     // The JSON plan costs more than planning a big model: built only when written or checked.
     const bool json_written = opt.emit.empty() && opt.format != "text";
     auto json = json_written || Gate::reads_plan(policy.checks, opt.gate) ? plan_to_json(plan)
@@ -160,13 +222,12 @@ int run(const Options& opt) {
       else if (opt.format == "html")
         text = plan_to_html(gate.annotate(std::move(json)));
       else
-        text = plan_to_text(plan) + gate.text();
+        text = plan_to_text(plan, {text_width(), opt.wide}) + gate.text();
     }
   }
 
   if (opt.output.empty()) {
-    std::cout << text << std::flush;
-    if (!std::cout) throw std::runtime_error("writing to standard output failed");
+    write_stdout(text);
   } else {
     try {
       write_file_atomic(opt.output, text);
@@ -175,6 +236,25 @@ int run(const Options& opt) {
     }
   }
   return code;
+}
+
+// "unknown option --polcy; did you mean --policy?" for the first option the
+// parser does not know, if one is close to a known option.
+std::optional<std::string> unknown_option_hint(const CLI::App& app, int argc, char** argv) {
+  std::vector<std::string> known;
+  for (const CLI::Option* o : app.get_options())
+    for (const auto& name : o->get_lnames()) known.push_back("--" + name);
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--") break;
+    if (arg.rfind("--", 0) != 0) continue;
+    arg = arg.substr(0, arg.find('='));
+    if (std::find(known.begin(), known.end(), arg) != known.end()) continue;
+    auto near = fsdp_plan::closest(arg, known, 1);
+    if (!near.empty()) return "unknown option " + arg + "; did you mean " + near[0] + "?";
+    return std::nullopt;
+  }
+  return std::nullopt;
 }
 
 }  // namespace
@@ -218,7 +298,12 @@ int main(int argc, char** argv) {
                  "(default 0.5)")
       ->type_name("F")
       ->check(CLI::Range(0.0, 1.0));
-  app.add_flag("--dump-tree", opt.dump_tree, "print the loaded module tree as JSON instead of a plan");
+  app.add_flag("--aliases", opt.aliases,
+               "a module with exactly the tensors of an earlier one is that module under a second name "
+               "(transformers 4's T5/BART: encoder.embed_tokens = self.shared); FSDP visits it once");
+  app.add_flag("--wide", opt.wide, "text: never shorten unit paths (default: fit COLUMNS or the terminal)");
+  app.add_flag("--dump-tree", opt.dump_tree,
+               "print the loaded module tree as JSON instead of a plan (with -f text: as an indented tree)");
   app.add_flag("-v,--verbose", opt.verbosity, "log progress to stderr (-vv for more)");
   app.add_flag("-q,--quiet", opt.quiet, "log only errors");
   fsdp_plan::add_gate_options(app, opt.gate);
@@ -234,10 +319,12 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    std::cerr << "fsdp-plan: error: " << e.what() << " (see fsdp-plan --help)\n";
+    std::cerr << "fsdp-plan: error: " << unknown_option_hint(app, argc, argv).value_or(e.what())
+              << " (see fsdp-plan --help)\n";
     return kExitInputError;
   }
   opt.format_given = format->count() > 0;
+  opt.dump_tree_text = opt.dump_tree && opt.format_given && opt.format == "text";
   setup_logging(opt);
   try {
     return run(opt);

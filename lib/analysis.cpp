@@ -1,12 +1,14 @@
 #include "analysis.h"
 
 #include <algorithm>
+#include <cctype>
 #include <map>
 #include <set>
 #include <string_view>
 #include <unordered_map>
 #include <unordered_set>
 
+#include "aliases.h"
 #include "string_util.h"
 #include "wrap_policy.h"
 
@@ -252,11 +254,29 @@ class Analysis {
       Warning w;
       w.kind = "shared_param_across_units";
       w.severity = Severity::Warning;
-      w.message = std::move(message);
+      w.message = std::move(message) + alias_hint(list);
       w.modules = std::move(modules);
       w.params = std::move(names);
       plan_.warnings.push_back(std::move(w));
     }
+  }
+
+  // When a user of the tensor has exactly the tensors of an earlier module,
+  // it may be that module under a second name (a Python alias), which the
+  // file cannot tell from a weight tie: say how to plan it as an alias.
+  template <typename Uses>
+  std::string alias_hint(const Uses& list) {
+    if (plan_.policy.module_aliases) return "";
+    if (alias_of_.empty()) alias_of_ = find_aliases(tree_);
+    for (const auto& u : list) {
+      for (ModuleId m = u.module; m > 0; m = tree_.module(m).parent) {
+        const ModuleId first = alias_of_[static_cast<size_t>(m)];
+        if (first < 0) continue;
+        return "; if " + quoted(tree_.path(m)) + " is the very module object " + quoted(tree_.path(first)) +
+               " under a second name (transformers 4's T5/BART), FSDP visits it once: plan with --aliases";
+      }
+    }
+    return "";
   }
 
   void empty_units() {
@@ -268,6 +288,38 @@ class Analysis {
               ") owns no parameters" + (root ? "" : ": it adds an FSDP unit that shards nothing"),
           {tree_.path(u.module)}, {short_class(u.module)});
     }
+  }
+
+  // The name that matches when `pattern` differs from a class of the model
+  // only by case ("bottleneck" -> "Bottleneck") or by its dotted prefix
+  // ("nn.Linear" -> "torch.nn.Linear"); "" if there is none.
+  std::string exact_fix(const std::string& pattern, const std::set<std::string>& types) const {
+    auto lower = [](std::string_view v) {
+      std::string out(v);
+      for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      return out;
+    };
+    const std::string_view want = short_name(pattern);
+    const std::string prefix = pattern.substr(0, pattern.size() - want.size());  // "nn." or ""
+    for (const auto& t : types) {
+      for (const auto& cls : class_lineage(t)) {
+        const std::string_view have = short_name(cls);
+        if (have != want && lower(have) == lower(want)) {
+          std::string fixed = prefix + std::string(have);
+          return matcher_.is_instance(t, {fixed}) ? fixed : std::string(have);
+        }
+        if (have == want && !prefix.empty()) {
+          // Put each package of the class in front: "torch" + "nn.Linear".
+          const std::string module = cls.substr(0, cls.size() - have.size());
+          for (size_t dot = module.find('.'); dot != std::string::npos; dot = module.find('.', dot + 1)) {
+            std::string fixed = module.substr(0, dot) + "." + pattern;
+            if (matcher_.is_instance(t, {fixed})) return fixed;
+          }
+          return std::string(have);
+        }
+      }
+    }
+    return "";
   }
 
   void unmatched_classes() {
@@ -287,11 +339,18 @@ class Analysis {
         for (const auto& t : types) hit = hit || matcher_.is_instance(t, {p});
         if (hit) continue;
         auto near = closest(std::string(short_name(p)), candidates);
+        const std::string exact = exact_fix(p, types);
+        if (!exact.empty()) {
+          near.erase(std::remove(near.begin(), near.end(), exact), near.end());
+          near.insert(near.begin(), exact);
+        }
         Warning w;
         w.kind = "unmatched_class";
         w.severity = Severity::Warning;
         w.message = "\"" + key + "\" names " + p + ", which matches no module in the model" +
-                    (near.empty() ? "" : "; closest class names in the model: " + listing(near, near.size()));
+                    (!exact.empty() ? "; did you mean " + exact + "?"
+                     : near.empty() ? ""
+                                    : "; closest class names in the model: " + listing(near, near.size()));
         w.classes = {p};
         w.suggestions = std::move(near);
         plan_.warnings.push_back(std::move(w));
@@ -357,6 +416,7 @@ class Analysis {
   const Ignored& ignored_;
   const ClassMatcher& matcher_;
   std::vector<int> unit_of_;
+  std::vector<ModuleId> alias_of_;  // find_aliases(tree_), when first needed
   mutable std::unordered_map<std::string_view, std::string> short_class_;
 };
 

@@ -66,6 +66,18 @@ void write_in_place(const std::string& path, const std::string& data) {
 
 }  // namespace
 
+void write_stdout(const std::string& data) {
+  // Unbuffered, so the error is this write's errno (ENOSPC, EBADF), not a stream's lost state.
+  size_t done = 0;
+  while (done < data.size()) {
+    ssize_t n = ::write(STDOUT_FILENO, data.data() + done, data.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0)
+      throw InputError("standard output", std::string("cannot write the plan: write failed: ") + std::strerror(errno));
+    done += static_cast<size_t>(n);
+  }
+}
+
 void write_file_atomic(const std::string& path, const std::string& data) {
   struct stat st {};
   if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {

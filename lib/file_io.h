@@ -16,4 +16,8 @@ void check_readable_file(const std::string& path);
 // Throws std::runtime_error (with the reason) if any step fails.
 void write_file_atomic(const std::string& path, const std::string& data);
 
+// Writes `data` to standard output. A full disk or a closed stdout is an
+// output error: InputError naming "standard output", as -o FILE would be.
+void write_stdout(const std::string& data);
+
 }  // namespace fsdp_plan

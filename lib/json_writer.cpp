@@ -87,6 +87,12 @@ nlohmann::ordered_json plan_to_json(const Plan& plan) {
                   {"param_bytes", m.param_bytes},
                   {"buffer_numel", m.buffer_numel},
                   {"buffer_bytes", m.buffer_bytes}};
+  // Only when present, so plans of models without aliases stay as they were.
+  if (!plan.aliases.empty()) {
+    ojson aliases = ojson::array();
+    for (const auto& a : plan.aliases) aliases.push_back({{"path", a.path}, {"alias_of", a.alias_of}});
+    out["aliases"] = std::move(aliases);
+  }
   out["policy"] = policy_to_json(plan.policy);
 
   ojson units = ojson::array();

@@ -10,6 +10,9 @@ namespace {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// torch.is_floating_point: the buffers FSDP casts to buffer_dtype.
+bool is_floating(const std::string& dtype) { return dtype.rfind("float", 0) == 0 || dtype.rfind("bfloat", 0) == 0; }
+
 // Bytes per element the unit's parameters have; FSDP requires one dtype per
 // flat parameter, so the largest stands for all when a model mixes them.
 int64_t param_itemsize(const Plan& plan, const Unit& u) {
@@ -103,7 +106,13 @@ int64_t dtype_itemsize(const std::string& dtype) {
 }
 
 int64_t hybrid_group_size(const MemorySettings& settings) {
-  return settings.shard_group_size > 0 ? settings.shard_group_size : std::min<int64_t>(8, settings.world_size);
+  if (settings.shard_group_size > 0) return settings.shard_group_size;
+  // FSDP1 without a process group shards within a node of device_count()
+  // ranks and needs it to divide the world size (dist.new_subgroups): assume
+  // the largest node of at most 8 devices that does.
+  for (int64_t g = std::min<int64_t>(8, settings.world_size); g > 1; --g)
+    if (settings.world_size % g == 0) return g;
+  return 1;
 }
 
 std::string settings_error(const MemorySettings& settings) {
@@ -111,9 +120,15 @@ std::string settings_error(const MemorySettings& settings) {
     return "the world size must be from 1 to " + std::to_string(kMaxWorldSize);
   if (settings.strategy == ShardingStrategy::HybridShard) {
     const int64_t g = hybrid_group_size(settings);
-    if (g > settings.world_size || settings.world_size % g != 0)
+    if (g > settings.world_size || settings.world_size % g != 0) {
+      std::string divisors;
+      int shown = 0;
+      for (int64_t d = 1; d <= settings.world_size && shown < 8; ++d)
+        if (settings.world_size % d == 0) divisors += (shown++ ? ", " : "") + std::to_string(d);
       return "the hybrid shard group size (" + std::to_string(g) + ") must divide the world size (" +
-             std::to_string(settings.world_size) + ")";
+             std::to_string(settings.world_size) + "): set --shard-group-size (or fsdp.shard_group_size) to the "
+             "GPUs per node, one of " + divisors + (shown == 8 ? ", ..." : "");
+    }
   }
   return "";
 }
@@ -130,7 +145,14 @@ MemoryPlan estimate_memory(const Plan& plan, const MemorySettings& settings) {
   }
   switch (mem.effective_strategy) {
     case ShardingStrategy::NoShard: mem.shard_group_size = 1; break;
-    case ShardingStrategy::HybridShard: mem.shard_group_size = hybrid_group_size(settings); break;
+    case ShardingStrategy::HybridShard:
+      mem.shard_group_size = hybrid_group_size(settings);
+      if (settings.shard_group_size == 0)
+        mem.notes.push_back("HYBRID_SHARD shards within a node (FSDP uses torch.cuda.device_count()); assumed " +
+                            std::to_string(mem.shard_group_size) +
+                            " GPUs per node, the largest divisor of the world size up to 8: set --shard-group-size "
+                            "to your GPUs per node");
+      break;
     default: mem.shard_group_size = settings.world_size;
   }
   const bool sharded = mem.effective_strategy != ShardingStrategy::NoShard;
@@ -170,9 +192,10 @@ MemoryPlan estimate_memory(const Plan& plan, const MemorySettings& settings) {
       state_numel = trainable_in_first_shard(plan, u, itemsize, true, um.sharded_numel);
     r.optimizer_bytes += states * state_numel * itemsize;
     for (const auto& o : u.buffers) {
-      const int64_t own = plan.tree->tensor(o.tensor).itemsize;
-      const bool cast = u.mixed_precision.value_or(false) && mp_buffer > 0;
-      r.buffers_bytes += plan.tree->tensor(o.tensor).numel() * (cast ? mp_buffer : own);
+      const TensorInfo& t = plan.tree->tensor(o.tensor);
+      // FSDP casts floating-point buffers only (_cast_buffers_to_dtype_and_device).
+      const bool cast = u.mixed_precision.value_or(false) && mp_buffer > 0 && is_floating(t.dtype);
+      r.buffers_bytes += t.numel() * (cast ? mp_buffer : t.itemsize);
     }
     mem.units.push_back(um);
   }

@@ -29,7 +29,7 @@ constexpr int64_t kMaxWorldSize = int64_t{1} << 24;
 struct MemorySettings {
   int64_t world_size = 1;
   ShardingStrategy strategy = ShardingStrategy::FullShard;
-  int64_t shard_group_size = 0;  // HYBRID_SHARD only; 0: min(8, world_size), one node
+  int64_t shard_group_size = 0;  // HYBRID_SHARD only; 0: one node, see hybrid_group_size
   bool use_orig_params = false;
   Optimizer optimizer = Optimizer::Adam;
 };
@@ -82,7 +82,8 @@ struct MemoryPlan {
   std::vector<std::string> notes;
 };
 
-// HYBRID_SHARD's shard group: as set, or one node of min(8, world size) ranks.
+// HYBRID_SHARD's shard group: as set, or one node: the largest divisor of
+// the world size up to 8 (FSDP1 uses the node's device count, which must divide it).
 int64_t hybrid_group_size(const MemorySettings& settings);
 // Why FSDP would reject these settings (a hybrid shard group that does not
 // divide the world size, say), or "" if it would not.

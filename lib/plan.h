@@ -3,12 +3,14 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "aliases.h"
 #include "memory.h"
 #include "module_tree.h"
 #include "policy.h"
@@ -57,6 +59,9 @@ struct ModelSummary {
 
 struct Plan {
   const ModuleTree* tree = nullptr;
+  // The loaded tree without module aliases (aliases.h), when it had any: `tree` points here.
+  std::shared_ptr<const ModuleTree> dealiased_tree;
+  std::vector<Alias> aliases;
   Policy policy;
   ModelSummary model;
   std::vector<Unit> units;

@@ -2,6 +2,7 @@
 
 #include <optional>
 
+#include "aliases.h"
 #include "analysis.h"
 #include "grouping.h"
 #include "ignored.h"
@@ -16,7 +17,11 @@ namespace fsdp_plan {
 namespace {
 
 // With `search_fixes`, warnings try their fixes by planning again without.
-Plan plan_with(const ModuleTree& tree, const Policy& policy, const std::string& model_path, bool search_fixes) {
+Plan plan_with(const ModuleTree& loaded, const Policy& policy, const std::string& model_path, bool search_fixes) {
+  // With --aliases, plan the tree Python's named_modules() walks: each module once.
+  Dealiased dealiased = policy.module_aliases ? remove_aliases(loaded) : Dealiased{};
+  std::shared_ptr<const ModuleTree> own(std::move(dealiased.tree));
+  const ModuleTree& tree = own ? *own : loaded;
   ClassMatcher matcher;
   Ignored ignored = resolve_ignored(tree, policy);
   std::vector<bool> wrapped(tree.num_modules(), false);
@@ -31,6 +36,8 @@ Plan plan_with(const ModuleTree& tree, const Policy& policy, const std::string& 
 
   Plan plan;
   plan.tree = &tree;
+  plan.dealiased_tree = own;
+  plan.aliases = std::move(dealiased.aliases);
   plan.policy = policy;
   plan.model.path = model_path;
   plan.units = group_units(tree, wrapped, ignored.tensor, policy.fsdp.use_orig_params);

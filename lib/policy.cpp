@@ -69,6 +69,9 @@ class Parser {
     for (const auto& item : v) {
       if (!item.is_string()) fail("\"" + key + "\" must be a list of strings, but holds " + type_of(item));
       std::string s = item.get<std::string>();
+      if (s.empty() && key == "ignored_modules")
+        fail("\"ignored_modules\" holds an empty string, the root's path: the root cannot be named, but \"*\" "
+             "matches every module, the root included (FSDP warns that ignoring the root is not well supported)");
       if (s.empty()) fail("\"" + key + "\" holds an empty string");
       if (names_classes && s.find_first_of(" */") != std::string::npos)
         fail("\"" + key + "\" holds \"" + s + "\", which is not a class name");
@@ -244,7 +247,20 @@ std::string fail_on_error(const std::string& kind) {
 
 Policy parse_policy(const std::string& text, const std::string& file) { return Parser(file).parse(text); }
 
-Policy load_policy_file(const std::string& file) { return parse_policy(read_text_file(file), file); }
+void reject_model_file(const std::string& text, const std::string& file) {
+  // A model where the policy goes: say so, rather than report its bytes as bad JSON.
+  const bool zip = text.rfind("PK\x03\x04", 0) == 0, pickle = text.rfind("\x80", 0) == 0;
+  if (zip || pickle)
+    throw InputError(file, std::string("this is a model file (") + (zip ? "a zip archive" : "a pickle") +
+                               "), not a policy: give the model as the first argument and a policy JSON "
+                               "with --policy");
+}
+
+Policy load_policy_file(const std::string& file) {
+  std::string text = read_text_file(file);
+  reject_model_file(text, file);
+  return parse_policy(text, file);
+}
 
 nlohmann::ordered_json policy_to_json(const Policy& p) {
   nlohmann::ordered_json out;

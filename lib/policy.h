@@ -34,6 +34,10 @@ struct Policy {
   // FSDP and training settings for the memory model ("fsdp" in JSON).
   MemorySettings fsdp;
   Budgets checks;                            // CI budgets; not part of the wrapping
+  // --aliases: a module with exactly the tensors of an earlier one is that
+  // module under a second name (aliases.h). A saved file cannot tell this from
+  // two modules tied by weight (transformers 5's T5), so only when asked.
+  bool module_aliases = false;
 
   // FSDP auto-wraps only when a wrapping policy is given; mixed precision
   // alone changes no unit.
@@ -43,6 +47,8 @@ struct Policy {
 // Parse and validate policy JSON text. Throws InputError naming `file`.
 Policy parse_policy(const std::string& text, const std::string& file);
 Policy load_policy_file(const std::string& file);
+// Throws InputError when `text` is a model file (zip or pickle) given as a policy.
+void reject_model_file(const std::string& text, const std::string& file);
 
 // Why `kind` cannot be a "fail_on" entry ("names \"x\", not a warning kind;
 // did you mean ...?"), or "" if it can.

@@ -1,6 +1,9 @@
 #include "string_util.h"
 
 #include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
 #include <cctype>
 #include <cstdio>
 #include <limits>
@@ -148,6 +151,22 @@ std::optional<int64_t> parse_size(std::string_view text) {
     return static_cast<int64_t>(bytes);
   }
   return std::nullopt;
+}
+
+std::optional<int64_t> parse_count(std::string_view text) {
+  const std::string s(text);
+  if (s.empty() || s.find_first_not_of("0123456789.eE+") != std::string::npos) return std::nullopt;
+  if (s.find_first_not_of("0123456789") == std::string::npos) {
+    errno = 0;
+    const long long v = std::strtoll(s.c_str(), nullptr, 10);
+    if (errno == ERANGE) return std::nullopt;
+    return v;
+  }
+  char* end = nullptr;
+  const double d = std::strtod(s.c_str(), &end);
+  if (end != s.c_str() + s.size() || !std::isfinite(d) || d < 0 || d != std::floor(d) || d >= 9.2e18)
+    return std::nullopt;
+  return static_cast<int64_t>(d);
 }
 
 }  // namespace fsdp_plan

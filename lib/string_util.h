@@ -38,4 +38,8 @@ std::string wrap_words(const std::string& text, size_t width, const std::string&
 // negative numbers and sizes beyond int64.
 std::optional<int64_t> parse_size(std::string_view text);
 
+// A whole number as people and JSON write it: "1000000", "1e6", "2.5e3";
+// nullopt for fractions ("2.5"), negatives and anything beyond int64.
+std::optional<int64_t> parse_count(std::string_view text);
+
 }  // namespace fsdp_plan

@@ -1,6 +1,7 @@
 #include "text_writer.h"
 
 #include <algorithm>
+#include <map>
 
 #include "class_names.h"
 #include "string_util.h"
@@ -8,18 +9,15 @@
 namespace fsdp_plan {
 namespace {
 
+// The narrowest columns: the table keeps its shape for short paths and names.
 constexpr size_t kUnitWidth = 38;
 constexpr size_t kClassWidth = 20;
+constexpr size_t kShortestUnitWidth = 20;  // when paths must be shortened to fit
+// "#", the gaps and the number columns around unit and class.
+constexpr size_t kOtherColumns = 4 + 2 + 2 + 8 + 11 + 11 + 4;
 
-// Keeps the end of a long path, where the distinguishing part usually is.
-std::string fit_left(const std::string& s, size_t width) {
-  if (s.size() <= width) return s;
-  return "..." + s.substr(s.size() - (width - 3));
-}
-
-std::string fit_right(const std::string& s, size_t width) {
-  if (s.size() <= width) return s;
-  return s.substr(0, width - 3) + "...";
+bool is_index(const std::string& s) {
+  return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
 }
 
 std::string pad(const std::string& s, size_t width, bool right_align = false) {
@@ -48,6 +46,41 @@ std::string describe_policy(const Policy& p) {
   if (!p.auto_wrap()) parts.insert(parts.begin(), "no auto-wrap (one root unit)");
   return join(parts);
 }
+
+}  // namespace
+
+std::string shorten_path(const std::string& path, size_t width) {
+  if (path.size() <= width) return path;
+  std::vector<std::string> parts;
+  for (size_t start = 0;;) {
+    size_t dot = path.find('.', start);
+    parts.push_back(path.substr(start, dot == std::string::npos ? std::string::npos : dot - start));
+    if (dot == std::string::npos) break;
+    start = dot + 1;
+  }
+  std::vector<bool> dropped(parts.size(), false);
+  auto render = [&] {
+    std::string out;
+    for (size_t i = 0; i < parts.size(); ++i) {
+      if (dropped[i] && i > 0 && dropped[i - 1]) continue;
+      out += (i == 0 ? "" : ".") + (dropped[i] ? std::string("*") : parts[i]);
+    }
+    return out;
+  };
+  std::string out = path;
+  while (out.size() > width) {
+    // The longest name in the middle goes first; indices tell siblings apart, so they stay.
+    size_t pick = 0;
+    for (size_t i = 1; i + 1 < parts.size(); ++i)
+      if (!dropped[i] && !is_index(parts[i]) && (pick == 0 || parts[i].size() > parts[pick].size())) pick = i;
+    if (pick == 0) break;
+    dropped[pick] = true;
+    out = render();
+  }
+  return out;
+}
+
+namespace {
 
 std::string percent(int64_t part, int64_t whole) {
   if (whole <= 0) return "0%";
@@ -80,7 +113,8 @@ std::string memory_text(const Plan& plan) {
   const RankMemory& r = m.per_rank;
   std::string strategy = strategy_name(m.effective_strategy);
   if (m.effective_strategy == ShardingStrategy::HybridShard)
-    strategy += " (groups of " + std::to_string(m.shard_group_size) + ")";
+    strategy += " (groups of " + std::to_string(m.shard_group_size) +
+                (m.settings.shard_group_size == 0 ? ", assumed GPUs per node" : "") + ")";
   if (m.effective_strategy != m.settings.strategy)
     strategy += std::string(", from ") + strategy_name(m.settings.strategy);
   std::string out = wrap("memory  per rank, world size " + std::to_string(m.settings.world_size) + ", " + strategy +
@@ -101,29 +135,70 @@ std::string memory_text(const Plan& plan) {
 
 }  // namespace
 
-std::string plan_to_text(const Plan& plan) {
+std::string plan_to_text(const Plan& plan, const TextOptions& options) {
   const ModuleTree& tree = *plan.tree;
   const ModelSummary& m = plan.model;
   std::string out;
   out += "model   " + m.path + "  (" + m.root_class + ", " + std::to_string(m.num_modules) + " modules)\n";
   out += "params  " + format_count(m.param_numel) + " (" + format_bytes(m.param_bytes) + "), buffers " +
          format_count(m.buffer_numel) + " (" + format_bytes(m.buffer_bytes) + ")\n";
-  out += wrap("policy  " + describe_policy(plan.policy), 100, std::string(8, ' ')) + "\n";
+  out += wrap("policy  " + describe_policy(plan.policy), 100, std::string(8, ' '));
+  if (!plan.aliases.empty()) {
+    std::vector<std::string> parts;
+    for (const auto& a : plan.aliases) parts.push_back(a.path + " = " + (a.alias_of.empty() ? "(root)" : a.alias_of));
+    out += wrap("aliases " + join(parts) + " (one module under two names; FSDP visits the first)", 100,
+                std::string(8, ' '));
+  }
+  // A class name that matches nothing explains the whole plan below: say it first.
+  for (const auto& w : plan.warnings)
+    if (w.kind == "unmatched_class")
+      out += wrap(pad(severity_name(w.severity), 8) + w.kind + ": " + w.message, 100, std::string(10, ' '));
+  out += "\n";
 
+  // Columns as wide as their content: whole class names, whole paths unless
+  // the terminal is too narrow, in which case paths lose their middle.
   // Frozen parameters (requires_grad=False) get a column only in models that have them.
   const bool frozen = std::any_of(plan.units.begin(), plan.units.end(), [](const Unit& u) { return u.frozen_numel > 0; });
-  out += pad("#", 4, true) + "  " + pad("unit", kUnitWidth) + "  " + pad("class", kClassWidth) + pad("params", 8, true) +
-         (frozen ? pad("frozen", 9, true) : "") + pad("size", 11, true) + pad("buffers", 11, true) + pad("mp", 4, true) +
-         "\n";
-  int64_t owned_numel = 0;
-  for (size_t i = 0; i < plan.units.size(); ++i) {
+  const size_t other_columns = kOtherColumns + (frozen ? 9 : 0);
+  const size_t n = plan.units.size();
+  std::vector<std::string> indents(n), paths(n), classes(n);
+  size_t unit_width = kUnitWidth, class_width = kClassWidth;
+  for (size_t i = 0; i < n; ++i) {
     const Unit& u = plan.units[i];
-    std::string path = tree.path(u.module);
-    std::string indent(static_cast<size_t>(std::min(u.depth, 10)) * 2, ' ');
-    std::string name = indent + fit_left(path.empty() ? "(root)" : path, kUnitWidth - indent.size());
-    std::string cls = fit_right(std::string(short_name(demangle(tree.module(u.module).type_name))), kClassWidth - 1);
+    indents[i] = std::string(static_cast<size_t>(std::min(u.depth, 10)) * 2, ' ');
+    paths[i] = tree.path(u.module);
+    if (paths[i].empty()) paths[i] = "(root)";
+    classes[i] = std::string(short_name(demangle(tree.module(u.module).type_name)));
+    unit_width = std::max(unit_width, indents[i].size() + paths[i].size());
+    class_width = std::max(class_width, classes[i].size() + 1);
+  }
+  if (!options.wide && other_columns + class_width + unit_width > options.width) {
+    unit_width = std::max(kShortestUnitWidth, options.width > other_columns + class_width
+                                                  ? options.width - other_columns - class_width : size_t{0});
+    std::vector<std::string> shortened(n);
+    std::map<std::string, int> seen;
+    for (size_t i = 0; i < n; ++i) {
+      const size_t room = unit_width > indents[i].size() ? unit_width - indents[i].size() : 1;
+      shortened[i] = shorten_path(paths[i], room);
+      ++seen[shortened[i]];
+    }
+    // Rows must stay distinct: a shortening shared by two paths is not used.
+    size_t widest = 0;
+    for (size_t i = 0; i < n; ++i) {
+      if (seen[shortened[i]] == 1) paths[i] = shortened[i];
+      widest = std::max(widest, indents[i].size() + paths[i].size());
+    }
+    unit_width = std::max(unit_width, widest);  // what could not be shortened enough still aligns
+  }
+
+  out += pad("#", 4, true) + "  " + pad("unit", unit_width) + "  " + pad("class", class_width) + pad("params", 8, true) +
+         (frozen ? pad("frozen", 9, true) : "") + pad("size", 11, true) + pad("buffers", 11, true) + pad("mp", 4, true) + "\n";
+  int64_t owned_numel = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const Unit& u = plan.units[i];
+    std::string name = indents[i] + paths[i];
     std::string mp = !u.mixed_precision ? "-" : *u.mixed_precision ? "on" : "off";
-    out += pad(std::to_string(i), 4, true) + "  " + pad(name, kUnitWidth) + "  " + pad(cls, kClassWidth) +
+    out += pad(std::to_string(i), 4, true) + "  " + pad(name, unit_width) + "  " + pad(classes[i], class_width) +
            pad(format_count(u.param_numel), 8, true) +
            (frozen ? pad(u.frozen_numel ? format_count(u.frozen_numel) : "-", 9, true) : "") +
            pad(format_bytes(u.param_bytes), 11, true) +
@@ -145,10 +220,11 @@ std::string plan_to_text(const Plan& plan) {
 
   out += "\n" + memory_text(plan);
 
-  if (!plan.warnings.empty()) {
+  if (std::any_of(plan.warnings.begin(), plan.warnings.end(), [](const Warning& w) { return w.kind != "unmatched_class"; })) {
     out += "\n";
     for (const auto& w : plan.warnings)
-      out += wrap(pad(severity_name(w.severity), 8) + w.kind + ": " + w.message, 100, std::string(10, ' '));
+      if (w.kind != "unmatched_class")
+        out += wrap(pad(severity_name(w.severity), 8) + w.kind + ": " + w.message, 100, std::string(10, ' '));
   }
   return out;
 }

@@ -194,6 +194,18 @@ def refused(kind):
     return [kind + ".pt"]
 
 
+def jit_custom_op(name):
+    """A scripted module calling torchvision's nms: LibTorch alone does not know the op."""
+    import torch
+    import torchvision  # noqa: F401  (registers torchvision::nms)
+
+    class Nms(torch.nn.Module):
+        def forward(self, boxes, scores):
+            return torch.ops.torchvision.nms(boxes, scores, 0.5)
+    torch.jit.save(torch.jit.script(Nms()), name)
+    return [name, "--loader", "jit"]
+
+
 CASES = {
     "model-missing": lambda: ["missing.pt"],
     "model-directory": lambda: (os.mkdir("adir"), ["adir"])[1],
@@ -230,6 +242,7 @@ CASES = {
                                                 emb_sizes([{"as_expr": {"expr_str": "s0"}}, {"as_int": 64}])),
     "pt2-old-format": lambda: pt2_old_format("old.pt2"),
     "pt2-inferred-class": lambda: [PT2],
+    "model-jit-custom-op": lambda: jit_custom_op("nms.pt"),
     "policy-missing": lambda: [GPT, "--policy", "missing.json"],
     "policy-invalid-json": lambda: policy('{\n  "module_classes": ["Block"],\n}\n'),
     "policy-not-object": lambda: policy('["Block"]'),
@@ -258,6 +271,12 @@ CASES = {
     "accelerate-stale-key": lambda: accelerate("  fsdp_backward_prefetch_policy: BACKWARD_PRE\n"),
     "accelerate-class-missing": lambda: accelerate("  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n"
                                                    "  fsdp_transformer_layer_cls_to_wrap: Blok\n"),
+    "policy-class-case": lambda: policy('{"module_classes": ["block"]}'),
+    "policy-class-prefix": lambda: policy('{"module_classes": ["nn.Linear"]}'),
+    "policy-is-model": lambda: (model("model.pt", gpt_bytes()), [GPT, "--policy", "model.pt"])[1],
+    "policy-empty-ignored-module": lambda: policy('{"ignored_modules": [""]}'),
+    "output-stdout-full": lambda: {"argv": [GPT], "stdout": "/dev/full"},
+    "output-stdout-closed": lambda: {"argv": [GPT], "stdout": "closed"},
     "output-no-directory": lambda: [GPT, "-o", "missing/plan.json"],
     "output-is-directory": lambda: (os.mkdir("out"), [GPT, "-o", "out"])[1],
     "output-disk-full": lambda: [GPT, "-o", "/dev/full"],
@@ -274,6 +293,8 @@ CASES = {
     "usage-emit-format": lambda: [GPT, "--emit", "accelerate"],  # the test adds -f json
     "usage-hybrid-group": lambda: [GPT, "--world-size", "12", "--sharding-strategy", "HYBRID_SHARD",
                                    "--shard-group-size", "8"],
+    "usage-option-typo": lambda: [GPT, "--polcy", "p.json"],
+    "usage-fractional-count": lambda: [GPT, "--max-unit-numel", "2.5"],
 }
 
 
@@ -287,8 +308,26 @@ class ErrorTable(unittest.TestCase):
                 os.chdir(tmp)
                 try:
                     argv = CASES[case]()
+                    # A case may send standard output elsewhere: a file, or nowhere (closed).
+                    stdout = argv.get("stdout") if isinstance(argv, dict) else None
+                    argv = argv["argv"] if isinstance(argv, dict) else argv
                     before = set(os.listdir("."))
-                    r = subprocess.run([BINARY, *argv, "-f", "json"], capture_output=True, text=True, timeout=120)
+                    if stdout is None:
+                        r = subprocess.run([BINARY, *argv, "-f", "json"], capture_output=True, text=True,
+                                           timeout=120)
+                    else:
+                        command = [BINARY, *argv, "-f", "json"]
+                        if stdout == "closed":
+                            command = ["sh", "-c", 'exec "$@" >&-', "sh", *command]
+                            out = None
+                        else:
+                            out = open(stdout, "w")
+                        try:
+                            r = subprocess.run(command, stdout=out, stderr=subprocess.PIPE, text=True, timeout=120)
+                        finally:
+                            if out:
+                                out.close()
+                        r.stdout = ""
                     after = set(os.listdir("."))
                 finally:
                     os.chdir(cwd)

@@ -136,6 +136,26 @@ TEST_CASE("HYBRID_SHARD shards within groups and replicates across them") {
   CHECK_THROWS_AS(memory_of(b, R"({"module_classes": ["Block"]})", s), std::invalid_argument);
 }
 
+TEST_CASE("HYBRID_SHARD's default group is the largest divisor of the world size up to 8") {
+  MemorySettings s = ranks(12, ShardingStrategy::HybridShard);
+  CHECK(hybrid_group_size(s) == 6);
+  CHECK(settings_error(s).empty());
+  s.world_size = 64;
+  CHECK(hybrid_group_size(s) == 8);
+  s.world_size = 4;
+  CHECK(hybrid_group_size(s) == 4);
+  s.world_size = 13;
+  CHECK(hybrid_group_size(s) == 1);
+  s.world_size = 12;
+  s.shard_group_size = 8;  // as set: refused, with what would do
+  CHECK(settings_error(s).find("one of 1, 2, 3, 4, 6, 12") != std::string::npos);
+  auto b = blocks();
+  s.shard_group_size = 0;
+  auto mem = memory_of(b, R"({"module_classes": ["Block"]})", s);
+  CHECK(mem.shard_group_size == 6);
+  CHECK(mem.notes.front().find("assumed 6 GPUs per node") != std::string::npos);
+}
+
 TEST_CASE("optimizers hold different state; ignored parameters stay whole on every rank") {
   auto b = blocks();
   MemorySettings s = ranks(4);
@@ -196,4 +216,16 @@ TEST_CASE("the timeline's optimizer step is the peak when nothing else exceeds i
   CHECK(m.timeline.back().phase == "optimizer step");
   CHECK(m.timeline.back().total_bytes() == m.per_rank.peak_bytes);
   for (const auto& s : m.timeline) CHECK(s.total_bytes() <= m.per_rank.peak_bytes);
+}
+
+TEST_CASE("only floating-point buffers are cast to buffer_dtype") {
+  // The root: an int64 buffer [100] (swin's relative_position_index, say) and a float32 buffer [100].
+  TreeBuilder b;
+  b.add("a", "Block");
+  b.param("a", "w", {1000});
+  b.tree.add_buffer(0, "steps", b.tree.add_tensor({{100}, "int64", 8}));
+  b.buffer("", "scale", {100});
+  auto mem = memory_of(b, R"({"module_classes": ["Block"], "mixed_precision": {"param_dtype": "bfloat16",
+                              "buffer_dtype": "bfloat16"}})", ranks(2));
+  CHECK(mem.per_rank.buffers_bytes == 100 * 8 + 100 * 2);  // the int64 one stays int64
 }

@@ -63,7 +63,8 @@ TEST_CASE("policy errors name the problem") {
   CHECK(error_of("[]") == "a policy must be a JSON object, not a list");
   CHECK(error_of("{\"mixed_precision\": {\"param_dtype\": \"bf16\"}}").find("not a floating dtype") !=
         std::string::npos);
-  CHECK(error_of("{\"ignored_modules\": [\"\"]}") == "\"ignored_modules\" holds an empty string");
+  CHECK(error_of("{\"ignored_modules\": [\"\"]}").rfind(
+            "\"ignored_modules\" holds an empty string, the root's path: the root cannot be named, but \"*\"", 0) == 0);
   // Found by the fuzzer: a number too big for a double is not a parse_error in nlohmann.
   CHECK(error_of("{\"min_num_params\": 1e400}") == "invalid JSON: number overflow parsing '1e400'");
 }

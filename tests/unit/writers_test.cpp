@@ -1,5 +1,7 @@
 #include <doctest/doctest.h>
 
+#include <set>
+
 #include "json_writer.h"
 #include "text_writer.h"
 #include "tree_builder.h"
@@ -88,4 +90,57 @@ TEST_CASE("the text plan fits in 100 columns and names units, totals and warning
   CHECK(text.find("body") != std::string::npos);
   CHECK(text.find("2 units") != std::string::npos);
   CHECK(text.find("unmatched_class") != std::string::npos);
+}
+
+TEST_CASE("shorten_path drops middle names, longest first, keeping both ends and the indices") {
+  const std::string p = "blocks.0.layers.1.layers.window_attention";
+  CHECK(shorten_path(p, 100) == p);
+  CHECK(shorten_path(p, 36) == "blocks.0.*.1.layers.window_attention");
+  CHECK(shorten_path(p, 32) == "blocks.0.*.1.*.window_attention");
+  CHECK(shorten_path(p, 26) == "blocks.0.*.1.*.window_attention");  // as short as it gets: indices stay
+  CHECK(shorten_path("a_very_long_single_name", 5) == "a_very_long_single_name");  // nothing to drop
+}
+
+TEST_CASE("text rows stay distinct and complete: long paths (maxvit_t's), whole class names, --wide") {
+  // maxvit_t's shape: blocks.N.layers.M.layers.{MBconv,window_attention,grid_attention}.
+  TreeBuilder b("__torch__.torchvision.models.maxvit.MaxVit");
+  b.add("blocks", "ModuleList");
+  for (const char* i : {"0", "1"}) {
+    const std::string blk = std::string("blocks.") + i;
+    b.add(blk, "__torch__.torchvision.models.maxvit.MaxVitBlock").add(blk + ".layers", "ModuleList");
+    for (const char* j : {"0", "1"}) {
+      const std::string layer = blk + ".layers." + j;
+      b.add(layer, "__torch__.torchvision.models.maxvit.MaxVitLayer").add(layer + ".layers", "Sequential");
+      for (const char* part : {"window_attention", "grid_attention"}) {
+        const std::string p = layer + ".layers." + part;
+        b.add(p, "__torch__.torchvision.models.maxvit.PartitionAttentionLayer");
+        b.param(p, "w", {4});
+      }
+    }
+  }
+  auto plan = make_plan(b.tree, policy(R"({"module_classes": ["PartitionAttentionLayer"]})"), "m.pt");
+  auto rows = [](const std::string& text) {
+    std::vector<std::string> out;
+    size_t at = text.find("   #  unit");
+    for (size_t end = text.find('\n', at); (at = end + 1) < text.size() && text[at] != '\n'; end = text.find('\n', at))
+      out.push_back(text.substr(at, text.find('\n', at) - at));
+    return out;
+  };
+  // 100 columns: paths lose middle names, never the indices; classes stay whole.
+  std::string narrow = plan_to_text(plan, {100, false});
+  auto r = rows(narrow);
+  REQUIRE(r.size() == 9);
+  CHECK(std::set<std::string>(r.begin(), r.end()).size() == 9);
+  CHECK(r[1].find("  blocks.0.*.0.*.window_attention  ") != std::string::npos);
+  CHECK(r[8].find("  blocks.1.*.1.*.grid_attention  ") != std::string::npos);
+  for (size_t i = 1; i < r.size(); ++i) CHECK(r[i].find("PartitionAttentionLayer ") != std::string::npos);
+  for (const auto& row : r) CHECK(row.size() <= 100);
+  // Too narrow for that: indices stay, rows stay distinct and aligned, if wider than asked.
+  auto tight = rows(plan_to_text(plan, {60, false}));
+  CHECK(tight[1].find("  blocks.0.*.0.*.window_attention  ") != std::string::npos);
+  CHECK(tight[1].size() == tight[8].size());
+  // Wide: everything whole, columns as wide as the content.
+  std::string wide = plan_to_text(plan, {100, true});
+  CHECK(wide.find("  blocks.1.layers.1.layers.grid_attention  ") != std::string::npos);
+  CHECK(plan_to_text(plan, {200, false}) == wide);
 }
