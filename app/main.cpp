@@ -63,6 +63,7 @@ struct Options {
   // Memory model overrides of the policy's "fsdp" settings; unset: keep the policy's.
   std::optional<int64_t> world_size, shard_group_size;
   std::optional<std::string> strategy, optimizer;
+  std::optional<int> fsdp_version;
   bool use_orig_params = false;
   std::optional<double> warn_root_share;  // root_too_large threshold; overrides checks.warn_root_share
   bool aliases = false;
@@ -162,11 +163,13 @@ int run(const Options& opt) {
   if (opt.optimizer) fsdp.optimizer = *parse_optimizer(*opt.optimizer);
   if (opt.use_orig_params) fsdp.use_orig_params = true;
   if (opt.warn_root_share) policy.checks.warn_root_share = opt.warn_root_share;
+  if (opt.fsdp_version) fsdp.fsdp_version = *opt.fsdp_version;
   if (opt.aliases) policy.module_aliases = true;
   if (std::string why = settings_error(fsdp); !why.empty()) throw UsageError(why);
   if (fsdp.shard_group_size > 0 && fsdp.strategy != ShardingStrategy::HybridShard)
     spdlog::warn("the shard group size ({}) is ignored: only HYBRID_SHARD uses it, and the strategy is {}",
                  fsdp.shard_group_size, strategy_name(fsdp.strategy));
+  if (std::string why = policy.combination_error(); !why.empty()) throw UsageError(why);
 
   auto t0 = std::chrono::steady_clock::now();
   check_readable_file(opt.model);
@@ -298,6 +301,9 @@ int main(int argc, char** argv) {
                  "(default 0.5)")
       ->type_name("F")
       ->check(CLI::Range(0.0, 1.0));
+  app.add_option("--fsdp-version", opt.fsdp_version,
+                 "1: FullyShardedDataParallel (default); 2: fully_shard, the policy selecting its calls")
+      ->check(CLI::IsMember({1, 2}));
   app.add_flag("--aliases", opt.aliases,
                "a module with exactly the tensors of an earlier one is that module under a second name "
                "(transformers 4's T5/BART: encoder.embed_tokens = self.shared); FSDP visits it once");

@@ -34,8 +34,10 @@ class Analysis {
     summarise_model();
     size_units();
     nested_wrap();
-    mixed_precision();
-    shared_params();
+    if (plan_.fsdp_version == 1) {  // FSDP2's own rules: fsdp2_refusals.cpp
+      mixed_precision();
+      shared_params();
+    }
     empty_units();
     unmatched_classes();
     unmatched_globs();

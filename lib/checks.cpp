@@ -53,7 +53,10 @@ const std::vector<std::string>& warning_kinds() {
       // Read from an Accelerate config (lib/accelerate_config.cpp).
       "accelerate_config", "accelerate_config_key", "accelerate_class_missing",
       // lib/flat_param_refusals.cpp (FSDP1) and lib/root_warnings.cpp
-      "mixed_requires_grad", "mixed_dtype", "integer_param", "scalar_param", "root_too_large", "single_unit"};
+      "mixed_requires_grad", "mixed_dtype", "integer_param", "scalar_param", "root_too_large", "single_unit",
+      // FSDP2 (lib/fsdp2_refusals.cpp)
+      "unmatched_group", "fsdp2_applied_twice", "fsdp2_container", "fsdp2_scalar_param", "fsdp2_mixed_dtype",
+      "fsdp2_frozen_dtype", "fsdp2_shared_param", "fsdp2_reshard_ranks"};
   return kinds;
 }
 

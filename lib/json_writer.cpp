@@ -1,6 +1,7 @@
 #include "json_writer.h"
 
 #include "class_names.h"
+#include "fsdp2_memory.h"
 
 namespace fsdp_plan {
 namespace {
@@ -16,6 +17,9 @@ ojson tensor_list(const Plan& plan, const std::vector<Owned>& owned, bool params
                {"dtype", t.dtype},
                {"numel", t.numel()}};
     if (params) j["requires_grad"] = t.requires_grad;
+    // FSDP2 shards each parameter: its local (padded) shape on rank 0.
+    if (params && plan.fsdp_version == 2)
+      j["sharded_shape"] = fsdp2_sharded_shape(t.shape, plan.memory.shard_group_size);
     out.push_back(std::move(j));
   }
   return out;
@@ -56,7 +60,12 @@ ojson memory_json(const Plan& plan) {
                 {"unit_path", r.peak_unit < 0 ? ojson(nullptr)
                                               : ojson(plan.tree->path(plan.units[static_cast<size_t>(r.peak_unit)].module))},
                 {"gathered_units", std::move(gathered)}};
-  return {{"world_size", m.settings.world_size},
+  if (plan.fsdp_version == 2) {
+    ojson categories = ojson::object();
+    for (const auto& [name, bytes] : r.peak_categories) categories[name] = bytes;
+    peak["categories"] = std::move(categories);
+  }
+  ojson out = {{"world_size", m.settings.world_size},
           {"sharding_strategy", strategy_name(m.effective_strategy)},
           {"requested_sharding_strategy", strategy_name(m.settings.strategy)},
           {"shard_group_size", m.shard_group_size},
@@ -71,6 +80,13 @@ ojson memory_json(const Plan& plan) {
           {"peak", std::move(peak)},
           {"notes", m.notes},
           {"timeline", timeline_json(m)}};
+  out["fsdp_version"] = plan.fsdp_version;
+  if (plan.fsdp_version == 2) {
+    out["replicate_size"] = m.replicate_size;
+    out["cpu_offload"] = m.settings.cpu_offload;
+    out["per_rank"]["host_bytes"] = r.host_bytes;
+  }
+  return out;
 }
 
 }  // namespace
@@ -80,6 +96,7 @@ nlohmann::ordered_json plan_to_json(const Plan& plan) {
   const ModelSummary& m = plan.model;
   ojson out;
   out["schema_version"] = kPlanSchemaVersion;
+  out["fsdp_version"] = plan.fsdp_version;
   out["model"] = {{"path", m.path},
                   {"root_class", m.root_class},
                   {"num_modules", m.num_modules},
@@ -115,6 +132,13 @@ nlohmann::ordered_json plan_to_json(const Plan& plan) {
                      {"buffers", tensor_list(plan, u.buffers, false)},
                      {"mixed_precision", optional_bool(u.mixed_precision)},
                      {"memory", unit_memory(plan.memory.units[i])}});
+    if (plan.fsdp_version == 2) {
+      ojson modules = ojson::array();
+      for (ModuleId mod : u.modules) modules.push_back(tree.path(mod));
+      units.back()["modules"] = std::move(modules);
+      units.back()["call"] = u.call;
+      units.back()["reshard_after_forward"] = reshard_to_json(*u.reshard_after_forward);
+    }
   }
   out["units"] = std::move(units);
 

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace fsdp_plan {
@@ -26,12 +27,26 @@ int64_t dtype_itemsize(const std::string& dtype);
 // Far beyond any real job; keeps every byte count well inside int64.
 constexpr int64_t kMaxWorldSize = int64_t{1} << 24;
 
+// fully_shard's reshard_after_forward: true, false, or an int k (reshard to
+// k ranks after forward; k must divide the shard size).
+struct ReshardAfterForward {
+  enum class Kind { True, False, Ranks };
+  Kind kind = Kind::True;
+  int64_t ranks = 0;  // Kind::Ranks only
+  bool operator==(const ReshardAfterForward& o) const { return kind == o.kind && ranks == o.ranks; }
+};
+
 struct MemorySettings {
+  int fsdp_version = 1;  // 1: FullyShardedDataParallel, 2: fully_shard (policy "fsdp.version")
   int64_t world_size = 1;
   ShardingStrategy strategy = ShardingStrategy::FullShard;
   int64_t shard_group_size = 0;  // HYBRID_SHARD only; 0: one node, see hybrid_group_size
   bool use_orig_params = false;
   Optimizer optimizer = Optimizer::Adam;
+  // FSDP2 only: the default for non-root calls (the root's is None -> False),
+  // and CPUOffloadPolicy.
+  ReshardAfterForward reshard_after_forward;
+  bool cpu_offload = false;
 };
 
 struct UnitMemory {
@@ -52,6 +67,12 @@ struct RankMemory {
   std::string peak_phase;  // "forward", "backward" or "optimizer step"
   int peak_unit = -1;      // the unit being computed at the peak
   std::vector<int> peak_gathered;  // units gathered at the peak
+  // FSDP2: the device bytes at the peak by category (sharded_params,
+  // unsharded_params, all_gather, reduce_scatter, sharded_grads,
+  // unsharded_grads, optimizer_state, buffers), and with CPU offload what
+  // lives on the host (sharded parameters, gradients, optimizer state).
+  std::vector<std::pair<std::string, int64_t>> peak_categories;
+  int64_t host_bytes = 0;
 };
 
 // What a rank holds at one point of a training step: while `unit` runs its
@@ -75,7 +96,8 @@ struct MemoryStep {
 struct MemoryPlan {
   MemorySettings settings;
   ShardingStrategy effective_strategy = ShardingStrategy::FullShard;
-  int64_t shard_group_size = 1;  // ranks a flat parameter is sharded over
+  int64_t shard_group_size = 1;  // ranks a flat parameter (FSDP2: each parameter) is sharded over
+  int64_t replicate_size = 1;    // FSDP2 HSDP: the mesh's replicate dimension
   std::vector<UnitMemory> units;  // parallel to Plan::units
   RankMemory per_rank;
   std::vector<MemoryStep> timeline;  // one training step, in order

@@ -32,6 +32,12 @@ struct Unit {
   int64_t param_numel = 0, param_bytes = 0, buffer_numel = 0, buffer_bytes = 0;
   int64_t trainable_numel = 0, frozen_numel = 0;  // by requires_grad; they sum to param_numel
   std::optional<bool> mixed_precision;  // nullopt: the policy configures none
+  // FSDP2 only. A call's modules (fully_shard([a, b]) has two; module is the
+  // first), the call's position among the fully_shard calls (bottom-up, root
+  // last) and its reshard_after_forward.
+  std::vector<ModuleId> modules;
+  int call = -1;
+  std::optional<ReshardAfterForward> reshard_after_forward;
 };
 
 enum class Severity { Error, Warning, Info };
@@ -62,6 +68,7 @@ struct Plan {
   // The loaded tree without module aliases (aliases.h), when it had any: `tree` points here.
   std::shared_ptr<const ModuleTree> dealiased_tree;
   std::vector<Alias> aliases;
+  int fsdp_version = 1;  // 1: FullyShardedDataParallel units; 2: fully_shard groups
   Policy policy;
   ModelSummary model;
   std::vector<Unit> units;

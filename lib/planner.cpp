@@ -4,6 +4,9 @@
 
 #include "aliases.h"
 #include "analysis.h"
+#include "fsdp2_grouping.h"
+#include "fsdp2_memory.h"
+#include "fsdp2_refusals.h"
 #include "grouping.h"
 #include "ignored.h"
 #include "memory.h"
@@ -24,6 +27,23 @@ Plan plan_with(const ModuleTree& loaded, const Policy& policy, const std::string
   const ModuleTree& tree = own ? *own : loaded;
   ClassMatcher matcher;
   Ignored ignored = resolve_ignored(tree, policy);
+
+  Plan plan;
+  plan.tree = &tree;
+  plan.dealiased_tree = own;
+  plan.aliases = std::move(dealiased.aliases);
+  plan.policy = policy;
+  plan.model.path = model_path;
+  plan.fsdp_version = policy.fsdp.fsdp_version;
+  if (plan.fsdp_version == 2) {
+    // FSDP2: fully_shard calls, bottom-up, then the root.
+    Fsdp2Calls calls = fsdp2_calls(tree, policy, matcher, ignored);
+    plan.units = group_units_fsdp2(tree, calls.calls, ignored.tensor);
+    analyse(plan, ignored, matcher);
+    analyse_fsdp2(plan, calls, matcher);
+    plan.memory = estimate_memory_fsdp2(plan, policy.fsdp);
+    return plan;
+  }
   std::vector<bool> wrapped(tree.num_modules(), false);
   std::string ranks_differ;
   if (auto wrap_policy = make_wrap_policy(policy, tree, matcher)) {
@@ -33,13 +53,6 @@ Plan plan_with(const ModuleTree& loaded, const Policy& policy, const std::string
     wrapped = select_wrapped(tree, *wrap_policy, ignored, views ? &*views : nullptr);
     if (views) ranks_differ = rank_disagreement(tree, ignored, policy.fsdp, *wrap_policy, wrapped, *views);
   }
-
-  Plan plan;
-  plan.tree = &tree;
-  plan.dealiased_tree = own;
-  plan.aliases = std::move(dealiased.aliases);
-  plan.policy = policy;
-  plan.model.path = model_path;
   plan.units = group_units(tree, wrapped, ignored.tensor, policy.fsdp.use_orig_params);
   analyse(plan, ignored, matcher);
   if (!ranks_differ.empty()) {

@@ -18,13 +18,15 @@ using json = nlohmann::json;
 const std::vector<std::string> kTopKeys = {"$schema", "module_classes", "min_num_params",
                                            "force_leaf_modules", "exclude_wrap_modules",
                                            "mixed_precision", "ignored_modules", "ignored_params",
-                                           "fsdp", "checks"};
+                                           "fsdp", "checks", "groups"};
 const std::vector<std::string> kChecksKeys = {"max_unit_numel", "max_units", "max_root_share", "max_peak_bytes",
                                               "fail_on", "warn_root_share"};
 const std::vector<std::string> kMixedPrecisionKeys = {"param_dtype", "reduce_dtype", "buffer_dtype",
                                                       "ignore_classes"};
 const std::vector<std::string> kFsdpKeys = {"world_size", "sharding_strategy", "shard_group_size",
-                                            "use_orig_params", "optimizer"};
+                                            "use_orig_params", "optimizer", "version",
+                                            "reshard_after_forward", "cpu_offload"};
+const std::vector<std::string> kGroupKeys = {"modules", "reshard_after_forward"};
 const std::vector<std::string> kStrategies = {"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"};
 const std::vector<std::string> kOptimizers = {"adam", "adamw", "sgd", "sgd-momentum", "none"};
 const std::vector<std::string> kDtypes = {"float32", "float16", "bfloat16", "float64"};
@@ -143,6 +145,56 @@ class Parser {
     }
     if (auto it = v.find("optimizer"); it != v.end())
       out.optimizer = *parse_optimizer(one_of(*it, "fsdp.optimizer", kOptimizers));
+    if (auto it = v.find("version"); it != v.end()) {
+      if (!it->is_number_integer() || (it->get<int64_t>() != 1 && it->get<int64_t>() != 2))
+        fail("\"fsdp.version\" must be 1 (FullyShardedDataParallel) or 2 (fully_shard), not " + it->dump());
+      out.fsdp_version = it->get<int>();
+    }
+    if (auto it = v.find("reshard_after_forward"); it != v.end())
+      out.reshard_after_forward = reshard(*it, "fsdp.reshard_after_forward");
+    if (auto it = v.find("cpu_offload"); it != v.end()) {
+      if (!it->is_boolean()) fail("\"fsdp.cpu_offload\" must be true or false, not " + type_of(*it));
+      out.cpu_offload = it->get<bool>();
+    }
+  }
+
+  // fully_shard's reshard_after_forward: true, false or a rank count >= 1
+  // (whether it divides the shard size is checked against the mesh).
+  ReshardAfterForward reshard(const json& v, const std::string& key) const {
+    ReshardAfterForward r;
+    if (v.is_boolean()) {
+      r.kind = v.get<bool>() ? ReshardAfterForward::Kind::True : ReshardAfterForward::Kind::False;
+      return r;
+    }
+    if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() > kMaxWorldSize)
+      fail("\"" + key + "\" must be true, false or a number of ranks from 1 to " + std::to_string(kMaxWorldSize) +
+           ", not " + v.dump());
+    r.kind = ReshardAfterForward::Kind::Ranks;
+    r.ranks = v.get<int64_t>();
+    return r;
+  }
+
+  std::vector<Fsdp2Group> groups(const json& v) const {
+    if (!v.is_array()) fail("\"groups\" must be a list of objects, not " + type_of(v));
+    std::vector<Fsdp2Group> out;
+    for (size_t i = 0; i < v.size(); ++i) {
+      const json& g = v[i];
+      const std::string where = "groups[" + std::to_string(i) + "]";
+      if (!g.is_object()) fail("\"" + where + "\" must be an object, not " + type_of(g));
+      check_keys(g, kGroupKeys, " in \"" + where + "\"");
+      auto m = g.find("modules");
+      if (m == g.end()) fail("\"" + where + "\" has no \"modules\"");
+      Fsdp2Group group;
+      group.modules = string_list(*m, where + ".modules", false);
+      if (group.modules.empty()) fail("\"" + where + ".modules\" is empty");
+      for (const auto& path : group.modules)
+        if (path.find('*') != std::string::npos)
+          fail("\"" + where + ".modules\" holds \"" + path + "\": module paths here are exact, not globs");
+      if (auto r = g.find("reshard_after_forward"); r != g.end() && !r->is_null())
+        group.reshard_after_forward = reshard(*r, where + ".reshard_after_forward");
+      out.push_back(std::move(group));
+    }
+    return out;
   }
 
   double share(const json& v, const std::string& key) const {
@@ -227,6 +279,7 @@ class Parser {
     if (auto it = doc.find("ignored_params"); it != doc.end() && !it->is_null())
       p.ignored_params = string_list(*it, "ignored_params", false);
     if (auto it = doc.find("checks"); it != doc.end() && !it->is_null()) p.checks = checks(*it);
+    if (auto it = doc.find("groups"); it != doc.end() && !it->is_null()) p.groups = groups(*it);
     return p;
   }
 
@@ -262,6 +315,27 @@ Policy load_policy_file(const std::string& file) {
   return parse_policy(text, file);
 }
 
+std::string Policy::combination_error() const {
+  if (!groups.empty() && fsdp.fsdp_version != 2)
+    return "the policy's \"groups\" are fully_shard calls: they need FSDP2 (\"fsdp\": {\"version\": 2} or "
+           "--fsdp-version 2)";
+  if (fsdp.fsdp_version == 2 &&
+      (fsdp.strategy == ShardingStrategy::ShardGradOp || fsdp.strategy == ShardingStrategy::NoShard))
+    return std::string("FSDP2 has no sharding strategy ") + strategy_name(fsdp.strategy) +
+           ": use fsdp.reshard_after_forward false for SHARD_GRAD_OP's behaviour, HYBRID_SHARD for a "
+           "(replicate, shard) mesh";
+  return "";
+}
+
+nlohmann::ordered_json reshard_to_json(const ReshardAfterForward& r) {
+  switch (r.kind) {
+    case ReshardAfterForward::Kind::True: return true;
+    case ReshardAfterForward::Kind::False: return false;
+    case ReshardAfterForward::Kind::Ranks: return r.ranks;
+  }
+  return true;
+}
+
 nlohmann::ordered_json policy_to_json(const Policy& p) {
   nlohmann::ordered_json out;
   out["auto_wrap"] = p.auto_wrap();
@@ -287,6 +361,17 @@ nlohmann::ordered_json policy_to_json(const Policy& p) {
                                                                   : nlohmann::ordered_json(nullptr)},
                  {"use_orig_params", p.fsdp.use_orig_params},
                  {"optimizer", optimizer_name(p.fsdp.optimizer)}};
+  if (p.fsdp.fsdp_version == 2) {
+    out["fsdp"]["version"] = 2;
+    out["fsdp"]["reshard_after_forward"] = reshard_to_json(p.fsdp.reshard_after_forward);
+    out["fsdp"]["cpu_offload"] = p.fsdp.cpu_offload;
+    nlohmann::ordered_json groups = nlohmann::ordered_json::array();
+    for (const auto& g : p.groups)
+      groups.push_back({{"modules", g.modules},
+                        {"reshard_after_forward", g.reshard_after_forward ? reshard_to_json(*g.reshard_after_forward)
+                                                                          : nlohmann::ordered_json(nullptr)}});
+    out["groups"] = std::move(groups);
+  }
   return out;
 }
 

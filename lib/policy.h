@@ -21,6 +21,12 @@ struct MixedPrecision {
   bool ignore_classes_given = false;
 };
 
+// FSDP2: one fully_shard([modules...]) call the user names ("groups").
+struct Fsdp2Group {
+  std::vector<std::string> modules;  // module paths, exact
+  std::optional<ReshardAfterForward> reshard_after_forward;  // nullopt: fsdp.reshard_after_forward
+};
+
 struct Policy {
   std::optional<std::vector<std::string>> module_classes;  // ModuleWrapPolicy
   std::optional<int64_t> min_num_params;                   // size_based_auto_wrap_policy
@@ -38,10 +44,13 @@ struct Policy {
   // module under a second name (aliases.h). A saved file cannot tell this from
   // two modules tied by weight (transformers 5's T5), so only when asked.
   bool module_aliases = false;
+  std::vector<Fsdp2Group> groups;            // FSDP2 only: explicit fully_shard calls
 
   // FSDP auto-wraps only when a wrapping policy is given; mixed precision
   // alone changes no unit.
   bool auto_wrap() const { return module_classes.has_value() || min_num_params.has_value(); }
+  // Why these settings cannot be planned together ("groups" need FSDP2), or "".
+  std::string combination_error() const;
 };
 
 // Parse and validate policy JSON text. Throws InputError naming `file`.
@@ -56,5 +65,7 @@ std::string fail_on_error(const std::string& kind);
 
 // The effective policy, defaults filled in, as the plan reports it.
 nlohmann::ordered_json policy_to_json(const Policy& policy);
+// true, false or the rank count, as fully_shard takes it.
+nlohmann::ordered_json reshard_to_json(const ReshardAfterForward& r);
 
 }  // namespace fsdp_plan

@@ -32,18 +32,24 @@ std::string join(const std::vector<std::string>& v) {
   return out;
 }
 
-std::string describe_policy(const Policy& p) {
+std::string describe_policy(const Policy& p, int fsdp_version) {
   std::vector<std::string> parts;
   if (p.module_classes) parts.push_back("module_classes [" + join(*p.module_classes) + "]");
   if (p.min_num_params) parts.push_back("min_num_params " + format_count(*p.min_num_params));
   if (p.mixed_precision) {
     const auto& mp = *p.mixed_precision;
     parts.push_back("mixed precision " + mp.param_dtype.value_or("(param dtype unchanged)") +
-                    (p.auto_wrap() ? ", full precision for [" + join(mp.ignore_classes) + "]" : ""));
+                    (p.auto_wrap() && fsdp_version == 1 ? ", full precision for [" + join(mp.ignore_classes) + "]"
+                                                        : ""));
   }
   if (!p.ignored_modules.empty()) parts.push_back("ignored modules [" + join(p.ignored_modules) + "]");
   if (!p.ignored_params.empty()) parts.push_back("ignored params [" + join(p.ignored_params) + "]");
-  if (!p.auto_wrap()) parts.insert(parts.begin(), "no auto-wrap (one root unit)");
+  if (fsdp_version == 2) {
+    for (const auto& g : p.groups) parts.push_back("group [" + join(g.modules) + "]");
+    if (!p.auto_wrap() && p.groups.empty()) parts.insert(parts.begin(), "no calls but the root's");
+  } else if (!p.auto_wrap()) {
+    parts.insert(parts.begin(), "no auto-wrap (one root unit)");
+  }
   return join(parts);
 }
 
@@ -108,7 +114,44 @@ std::string wrap(const std::string& text, size_t width, const std::string& inden
   return out + line + "\n";
 }
 
+std::string reshard_text(const ReshardAfterForward& r) {
+  switch (r.kind) {
+    case ReshardAfterForward::Kind::True: return "true";
+    case ReshardAfterForward::Kind::False: return "false";
+    case ReshardAfterForward::Kind::Ranks: return std::to_string(r.ranks);
+  }
+  return "true";
+}
+
+// FSDP2: the mesh, then the peak by category.
+std::string fsdp2_memory_text(const Plan& plan) {
+  const MemoryPlan& m = plan.memory;
+  const RankMemory& r = m.per_rank;
+  std::string mesh = m.replicate_size > 1 ? "HSDP mesh (" + std::to_string(m.replicate_size) + " replicate, " +
+                                                std::to_string(m.shard_group_size) + " shard)"
+                                          : "mesh (" + std::to_string(m.shard_group_size) + ")";
+  std::string out = wrap("memory  per rank (rank 0), FSDP2, world size " + std::to_string(m.settings.world_size) +
+                             ", " + mesh + ", " + optimizer_name(m.settings.optimizer) +
+                             (m.settings.cpu_offload ? ", CPU offload" : "") + "; activations not included",
+                         100, std::string(8, ' '));
+  out += "        params " + format_bytes(r.params_bytes) + " + grads " + format_bytes(r.grads_bytes) +
+         " + optimizer " + format_bytes(r.optimizer_bytes) + " + buffers " + format_bytes(r.buffers_bytes) +
+         " = steady " + format_bytes(r.steady_bytes) + (m.settings.cpu_offload ? " (on the host)" : "") + "\n";
+  std::string peak = "peak " + format_bytes(r.peak_bytes) + (m.settings.cpu_offload ? " on the device" : "") +
+                     " in " + r.peak_phase;
+  if (r.peak_unit >= 0) {
+    std::string path = plan.tree->path(plan.units[static_cast<size_t>(r.peak_unit)].module);
+    peak += " at unit " + std::to_string(r.peak_unit) + " " + (path.empty() ? "(root)" : path);
+  }
+  std::vector<std::string> parts;
+  for (const auto& [name, bytes] : r.peak_categories)
+    if (bytes > 0) parts.push_back(name + " " + format_bytes(bytes));
+  peak += ": " + join(parts);
+  return out + wrap(peak, 100, std::string(10, ' '), std::string(8, ' '));
+}
+
 std::string memory_text(const Plan& plan) {
+  if (plan.fsdp_version == 2) return fsdp2_memory_text(plan);
   const MemoryPlan& m = plan.memory;
   const RankMemory& r = m.per_rank;
   std::string strategy = strategy_name(m.effective_strategy);
@@ -142,7 +185,12 @@ std::string plan_to_text(const Plan& plan, const TextOptions& options) {
   out += "model   " + m.path + "  (" + m.root_class + ", " + std::to_string(m.num_modules) + " modules)\n";
   out += "params  " + format_count(m.param_numel) + " (" + format_bytes(m.param_bytes) + "), buffers " +
          format_count(m.buffer_numel) + " (" + format_bytes(m.buffer_bytes) + ")\n";
-  out += wrap("policy  " + describe_policy(plan.policy), 100, std::string(8, ' '));
+  out += wrap("policy  " + describe_policy(plan.policy, plan.fsdp_version), 100, std::string(8, ' '));
+  if (plan.fsdp_version == 2) {
+    int calls = static_cast<int>(plan.units.size());
+    out += "fsdp    FSDP2: " + std::to_string(calls) + " fully_shard call" + (calls == 1 ? "" : "s") +
+           ", bottom-up, the root last; units in forward order, [call] reshard_after_forward\n";
+  }
   if (!plan.aliases.empty()) {
     std::vector<std::string> parts;
     for (const auto& a : plan.aliases) parts.push_back(a.path + " = " + (a.alias_of.empty() ? "(root)" : a.alias_of));
@@ -202,7 +250,14 @@ std::string plan_to_text(const Plan& plan, const TextOptions& options) {
            pad(format_count(u.param_numel), 8, true) +
            (frozen ? pad(u.frozen_numel ? format_count(u.frozen_numel) : "-", 9, true) : "") +
            pad(format_bytes(u.param_bytes), 11, true) +
-           pad(u.buffers.empty() ? "-" : format_bytes(u.buffer_bytes), 11, true) + pad(mp, 4, true) + "\n";
+           pad(u.buffers.empty() ? "-" : format_bytes(u.buffer_bytes), 11, true) + pad(mp, 4, true);
+    if (u.reshard_after_forward) {
+      std::vector<std::string> more;
+      for (size_t k = 1; k < u.modules.size(); ++k) more.push_back(tree.path(u.modules[k]));
+      out += "  [" + std::to_string(u.call) + "] " + reshard_text(*u.reshard_after_forward) +
+             (more.empty() ? "" : "  with " + join(more));
+    }
+    out += "\n";
     owned_numel += u.param_numel;
   }
 
@@ -213,7 +268,8 @@ std::string plan_to_text(const Plan& plan, const TextOptions& options) {
   std::string largest_path = tree.path(largest->module);
   out += std::to_string(plan.units.size()) + " unit" + (plan.units.size() == 1 ? "" : "s") + ", " +
          format_count(owned_numel) + " params sharded";
-  if (owned_numel != m.param_numel) out += " (" + format_count(m.param_numel - owned_numel) + " ignored)";
+  if (owned_numel < m.param_numel) out += " (" + format_count(m.param_numel - owned_numel) + " ignored)";
+  if (owned_numel > m.param_numel) out += " (tied tensors counted in each group that holds them)";
   out += "; largest unit " + (largest_path.empty() ? "(root)" : largest_path) + " " +
          percent(largest->param_numel, owned_numel) + "; root unit " +
          percent(plan.units.front().param_numel, owned_numel) + "\n";

@@ -258,6 +258,8 @@ CASES = {
     "policy-bad-dtype": lambda: policy('{"mixed_precision": {"param_dtype": "bf16"}}'),
     "policy-bad-strategy": lambda: policy('{"fsdp": {"sharding_strategy": "FULL_SHARDS"}}'),
     "policy-bad-root-share": lambda: policy('{"checks": {"warn_root_share": 1.5}}'),
+    "policy-bad-fsdp-version": lambda: policy('{"fsdp": {"version": 3}}'),
+    "policy-groups-fsdp1": lambda: policy('{"groups": [{"modules": ["tok_emb"]}]}'),
     "policy-glob-no-module": lambda: policy('{"ignored_modules": ["decoder.*"]}'),
     "policy-glob-no-param": lambda: policy('{"ignored_params": ["*.gamma"]}'),
     "policy-class-no-module": lambda: policy('{"module_classes": ["Blok"]}'),
@@ -295,6 +297,7 @@ CASES = {
                                    "--shard-group-size", "8"],
     "usage-option-typo": lambda: [GPT, "--polcy", "p.json"],
     "usage-fractional-count": lambda: [GPT, "--max-unit-numel", "2.5"],
+    "usage-fsdp2-strategy": lambda: [GPT, "--fsdp-version", "2", "--sharding-strategy", "SHARD_GRAD_OP"],
 }
 
 

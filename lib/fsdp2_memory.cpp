@@ -1,0 +1,302 @@
+#include "fsdp2_memory.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+#include "plan.h"
+
+namespace fsdp_plan {
+namespace {
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Adam keeps exp_avg and exp_avg_sq of the local shard plus a 0-dim float32
+// step per parameter; SGD with momentum a momentum buffer; plain SGD nothing.
+int optimizer_states(Optimizer o) {
+  switch (o) {
+    case Optimizer::Adam: return 2;
+    case Optimizer::SgdMomentum: return 1;
+    case Optimizer::Sgd:
+    case Optimizer::None: return 0;
+  }
+  return 0;
+}
+
+bool is_floating(const std::string& dtype) { return dtype_itemsize(dtype) > 0; }
+
+// What one group holds and moves, in bytes (FSDP2.md sections 2 and 4).
+struct Group {
+  int64_t sharded = 0;          // padded shards, original dtype
+  int64_t unsharded = 0;        // padded x S, in param_dtype
+  int64_t kept_after_forward = 0;
+  int64_t grads_unsharded = 0;  // autograd's gradients: unpadded, param_dtype
+  int64_t rs_input = 0;         // padded x S, reduce dtype
+  int64_t rs_output = 0;        // padded, reduce dtype
+  bool rs_output_is_grad = true;  // reduce dtype == original dtype: the sharded grads are views of it
+  int64_t grads_sharded = 0;    // padded, original dtype
+  int64_t optimizer = 0;        // real rank-0 shard (= padded on rank 0), plus Adam's steps
+};
+
+}  // namespace
+
+Fsdp2Mesh fsdp2_mesh(const MemorySettings& s) {
+  Fsdp2Mesh mesh;
+  mesh.shard = s.world_size;
+  if (s.strategy == ShardingStrategy::HybridShard) {
+    mesh.shard = hybrid_group_size(s);
+    mesh.replicate = s.world_size / mesh.shard;
+  }
+  return mesh;
+}
+
+std::vector<int64_t> fsdp2_sharded_shape(const std::vector<int64_t>& shape, int64_t shard) {
+  if (shape.empty()) return {1};
+  std::vector<int64_t> out = shape;
+  out[0] = ceil_div(shape[0], shard);
+  return out;
+}
+
+MemoryPlan estimate_memory_fsdp2(const Plan& plan, const MemorySettings& settings) {
+  if (std::string why = settings_error(settings); !why.empty()) throw std::invalid_argument(why);
+  if (settings.strategy == ShardingStrategy::ShardGradOp || settings.strategy == ShardingStrategy::NoShard)
+    throw std::invalid_argument("FSDP2 has no sharding strategy " + std::string(strategy_name(settings.strategy)));
+  MemoryPlan mem;
+  mem.settings = settings;
+  mem.effective_strategy = settings.strategy;
+  const Fsdp2Mesh mesh = fsdp2_mesh(settings);
+  const int64_t S = mesh.shard;
+  mem.shard_group_size = S;
+  mem.replicate_size = mesh.replicate;
+  const ModuleTree& tree = *plan.tree;
+  const auto& mp = plan.policy.mixed_precision;
+  const int states = optimizer_states(settings.optimizer);
+  const size_t n = plan.units.size();
+
+  // Per group, per parameter.
+  std::vector<Group> groups(n);
+  RankMemory& r = mem.per_rank;
+  for (size_t i = 0; i < n; ++i) {
+    const Unit& u = plan.units[i];
+    Group& g = groups[i];
+    UnitMemory um;
+    for (const auto& o : u.params) {
+      const TensorInfo& t = tree.tensor(o.tensor);
+      const std::vector<int64_t> local = fsdp2_sharded_shape(t.shape, S);
+      int64_t padded = 1;
+      for (int64_t d : local) padded *= d;
+      const int64_t orig = t.itemsize;
+      // MixedPrecisionPolicy: param_dtype applies to floating parameters of another dtype.
+      int64_t pe = orig;
+      if (mp && mp->param_dtype && is_floating(t.dtype) && *mp->param_dtype != t.dtype)
+        pe = dtype_itemsize(*mp->param_dtype);
+      const int64_t rd = mp && mp->reduce_dtype ? dtype_itemsize(*mp->reduce_dtype) : pe;
+      um.sharded_numel += padded;
+      um.flat_numel += padded * S;
+      um.compute_itemsize = pe;
+      g.sharded += padded * orig;
+      g.unsharded += padded * S * pe;
+      if (!t.requires_grad) continue;
+      g.grads_unsharded += t.numel() * pe;
+      g.rs_input += padded * S * rd;
+      g.rs_output += padded * rd;
+      g.rs_output_is_grad = g.rs_output_is_grad && rd == orig;
+      g.grads_sharded += padded * orig;
+      // Rank 0's real shard is ceil(d0/S) rows: its whole padded shard.
+      g.optimizer += states * padded * orig + (settings.optimizer == Optimizer::Adam ? 4 : 0);
+    }
+    um.sharded_bytes = g.sharded;
+    um.unsharded_bytes = g.unsharded;
+    const ReshardAfterForward raf = u.reshard_after_forward.value_or(ReshardAfterForward{});
+    g.kept_after_forward = raf.kind == ReshardAfterForward::Kind::False ? g.unsharded
+                           : raf.kind == ReshardAfterForward::Kind::Ranks && raf.ranks < S
+                               ? (raf.ranks == 1 ? g.unsharded : g.unsharded / raf.ranks)
+                               : 0;
+    if (S == 1) g.kept_after_forward = g.unsharded;
+    r.params_bytes += g.sharded;
+    r.grads_bytes += g.grads_sharded;
+    r.optimizer_bytes += g.optimizer;
+    for (const auto& o : u.buffers) r.buffers_bytes += tree.tensor(o.tensor).bytes();
+    mem.units.push_back(um);
+  }
+  // Ignored parameters: whole on every rank, with whole gradients and state.
+  {
+    std::vector<bool> owned(tree.num_tensors(), false), seen(tree.num_tensors(), false);
+    for (const auto& u : plan.units)
+      for (const auto& o : u.params) owned[static_cast<size_t>(o.tensor)] = true;
+    for (const auto& m : tree.modules())
+      for (const auto& p : m.params) {
+        const auto t = static_cast<size_t>(p.tensor);
+        if (owned[t] || seen[t]) continue;
+        seen[t] = true;
+        const TensorInfo& info = tree.tensor(p.tensor);
+        r.params_bytes += info.bytes();
+        if (!info.requires_grad) continue;
+        r.grads_bytes += info.bytes();
+        r.optimizer_bytes += states * info.bytes();
+      }
+  }
+  r.steady_bytes = r.params_bytes + r.grads_bytes + r.optimizer_bytes + r.buffers_bytes;
+  if (settings.cpu_offload) r.host_bytes = r.params_bytes + r.grads_bytes + r.optimizer_bytes;
+
+  // A training step, event by event, in the categories FSDPMemTracker uses.
+  // Gradients were freed by zero_grad; ignored parameters' gradients are
+  // counted whole from the start of backward (an upper bound).
+  int64_t ignored_grads = r.grads_bytes;
+  for (const auto& g : groups) ignored_grads -= g.grads_sharded;
+  struct Live {
+    int64_t unsharded = 0, all_gather = 0, reduce_scatter = 0, grads_sharded = 0, grads_unsharded = 0;
+  } live;
+  const int64_t resident_params = settings.cpu_offload ? 0 : r.params_bytes;
+  const int64_t resident_opt = settings.cpu_offload ? 0 : r.optimizer_bytes;
+  r.peak_bytes = -1;
+  std::vector<int64_t> held(n, 0);  // unsharded bytes each group holds
+  auto consider = [&](const char* phase, size_t unit) {
+    const int64_t grads = settings.cpu_offload ? 0 : live.grads_sharded;
+    const int64_t total = resident_params + resident_opt + r.buffers_bytes + live.unsharded + live.all_gather +
+                          live.reduce_scatter + grads + live.grads_unsharded;
+    if (total <= r.peak_bytes) return;
+    r.peak_bytes = total;
+    r.peak_phase = phase;
+    r.peak_unit = static_cast<int>(unit);
+    r.peak_categories = {{"sharded_params", resident_params}, {"unsharded_params", live.unsharded},
+                         {"all_gather", live.all_gather},     {"reduce_scatter", live.reduce_scatter},
+                         {"sharded_grads", grads},            {"unsharded_grads", live.grads_unsharded},
+                         {"optimizer_state", resident_opt},   {"buffers", r.buffers_bytes}};
+    r.peak_gathered.clear();
+    for (size_t k = 0; k < n; ++k)
+      if (held[k] > 0) r.peak_gathered.push_back(static_cast<int>(k));
+  };
+  auto is_ancestor = [&](size_t a, size_t j) {
+    for (int p = plan.units[j].parent; p >= 0; p = plan.units[static_cast<size_t>(p)].parent)
+      if (static_cast<size_t>(p) == a) return true;
+    return false;
+  };
+  auto gather = [&](size_t j) {  // unshard + copy-out of a group not prefetched
+    if (held[j] == groups[j].unsharded) return;
+    live.unsharded += groups[j].unsharded - held[j];
+    held[j] = groups[j].unsharded;
+  };
+
+  // Forward, in unit order: the previous group's all-gather output lives
+  // until this group's copy-out (implicit prefetch); at world size 1 there is none.
+  int64_t ag_prev = 0;
+  std::vector<size_t> active;
+  auto post_forward = [&](size_t j) {
+    live.unsharded -= held[j] - groups[j].kept_after_forward;
+    held[j] = groups[j].kept_after_forward;
+  };
+  for (size_t j = 0; j < n; ++j) {
+    while (!active.empty() && !is_ancestor(active.back(), j)) {
+      post_forward(active.back());
+      active.pop_back();
+    }
+    const int64_t ag = S > 1 ? groups[j].unsharded : 0;
+    live.all_gather += ag;
+    consider("forward", j);
+    live.all_gather -= ag_prev;
+    gather(j);
+    consider("forward", j);
+    ag_prev = ag;
+    active.push_back(j);
+  }
+  while (!active.empty()) {
+    post_forward(active.back());
+    active.pop_back();
+  }
+  live.all_gather -= ag_prev;  // the root's post-forward frees the last one
+
+  // Backward: pre-backward hooks in reverse post-forward order, each
+  // prefetching the group that finished forward just before it;
+  // post-backward hooks when a group's subtree is done. One reduce-scatter
+  // input is retained until the next group's reduce-scatter.
+  std::vector<size_t> post_order;
+  {
+    std::vector<size_t> stack;
+    for (size_t j = 0; j < n; ++j) {
+      while (!stack.empty() && !is_ancestor(stack.back(), j)) {
+        post_order.push_back(stack.back());
+        stack.pop_back();
+      }
+      stack.push_back(j);
+    }
+    while (!stack.empty()) {
+      post_order.push_back(stack.back());
+      stack.pop_back();
+    }
+  }
+  live.grads_unsharded += ignored_grads;
+  std::vector<int64_t> prefetched(n, 0);
+  int64_t rs_retained = 0;
+  std::vector<size_t> open;
+  auto post_backward = [&](size_t j) {
+    const Group& g = groups[j];
+    live.grads_unsharded += g.grads_unsharded;
+    consider("backward", j);
+    live.unsharded -= held[j];
+    held[j] = 0;
+    if (g.grads_unsharded == 0) return;
+    live.reduce_scatter -= rs_retained;
+    live.reduce_scatter += g.rs_input;
+    consider("backward", j);
+    live.grads_unsharded -= g.grads_unsharded;
+    live.reduce_scatter += g.rs_output;
+    if (!g.rs_output_is_grad) {
+      live.grads_sharded += g.grads_sharded;
+      consider("backward", j);
+      live.reduce_scatter -= g.rs_output;
+    } else {
+      live.reduce_scatter -= g.rs_output;
+      live.grads_sharded += g.grads_sharded;
+    }
+    rs_retained = g.rs_input;
+  };
+  for (size_t k = post_order.size(); k-- > 0;) {
+    const size_t j = post_order[k];
+    while (!open.empty() && !is_ancestor(open.back(), j)) {
+      post_backward(open.back());
+      open.pop_back();
+    }
+    if (prefetched[j] > 0) {  // copy out the prefetched all-gather, then free it
+      gather(j);
+      consider("backward", j);
+      live.all_gather -= prefetched[j];
+      prefetched[j] = 0;
+    } else if (held[j] < groups[j].unsharded) {
+      const int64_t ag = S > 1 ? groups[j].unsharded : 0;
+      live.all_gather += ag;
+      gather(j);
+      consider("backward", j);
+      live.all_gather -= ag;
+    }
+    if (k > 0) {
+      const size_t next = post_order[k - 1];
+      if (held[next] < groups[next].unsharded && S > 1) {
+        prefetched[next] = groups[next].unsharded;
+        live.all_gather += prefetched[next];
+      }
+    }
+    consider("backward", j);
+    open.push_back(j);
+  }
+  while (!open.empty()) {
+    post_backward(open.back());
+    open.pop_back();
+  }
+  // The optimizer step: sharded gradients and state, nothing gathered.
+  live.reduce_scatter = 0;
+  live.grads_unsharded = 0;
+  live.grads_sharded += ignored_grads;
+  consider("optimizer step", n);
+  if (r.peak_phase == "optimizer step") r.peak_unit = -1;
+
+  mem.notes.push_back("FSDP2 (fully_shard): mesh " +
+                      (mesh.replicate > 1 ? "(" + std::to_string(mesh.replicate) + " replicate, " : std::string("(")) +
+                      std::to_string(S) + " shard), rank 0 (the largest shards)");
+  if (settings.cpu_offload)
+    mem.notes.push_back("CPU offload: sharded parameters, gradients and optimizer state on the host (host_bytes)");
+  mem.notes.push_back("activations, autograd temporaries and input gradients are not included");
+  mem.notes.push_back("module order stands for execution order");
+  return mem;
+}
+
+}  // namespace fsdp_plan

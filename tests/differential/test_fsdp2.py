@@ -1,0 +1,351 @@
+"""FSDP2 differential test: fsdp-plan --fsdp-version 2 against torch 2.13's fully_shard and FSDPMemTracker.
+
+For each model (small hand-built ones, plus corpus models when --corpus is given) and each mesh
+(W = 1, 3, 8 and HSDP 2x4), with and without a bf16 MixedPrecisionPolicy:
+
+1. save the model as TorchScript, plan it with `fsdp-plan MODEL --policy P --format json`;
+2. in this process, under the fake process group (rank 0 of W) and FakeTensorMode, build the same
+   model on the meta device and make the plan's fully_shard calls, in the plan's call order, with
+   the plan's reshard_after_forward; compare each group's managed parameters (in order) and each
+   parameter's local padded shard shape with the plan;
+3. run two training steps (AdamW, foreach=False) under FSDPMemTracker and compare, on the second:
+   sharded parameters, sharded gradients (after backward), optimizer state (after the step) and
+   buffers exactly, and the peak of the non-activation categories within TOLERANCE.
+
+    /work/venv/bin/python tests/differential/test_fsdp2.py BINARY [--corpus DIR] [-k SUBSTRING] [-v]
+
+Exits 1 on any failure.
+"""
+import argparse
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import traceback
+import warnings
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.testing._internal.distributed.fake_pg import FakeStore
+
+warnings.filterwarnings("ignore")
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.normpath(os.path.join(HERE, "..", ".."))
+
+# The plan's non-activation peak may differ from the tracker's by this share. Why: the tracker
+# labels some FSDP buffers "Temp" (the reduce-scatter output, the cast to reduce dtype and back,
+# the mixed-precision copies made for the all-gather), which the plan counts and the compared sum
+# leaves out; and the plan walks whole groups while autograd frees and allocates per operation.
+TOLERANCE = 0.10
+
+NON_ACTIVATION = ["Sharded Param", "Unsharded Param", "Buffer", "Sharded Grad", "Unsharded Grad",
+                  "All Gather", "Reduce Scatter", "OptState"]
+
+
+# ---------------------------------------------------------------------------- models
+
+class Block(nn.Module):
+    def __init__(self, d, hidden):
+        super().__init__()
+        self.norm = nn.LayerNorm(d)
+        self.fc1 = nn.Linear(d, hidden)
+        self.fc2 = nn.Linear(hidden, d)
+
+    def forward(self, x):
+        return x + self.fc2(torch.relu(self.fc1(self.norm(x))))
+
+
+class TiedLM(nn.Module):
+    """Embedding tied to the output head; odd sizes so that W = 3 and 8 pad."""
+
+    def __init__(self, vocab=53, d=24, hidden=70, layers=3):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.layers = nn.ModuleList([Block(d, hidden) for _ in range(layers)])
+        self.norm = nn.LayerNorm(d)
+        self.head = nn.Linear(d, vocab, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, ids):
+        h = self.emb(ids)
+        for layer in self.layers:
+            h = layer(h)
+        return self.head(self.norm(h))
+
+
+class Expert(nn.Module):
+    def __init__(self, d, hidden):
+        super().__init__()
+        self.w1 = nn.Linear(d, hidden, bias=False)
+        self.w2 = nn.Linear(hidden, d, bias=False)
+
+    def forward(self, x):
+        return self.w2(torch.relu(self.w1(x)))
+
+
+class MoEBlock(nn.Module):
+    """Dense soft routing (no data-dependent shapes, so FakeTensorMode runs it)."""
+
+    def __init__(self, d, hidden, experts):
+        super().__init__()
+        self.norm = nn.LayerNorm(d)
+        self.router = nn.Linear(d, experts, bias=False)
+        self.experts = nn.ModuleList([Expert(d, hidden) for _ in range(experts)])
+
+    def forward(self, x):
+        h = self.norm(x)
+        weights = torch.softmax(self.router(h), dim=-1)
+        out = torch.zeros_like(x)
+        for i, expert in enumerate(self.experts):
+            out = out + weights[..., i:i + 1] * expert(h)
+        return x + out
+
+
+class MoE(nn.Module):
+    def __init__(self, vocab=61, d=20, hidden=36, experts=5, layers=2):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.blocks = nn.ModuleList([MoEBlock(d, hidden, experts) for _ in range(layers)])
+        self.norm = nn.LayerNorm(d)
+        self.head = nn.Linear(d, vocab, bias=False)
+
+    def forward(self, ids):
+        h = self.emb(ids)
+        for b in self.blocks:
+            h = b(h)
+        return self.head(self.norm(h))
+
+
+class ConvNet(nn.Module):
+    """BatchNorm buffers (whole on every rank) and 4-D weights sharded on dim 0."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 13, 3), nn.BatchNorm2d(13), nn.ReLU())
+        self.body = nn.Sequential(nn.Conv2d(13, 22, 3), nn.BatchNorm2d(22), nn.ReLU())
+        self.fc = nn.Linear(22, 10)
+
+    def forward(self, x):
+        return self.fc(self.body(self.stem(x)).mean(dim=(2, 3)))
+
+
+def ids_input(vocab):
+    return lambda: (torch.randint(0, vocab, (2, 16)),)
+
+
+MODELS = {
+    # name: (builder, input maker, policy without "fsdp")
+    "tied_lm": (TiedLM, ids_input(53), {"module_classes": ["Block"]}),
+    "tied_lm_groups": (TiedLM, ids_input(53), {
+        "module_classes": ["Block"],
+        "groups": [{"modules": ["emb", "norm", "head"], "reshard_after_forward": False}]}),
+    "moe": (MoE, ids_input(61), {"module_classes": ["Expert", "MoEBlock"]}),
+    "convnet": (ConvNet, lambda: (torch.randn(2, 3, 12, 12),), {"min_num_params": 1000}),
+}
+
+MESHES = [("W1", 1, 1), ("W3", 3, 1), ("W8", 8, 1), ("HSDP2x4", 8, 4)]  # name, world, shard group (1: all)
+
+
+def add_corpus(corpus_dir):
+    sys.path.insert(0, os.path.join(REPO, "tests", "corpus"))
+    import corpus  # noqa: E402  (h-modern's corpus: HF models built from configs)
+
+    for name in ("llama_tied", "mixtral"):
+        path = os.path.join(corpus_dir, name + ".pt")
+        if not os.path.exists(path):
+            continue
+
+        def builder(name=name):
+            return corpus.build(name, device=None)
+
+        def inputs(name=name):
+            return (torch.randint(0, 32, (2, 8)),)
+
+        m = corpus.build(name)
+        MODELS["corpus_" + name] = (builder, inputs, {"module_classes": corpus.no_split_modules(m)}, path)
+
+
+# ---------------------------------------------------------------------------- one case
+
+class PeakTracker(FSDPMemTracker):
+    """FSDPMemTracker that also keeps the largest sum of the non-activation categories."""
+
+    non_act_peak = 0
+    non_act_snap = None
+
+    def _update_snap(self, *args, **kwargs):
+        super()._update_snap(*args, **kwargs)
+        for snap in self._curr_mem_snap.values():
+            total = sum(v for k, v in snap.items() if getattr(k, "value", k) in NON_ACTIVATION)
+            if total > self.non_act_peak:
+                self.non_act_peak = total
+                self.non_act_snap = {getattr(k, "value", k): v for k, v in snap.items()}
+
+
+def category(snap, name):
+    for dev_snap in snap.values():
+        for k, v in dev_snap.items():
+            if getattr(k, "value", k) == name:
+                return v
+    return 0
+
+
+def plan_of(binary, model_file, policy, tmp):
+    pfile = os.path.join(tmp, "policy.json")
+    with open(pfile, "w") as f:
+        json.dump(policy, f)
+    out = subprocess.run([binary, model_file, "--policy", pfile, "--format", "json"], capture_output=True, text=True)
+    if out.returncode not in (0, 1):
+        raise RuntimeError(f"fsdp-plan exit {out.returncode}: {out.stderr.strip()}")
+    return json.loads(out.stdout)
+
+
+def run_case(binary, name, mesh_spec, bf16, model_file, tmp, verbose):
+    builder, make_input, base_policy = MODELS[name][:3]
+    mesh_name, world, group = mesh_spec
+    fsdp = {"version": 2, "world_size": world, "optimizer": "adamw"}
+    if group > 1:
+        fsdp.update({"sharding_strategy": "HYBRID_SHARD", "shard_group_size": group})
+    policy = dict(base_policy, fsdp=fsdp)
+    if bf16:
+        policy["mixed_precision"] = {"param_dtype": "bfloat16", "reduce_dtype": "float32"}
+    plan = plan_of(binary, model_file, policy, tmp)
+    errors = [w for w in plan["warnings"] if w["severity"] == "error"]
+    if errors:
+        return [f"plan has errors: {[w['kind'] for w in errors]}"]
+    failures = []
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
+    if group > 1:
+        mesh = init_device_mesh("cpu", (world // group, group), mesh_dim_names=("replicate", "shard"))
+    else:
+        mesh = init_device_mesh("cpu", (world,))
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
+
+    # allow_non_fake_inputs: BatchNorm's num_batches_tracked is made from a real constant at init.
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        torch.manual_seed(0)
+        with torch.device("meta"):
+            model = builder()
+        module_name = {id(m): n for n, m in model.named_modules()}
+        aliases = {}
+        for n, p in model.named_parameters(remove_duplicate=False):
+            aliases.setdefault(id(p), set()).add(n)
+        orig_names = {}  # FSDPParam -> names, read before sharding replaces the parameters
+        for u in sorted(plan["units"], key=lambda u: u["call"]):
+            mods = [model.get_submodule(p) if p else model for p in u["modules"]]
+            raf = u["reshard_after_forward"]
+            fully_shard(mods if len(mods) > 1 else mods[0], mesh=mesh, mp_policy=mp, reshard_after_forward=raf)
+            group_ = mods[0]._get_fsdp_state()._fsdp_param_group
+            got = []
+            for fp in (group_.fsdp_params if group_ else []):
+                info = fp._module_info
+                prefix = module_name[id(info.module)]
+                got.append((prefix + "." if prefix else "") + info.param_name)
+            want = [p["name"] for p in u["params"]]
+            if len(got) != len(want):
+                failures.append(f"unit {u['path']!r}: torch manages {got}, plan {want}")
+                continue
+            for fp, g, p in zip(group_.fsdp_params if group_ else [], got, want):
+                if g != p:
+                    failures.append(f"unit {u['path']!r}: torch has {g} where the plan has {p}")
+                shard = list(fp.padded_sharded_param_size)
+                local = list(fp.sharded_param.to_local().shape)
+                plan_shape = next(q["sharded_shape"] for q in u["params"] if q["name"] == p)
+                if shard != plan_shape or local != plan_shape:
+                    failures.append(f"{p}: torch padded {shard}, local {local}; plan {plan_shape}")
+        if failures:
+            return failures
+
+        model.to_empty(device="cpu")
+        optim = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
+        inputs = make_input()
+        tracker = PeakTracker(model, optim)
+        tracker.track_inputs(inputs)
+        with tracker:
+            for it in range(2):
+                if it == 1:
+                    tracker.reset_mod_stats()
+                    tracker.non_act_peak = 0
+                out = model(*inputs)
+                out = out.logits if hasattr(out, "logits") else out
+                out.float().sum().backward()
+                after_backward = tracker.get_tracker_snapshot()
+                optim.step()
+                after_step = tracker.get_tracker_snapshot()
+                optim.zero_grad()
+
+    mem = plan["memory"]["per_rank"]
+    measured = {
+        "sharded params": (category(after_step, "Sharded Param"), mem["params_bytes"]),
+        "sharded grads": (category(after_backward, "Sharded Grad"), mem["grads_bytes"]),
+        "optimizer state": (category(after_step, "OptState"), mem["optimizer_bytes"]),
+        "buffers": (category(after_step, "Buffer"), mem["buffers_bytes"]),
+    }
+    for what, (torch_bytes, plan_bytes) in measured.items():
+        if torch_bytes != plan_bytes:
+            failures.append(f"{what}: FSDPMemTracker {torch_bytes}, plan {plan_bytes}")
+    peak_t, peak_p = tracker.non_act_peak, mem["peak_bytes"]
+    off = (peak_p - peak_t) / peak_t
+    if abs(off) > TOLERANCE:
+        failures.append(f"non-activation peak: FSDPMemTracker {peak_t}, plan {peak_p} ({off:+.1%})")
+    if verbose:
+        print(f"    peak FSDPMemTracker {peak_t} {tracker.non_act_snap}")
+        print(f"    peak plan {peak_p} in {plan['memory']['peak']['phase']} at {plan['memory']['peak']['unit_path']!r}"
+              f" {plan['memory']['peak']['categories']}")
+    return failures if failures else None, off
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("binary")
+    ap.add_argument("--corpus")
+    ap.add_argument("-k")
+    ap.add_argument("-v", action="store_true")
+    args = ap.parse_args()
+    if args.corpus:
+        add_corpus(args.corpus)
+    passed = failed = 0
+    worst = 0.0
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, spec in MODELS.items():
+            if len(spec) > 3:
+                model_file = spec[3]
+            else:
+                torch.manual_seed(0)
+                model_file = os.path.join(tmp, name + ".pt")
+                torch.jit.save(torch.jit.script(spec[0]()), model_file)
+            for mesh_spec in MESHES:
+                for bf16 in (False, True):
+                    case = f"{name} {mesh_spec[0]} {'bf16' if bf16 else 'fp32'}"
+                    if args.k and args.k not in case:
+                        continue
+                    try:
+                        result = run_case(args.binary, name, mesh_spec, bf16, model_file, tmp, args.v)
+                        failures, off = result if isinstance(result, tuple) else (result, 0.0)
+                    except Exception:
+                        failures, off = [traceback.format_exc()], 0.0
+                    if failures:
+                        failed += 1
+                        print(f"FAIL {case}")
+                        for f in failures:
+                            print("     " + f)
+                    else:
+                        passed += 1
+                        worst = max(worst, abs(off))
+                        print(f"ok   {case}  (non-activation peak {off:+.1%})")
+    print(f"{passed} passed, {failed} failed; largest peak difference among passes {worst:.1%}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

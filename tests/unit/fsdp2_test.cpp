@@ -1,0 +1,163 @@
+// FSDP2 (fully_shard): call selection and order, what each call manages,
+// refusals and memory (FSDP2.md sections 1-4, 8).
+#include <doctest/doctest.h>
+
+#include "fsdp2_memory.h"
+#include "json_writer.h"
+#include "text_writer.h"
+#include "tree_builder.h"
+
+using namespace fsdp_plan;
+using namespace fsdp_plan::test;
+
+namespace {
+
+// emb (Embedding 10x4), layers (ModuleList) of two Blocks (fc: Linear 4->4), norm, head tied to emb.
+TreeBuilder tied_lm() {
+  TreeBuilder b("__torch__.LM");
+  b.add("emb", "Embedding");
+  TensorId w = b.param("emb", "weight", {10, 4});
+  b.add("layers", "ModuleList");
+  for (const char* i : {"0", "1"}) {
+    std::string p = std::string("layers.") + i;
+    b.add(p, "Block");
+    b.linear(p + ".fc", 4, 4);
+  }
+  b.add("norm", "LayerNorm");
+  b.param("norm", "weight", {4});
+  b.add("head", "Linear");
+  b.tie("head", "weight", w);
+  return b;
+}
+
+const char* kBlocks = R"({"module_classes": ["Block"], "fsdp": {"version": 2, "world_size": 3}})";
+
+}  // namespace
+
+TEST_CASE("fsdp2: one call per selected module, bottom-up, the root last; units in forward order") {
+  auto b = tied_lm();
+  auto plan = plan_of(b, kBlocks);
+  CHECK(plan.fsdp_version == 2);
+  CHECK(unit_paths(plan) == Names{"", "layers.0", "layers.1"});
+  CHECK(plan.units[0].call == 2);
+  CHECK(plan.units[1].call == 0);
+  CHECK(plan.units[2].call == 1);
+  CHECK(plan.units[1].parent == 0);
+  CHECK(plan.units[1].depth == 1);
+  // The root's call manages what no earlier call did, in post-order (children first).
+  CHECK(param_names(plan, 0) == Names{"emb.weight", "norm.weight"});
+  CHECK(param_names(plan, 1) == Names{"layers.0.fc.weight", "layers.0.fc.bias"});
+  CHECK(plan.units[0].reshard_after_forward->kind == ReshardAfterForward::Kind::False);
+  CHECK(plan.units[1].reshard_after_forward->kind == ReshardAfterForward::Kind::True);
+  CHECK_FALSE(plan.has_errors());
+}
+
+TEST_CASE("fsdp2: a parameter tied across two calls is managed by both, and refused") {
+  auto b = tied_lm();
+  auto plan = plan_of(b, R"({"fsdp": {"version": 2}, "groups": [{"modules": ["emb"]}]})");
+  CHECK(unit_paths(plan) == Names{"", "emb"});
+  CHECK(param_names(plan, 0) == Names{"layers.0.fc.weight", "layers.0.fc.bias", "layers.1.fc.weight",
+                                      "layers.1.fc.bias", "norm.weight", "head.weight"});
+  CHECK(param_names(plan, 1) == Names{"emb.weight"});
+  const Warning* w = find_warning(plan, "fsdp2_shared_param");
+  REQUIRE(w);
+  CHECK(w->severity == Severity::Error);
+  CHECK(w->params == Names{"head.weight", "emb.weight"});
+  CHECK(w->message.find("2.13") != std::string::npos);
+  CHECK(w->message.find("fully_shard([a, b])") != std::string::npos);
+}
+
+TEST_CASE("fsdp2: a group of several modules is one call with its own reshard_after_forward") {
+  auto b = tied_lm();
+  auto plan = plan_of(b, R"({"module_classes": ["Block"], "fsdp": {"version": 2},
+      "groups": [{"modules": ["emb", "head"], "reshard_after_forward": false}]})");
+  CHECK(unit_paths(plan) == Names{"", "emb", "layers.0", "layers.1"});
+  CHECK(plan.units[1].modules.size() == 2);
+  CHECK(param_names(plan, 1) == Names{"emb.weight"});  // duplicates removed within the call
+  CHECK(param_names(plan, 0) == Names{"norm.weight"});
+  CHECK(plan.units[1].reshard_after_forward->kind == ReshardAfterForward::Kind::False);
+  CHECK(plan.units[1].call == 2);  // at the post-order position of its last module, head
+  CHECK_FALSE(plan.has_errors());
+}
+
+TEST_CASE("fsdp2: min_num_params follows Accelerate's rule: the whole count, strictly greater") {
+  auto b = tied_lm();
+  // emb, layers and head (tied to emb) hold 40 each, each Block and its fc 20, norm 4.
+  auto plan = plan_of(b, R"({"min_num_params": 20, "fsdp": {"version": 2}})");
+  CHECK(unit_paths(plan) == Names{"", "emb", "layers", "head"});
+  CHECK(count_warnings(plan, "fsdp2_container") == 1);  // layers is a ModuleList
+  CHECK(count_warnings(plan, "fsdp2_shared_param") == 1);  // emb and head in two calls
+  CHECK(units_of(b, R"({"min_num_params": 19, "fsdp": {"version": 2}})") ==
+        Names{"", "emb", "layers", "layers.0", "layers.0.fc", "layers.1", "layers.1.fc", "head"});
+}
+
+TEST_CASE("fsdp2 refusals: 0-dim, mixed trainable dtypes, frozen of another dtype, bad int, unknown path") {
+  TreeBuilder b;
+  b.add("a", "Block");
+  b.param("a", "scale", {});
+  b.add("c", "Block");
+  b.param("c", "w", {4, 4});
+  b.param("c", "v", {4}, "bfloat16", 2);
+  b.add("d", "Block");
+  b.param("d", "w", {4, 4});
+  TensorId frozen = b.param("d", "f", {4}, "bfloat16", 2);
+  b.tree.add_tensor({});  // unused
+  const_cast<TensorInfo&>(b.tree.tensor(frozen)).requires_grad = false;
+  auto plan = plan_of(b, R"({"module_classes": ["Block"], "fsdp": {"version": 2, "world_size": 4},
+      "groups": [{"modules": ["nope"]}, {"modules": ["d"], "reshard_after_forward": 3}]})");
+  CHECK(count_warnings(plan, "fsdp2_scalar_param") == 1);
+  CHECK(count_warnings(plan, "fsdp2_mixed_dtype") == 1);
+  REQUIRE(find_warning(plan, "fsdp2_frozen_dtype"));
+  CHECK(find_warning(plan, "fsdp2_frozen_dtype")->severity == Severity::Warning);
+  CHECK(count_warnings(plan, "fsdp2_reshard_ranks") == 1);
+  CHECK(count_warnings(plan, "unmatched_group") == 1);
+  CHECK(plan.has_errors());
+}
+
+TEST_CASE("fsdp2: ignored parameters stay whole; the policy's groups need version 2") {
+  auto b = tied_lm();
+  auto plan = plan_of(b, R"({"module_classes": ["Block"], "ignored_params": ["norm.*"], "fsdp": {"version": 2}})");
+  CHECK(param_names(plan, 0) == Names{"emb.weight"});
+  CHECK(policy(R"({"groups": [{"modules": ["emb"]}]})").combination_error().find("FSDP2") != std::string::npos);
+  CHECK_THROWS(policy(R"({"groups": [{"modules": ["layers.*"]}]})"));
+  CHECK_THROWS(policy(R"({"fsdp": {"version": 3}})"));
+  CHECK_THROWS(policy(R"({"fsdp": {"reshard_after_forward": 0}})"));
+}
+
+TEST_CASE("fsdp2 memory: dim-0 padded shards, bf16 gather, reduce-scatter in float32") {
+  // One Linear(10 -> 7) under the root at world size 4: weight (7,10) -> (2,10), bias (7,) -> (2,).
+  TreeBuilder b;
+  b.linear("fc", 10, 7);
+  auto plan = plan_of(b, R"({"fsdp": {"version": 2, "world_size": 4, "optimizer": "adam"},
+      "mixed_precision": {"param_dtype": "bfloat16", "reduce_dtype": "float32"}})");
+  CHECK(fsdp2_sharded_shape({7, 10}, 4) == std::vector<int64_t>{2, 10});
+  CHECK(fsdp2_sharded_shape({3}, 4) == std::vector<int64_t>{1});
+  const UnitMemory& um = plan.memory.units[0];
+  CHECK(um.sharded_numel == 22);
+  CHECK(um.sharded_bytes == 88);
+  CHECK(um.unsharded_bytes == 22 * 4 * 2);
+  const RankMemory& r = plan.memory.per_rank;
+  CHECK(r.params_bytes == 88);
+  CHECK(r.grads_bytes == 88);
+  CHECK(r.optimizer_bytes == 2 * 88 + 2 * 4);  // exp_avg, exp_avg_sq and a float32 step per parameter
+  auto json = plan_to_json(plan);
+  CHECK(json["fsdp_version"] == 2);
+  CHECK(json["units"][0]["params"][0]["sharded_shape"] == nlohmann::json::array({2, 10}));
+  CHECK(json["memory"]["peak"]["categories"].contains("reduce_scatter"));
+  CHECK(plan_to_text(plan).find("FSDP2") != std::string::npos);
+}
+
+TEST_CASE("fsdp2 memory: frozen parameters get no gradient and no optimizer state; HSDP shards over the group") {
+  TreeBuilder b;
+  b.linear("fc", 16, 16);
+  TensorId f = b.param("fc", "frozen", {16, 16});
+  const_cast<TensorInfo&>(b.tree.tensor(f)).requires_grad = false;
+  auto plan = plan_of(b, R"({"fsdp": {"version": 2, "world_size": 8, "sharding_strategy": "HYBRID_SHARD",
+      "shard_group_size": 4, "optimizer": "sgd-momentum"}})");
+  CHECK(plan.memory.shard_group_size == 4);
+  CHECK(plan.memory.replicate_size == 2);
+  const RankMemory& r = plan.memory.per_rank;
+  CHECK(r.params_bytes == (64 + 4 + 64) * 4);
+  CHECK(r.grads_bytes == (64 + 4) * 4);
+  CHECK(r.optimizer_bytes == (64 + 4) * 4);
+}
