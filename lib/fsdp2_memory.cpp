@@ -74,6 +74,7 @@ MemoryPlan estimate_memory_fsdp2(const Plan& plan, const MemorySettings& setting
 
   // Per group, per parameter.
   std::vector<Group> groups(n);
+  int64_t largest_trainable = 0;  // bytes of the largest trainable shard (or ignored parameter)
   RankMemory& r = mem.per_rank;
   for (size_t i = 0; i < n; ++i) {
     const Unit& u = plan.units[i];
@@ -101,6 +102,7 @@ MemoryPlan estimate_memory_fsdp2(const Plan& plan, const MemorySettings& setting
       g.rs_output += padded * rd;
       g.rs_output_is_grad = g.rs_output_is_grad && rd == orig;
       g.grads_sharded += padded * orig;
+      largest_trainable = std::max(largest_trainable, padded * orig);
       // Rank 0's real shard is ceil(d0/S) rows: its whole padded shard.
       g.optimizer += states * padded * orig + (settings.optimizer == Optimizer::Adam ? 4 : 0);
     }
@@ -133,6 +135,7 @@ MemoryPlan estimate_memory_fsdp2(const Plan& plan, const MemorySettings& setting
         if (!info.requires_grad) continue;
         r.grads_bytes += info.bytes();
         r.optimizer_bytes += states * info.bytes();
+        largest_trainable = std::max(largest_trainable, info.bytes());
       }
   }
   r.steady_bytes = r.params_bytes + r.grads_bytes + r.optimizer_bytes + r.buffers_bytes;
@@ -145,6 +148,7 @@ MemoryPlan estimate_memory_fsdp2(const Plan& plan, const MemorySettings& setting
   for (const auto& g : groups) ignored_grads -= g.grads_sharded;
   struct Live {
     int64_t unsharded = 0, all_gather = 0, reduce_scatter = 0, grads_sharded = 0, grads_unsharded = 0;
+    int64_t optimizer_temp = 0;
   } live;
   const int64_t resident_params = settings.cpu_offload ? 0 : r.params_bytes;
   const int64_t resident_opt = settings.cpu_offload ? 0 : r.optimizer_bytes;
@@ -152,7 +156,8 @@ MemoryPlan estimate_memory_fsdp2(const Plan& plan, const MemorySettings& setting
   std::vector<int64_t> held(n, 0);  // unsharded bytes each group holds
   auto consider = [&](const char* phase, size_t unit) {
     const int64_t grads = settings.cpu_offload ? 0 : live.grads_sharded;
-    const int64_t total = resident_params + resident_opt + r.buffers_bytes + live.unsharded + live.all_gather +
+    const int64_t opt = resident_opt + (settings.cpu_offload ? 0 : live.optimizer_temp);
+    const int64_t total = resident_params + opt + r.buffers_bytes + live.unsharded + live.all_gather +
                           live.reduce_scatter + grads + live.grads_unsharded;
     if (total <= r.peak_bytes) return;
     r.peak_bytes = total;
@@ -161,7 +166,7 @@ MemoryPlan estimate_memory_fsdp2(const Plan& plan, const MemorySettings& setting
     r.peak_categories = {{"sharded_params", resident_params}, {"unsharded_params", live.unsharded},
                          {"all_gather", live.all_gather},     {"reduce_scatter", live.reduce_scatter},
                          {"sharded_grads", grads},            {"unsharded_grads", live.grads_unsharded},
-                         {"optimizer_state", resident_opt},   {"buffers", r.buffers_bytes}};
+                         {"optimizer_state", opt},            {"buffers", r.buffers_bytes}};
     r.peak_gathered.clear();
     for (size_t k = 0; k < n; ++k)
       if (held[k] > 0) r.peak_gathered.push_back(static_cast<int>(k));
@@ -282,10 +287,13 @@ MemoryPlan estimate_memory_fsdp2(const Plan& plan, const MemorySettings& setting
     post_backward(open.back());
     open.pop_back();
   }
-  // The optimizer step: sharded gradients and state, nothing gathered.
+  // The optimizer step: sharded gradients and state, nothing gathered. Adam
+  // (foreach=False) computes each parameter's denominator in two temporaries
+  // of its shard's size: sqrt(exp_avg_sq), then its quotient.
   live.reduce_scatter = 0;
   live.grads_unsharded = 0;
   live.grads_sharded += ignored_grads;
+  if (settings.optimizer == Optimizer::Adam) live.optimizer_temp = 2 * largest_trainable;
   consider("optimizer step", n);
   if (r.peak_phase == "optimizer step") r.peak_unit = -1;
 
