@@ -155,23 +155,31 @@ MODELS = {
 MESHES = [("W1", 1, 1), ("W3", 3, 1), ("W8", 8, 1), ("HSDP2x4", 8, 4)]  # name, world, shard group (1: all)
 
 
+def meta_build(corpus, name):
+    model = corpus.build(name, "meta")
+    # HF's default grouped_mm experts have no float32 meta kernel; batched_mm runs under FakeTensorMode.
+    if hasattr(model.config, "_experts_implementation"):
+        model.config._experts_implementation = "batched_mm"
+    return model
+
+
 def add_corpus(corpus_dir):
-    sys.path.insert(0, os.path.join(REPO, "tests", "corpus"))
-    import corpus  # noqa: E402  (h-modern's corpus: HF models built from configs)
+    """The corpus's tied-head and mixture-of-experts models (tests/corpus, ctest fixture 'corpus')."""
+    here = os.path.join(REPO, "tests", "corpus")
+    if not os.path.exists(os.path.join(here, "corpus.py")) or not os.path.isdir(corpus_dir):
+        print(f"note: no corpus ({corpus_dir}); hand-built models only")
+        return
+    sys.path.insert(0, here)
+    import corpus  # noqa: E402  (HF models built from configs)
 
     for name in ("llama_tied", "mixtral"):
         path = os.path.join(corpus_dir, name + ".pt")
         if not os.path.exists(path):
             continue
-
-        def builder(name=name):
-            return corpus.build(name, device=None)
-
-        def inputs(name=name):
-            return (torch.randint(0, 32, (2, 8)),)
-
-        m = corpus.build(name)
-        MODELS["corpus_" + name] = (builder, inputs, {"module_classes": corpus.no_split_modules(m)}, path)
+        model = corpus.build(name, "cpu")
+        inputs = corpus.example_inputs(name, model)
+        MODELS["corpus_" + name] = (lambda name=name: meta_build(corpus, name), lambda inputs=inputs: inputs,
+                                    {"module_classes": corpus.no_split_modules(model)}, path)
 
 
 # ---------------------------------------------------------------------------- one case
