@@ -81,6 +81,8 @@ std::string difference(const Plan& want, const Plan& got) {
 }  // namespace
 
 std::string plan_to_accelerate(const Plan& plan) {
+  if (plan.fsdp_version == 2)
+    throw EmitError("FSDP2 plans cannot be emitted yet (this build emits FSDP1 plans only)");
   const Policy& p = plan.policy;
   const ModuleTree& tree = *plan.tree;
   if (!p.ignored_params.empty())

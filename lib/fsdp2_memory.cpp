@@ -154,19 +154,35 @@ MemoryPlan estimate_memory_fsdp2(const Plan& plan, const MemorySettings& setting
   const int64_t resident_opt = settings.cpu_offload ? 0 : r.optimizer_bytes;
   r.peak_bytes = -1;
   std::vector<int64_t> held(n, 0);  // unsharded bytes each group holds
+  // Each event is a point of the timeline; consecutive events of one phase
+  // and unit make one step, holding its largest point (so the peak is a step).
   auto consider = [&](const char* phase, size_t unit) {
     const int64_t grads = settings.cpu_offload ? 0 : live.grads_sharded;
     const int64_t opt = resident_opt + (settings.cpu_offload ? 0 : live.optimizer_temp);
-    const int64_t total = resident_params + opt + r.buffers_bytes + live.unsharded + live.all_gather +
-                          live.reduce_scatter + grads + live.grads_unsharded;
+    MemoryStep s;
+    s.phase = phase;
+    s.unit = unit < n ? static_cast<int>(unit) : -1;
+    s.params_bytes = resident_params;
+    s.optimizer_bytes = opt;
+    s.buffers_bytes = r.buffers_bytes;
+    s.gathered_bytes = live.unsharded + live.all_gather;
+    s.unsharded_grads_bytes = live.grads_unsharded + live.reduce_scatter;
+    s.grads_bytes = grads;
+    s.categories = {{"sharded_params", resident_params}, {"unsharded_params", live.unsharded},
+                    {"all_gather", live.all_gather},     {"reduce_scatter", live.reduce_scatter},
+                    {"sharded_grads", grads},            {"unsharded_grads", live.grads_unsharded},
+                    {"optimizer_state", opt},            {"buffers", r.buffers_bytes}};
+    const int64_t total = s.total_bytes();
+    auto& tl = mem.timeline;
+    if (tl.empty() || tl.back().phase != s.phase || tl.back().unit != s.unit)
+      tl.push_back(s);
+    else if (total > tl.back().total_bytes())
+      tl.back() = s;
     if (total <= r.peak_bytes) return;
     r.peak_bytes = total;
     r.peak_phase = phase;
-    r.peak_unit = static_cast<int>(unit);
-    r.peak_categories = {{"sharded_params", resident_params}, {"unsharded_params", live.unsharded},
-                         {"all_gather", live.all_gather},     {"reduce_scatter", live.reduce_scatter},
-                         {"sharded_grads", grads},            {"unsharded_grads", live.grads_unsharded},
-                         {"optimizer_state", opt},            {"buffers", r.buffers_bytes}};
+    r.peak_unit = s.unit;
+    r.peak_categories = s.categories;
     r.peak_gathered.clear();
     for (size_t k = 0; k < n; ++k)
       if (held[k] > 0) r.peak_gathered.push_back(static_cast<int>(k));
@@ -295,7 +311,6 @@ MemoryPlan estimate_memory_fsdp2(const Plan& plan, const MemorySettings& setting
   live.grads_sharded += ignored_grads;
   if (settings.optimizer == Optimizer::Adam) live.optimizer_temp = 2 * largest_trainable;
   consider("optimizer step", n);
-  if (r.peak_phase == "optimizer step") r.peak_unit = -1;
 
   mem.notes.push_back("FSDP2 (fully_shard): mesh " +
                       (mesh.replicate > 1 ? "(" + std::to_string(mesh.replicate) + " replicate, " : std::string("(")) +

@@ -37,7 +37,7 @@ ojson unit_memory(const UnitMemory& m) {
 // Bytes by category at each step of a training step (MemoryStep).
 ojson timeline_json(const MemoryPlan& m) {
   ojson out = ojson::array();
-  for (const MemoryStep& s : m.timeline)
+  for (const MemoryStep& s : m.timeline) {
     out.push_back({{"phase", s.phase},
                    {"unit", s.unit < 0 ? ojson(nullptr) : ojson(s.unit)},
                    {"params_bytes", s.params_bytes},
@@ -47,6 +47,12 @@ ojson timeline_json(const MemoryPlan& m) {
                    {"unsharded_grads_bytes", s.unsharded_grads_bytes},
                    {"grads_bytes", s.grads_bytes},
                    {"total_bytes", s.total_bytes()}});
+    if (!s.categories.empty()) {
+      ojson categories = ojson::object();
+      for (const auto& [name, bytes] : s.categories) categories[name] = bytes;
+      out.back()["categories"] = std::move(categories);
+    }
+  }
   return out;
 }
 

@@ -88,6 +88,8 @@ struct MemoryStep {
   int64_t gathered_bytes = 0;   // unsharded parameters gathered now, prefetch included
   int64_t unsharded_grads_bytes = 0;  // gradients before their reduce-scatter
   int64_t grads_bytes = 0;      // sharded gradients left so far (+ ignored parameters' gradients)
+  // FSDP2: the same bytes in FSDPMemTracker's categories (as RankMemory::peak_categories).
+  std::vector<std::pair<std::string, int64_t>> categories;
   int64_t total_bytes() const {
     return params_bytes + optimizer_bytes + buffers_bytes + gathered_bytes + unsharded_grads_bytes + grads_bytes;
   }

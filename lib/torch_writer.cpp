@@ -42,6 +42,8 @@ const char* torch_strategy(ShardingStrategy s) {
 }  // namespace
 
 std::string plan_to_torch(const Plan& plan) {
+  if (plan.fsdp_version == 2)
+    throw EmitError("FSDP2 plans cannot be emitted yet (this build emits FSDP1 plans only)");
   const Policy& p = plan.policy;
   const ModuleTree& tree = *plan.tree;
   std::vector<std::string> units;

@@ -338,7 +338,10 @@
 
     // The peak: the step the memory model names (phase and unit).
     const peak = mem.peak || {};
-    let at = steps.findIndex((s) => s.phase === peak.phase && (s.unit === null ? null : s.unit) === (peak.unit === undefined ? null : peak.unit));
+    const isPeak = (s) => s.phase === peak.phase && (s.unit === null ? null : s.unit) === (peak.unit === undefined ? null : peak.unit);
+    // FSDP2 visits a unit more than once in backward: prefer the visit at the peak's bytes.
+    let at = steps.findIndex((s) => isPeak(s) && s.total_bytes === (mem.per_rank || {}).peak_bytes);
+    if (at < 0) at = steps.findIndex(isPeak);
     if (at < 0) at = d3.maxIndex(steps, (s) => s.total_bytes);
     const px = x(at + 0.5), peakStep = steps[at];
     svg.append(svgEl("line", { class: "peak-line", x1: px, x2: px, y1: M.top - 6, y2: H - M.bottom }));

@@ -161,3 +161,30 @@ TEST_CASE("fsdp2 memory: frozen parameters get no gradient and no optimizer stat
   CHECK(r.grads_bytes == (64 + 4) * 4);
   CHECK(r.optimizer_bytes == (64 + 4) * 4);
 }
+
+TEST_CASE("fsdp2 memory: the timeline's largest step is the peak, with its categories; each step sums its categories") {
+  auto b = tied_lm();
+  auto plan = plan_of(b, R"({"module_classes": ["Block"], "fsdp": {"version": 2, "world_size": 3},
+      "mixed_precision": {"param_dtype": "bfloat16", "reduce_dtype": "float32"}})");
+  const MemoryPlan& m = plan.memory;
+  REQUIRE_FALSE(m.timeline.empty());
+  CHECK(m.timeline.front().phase == "forward");
+  CHECK(m.timeline.front().unit == 0);
+  CHECK(m.timeline.back().phase == "optimizer step");
+  CHECK(m.timeline.back().unit == -1);
+  const MemoryStep* peak = nullptr;
+  for (const auto& s : m.timeline) {
+    int64_t sum = 0;
+    for (const auto& [name, bytes] : s.categories) sum += bytes;
+    CHECK(sum == s.total_bytes());
+    CHECK(s.total_bytes() <= m.per_rank.peak_bytes);
+    if (!peak && s.total_bytes() == m.per_rank.peak_bytes) peak = &s;
+  }
+  REQUIRE(peak);
+  CHECK(peak->phase == m.per_rank.peak_phase);
+  CHECK(peak->unit == m.per_rank.peak_unit);
+  CHECK(peak->categories == m.per_rank.peak_categories);
+  // Consecutive events of one unit and phase are one step.
+  for (size_t i = 1; i < m.timeline.size(); ++i)
+    CHECK_FALSE((m.timeline[i].phase == m.timeline[i - 1].phase && m.timeline[i].unit == m.timeline[i - 1].unit));
+}
