@@ -73,7 +73,7 @@ class Schemas(unittest.TestCase):
         import re
         r = run(MODELS[0], "--fail-on", "no_such_kind")
         self.assertEqual(r.returncode, 2, r.stderr)
-        kinds = re.search(r"one of ([a-z_, ]+)\)", r.stderr).group(1).split(", ")
+        kinds = re.search(r"one of ([a-z0-9_, ]+)\)", r.stderr).group(1).split(", ")
         self.assertIn("mixed_requires_grad", kinds)
         fail_on = POLICY_SCHEMA["properties"]["checks"]["properties"]["fail_on"]["items"]["enum"]
         self.assertEqual(sorted(kinds), sorted(fail_on))
