@@ -149,8 +149,6 @@ int run(const Options& opt) {
     reject_model_file(text, opt.policy);
     if (is_accelerate_config(text)) {
       accelerate = parse_accelerate_config(text, opt.policy);
-      if (accelerate->fsdp_version == 2)
-        throw InputError(opt.policy, "fsdp_version 2: this build plans FSDP1 only; FSDP2 plans are not supported yet");
       policy = accelerate->policy;
     } else {
       policy = parse_policy(text, opt.policy);
@@ -195,7 +193,10 @@ int run(const Options& opt) {
     if (accelerate) {
       // Accelerate's class and ignored-module lookups need the model.
       resolve_accelerate_config(*accelerate, tree);
+      if (accelerate->fsdp_version == 2) apply_accelerate_fsdp2(*accelerate, tree);
       policy.module_classes = accelerate->policy.module_classes;
+      policy.min_num_params = accelerate->policy.min_num_params;
+      policy.groups = accelerate->policy.groups;
       policy.ignored_modules = accelerate->policy.ignored_modules;
     }
     Plan plan = make_plan(tree, policy, opt.model);

@@ -376,6 +376,7 @@ class Reader {
     if (version.value != "1" && version.value != "2")
       refuse("fsdp_version: FSDP_VERSION=" + version.value + " (1 or 2)");
     out_.fsdp_version = version.value == "2" ? 2 : 1;
+    out_.policy.fsdp.fsdp_version = out_.fsdp_version;
     note("fsdp_version", version.value, version.given);
     const bool v2 = out_.fsdp_version == 2;
     unknown_and_stale_keys(v2);
@@ -424,10 +425,16 @@ class Reader {
       if (!is_one_of(v, {"y", "yes", "t", "true", "on", "1", "n", "no", "f", "false", "off", "0"}))
         refuse("fsdp_reshard_after_forward: ValueError: invalid truth value " + v +
                " (FSDP2 takes true or false; to-fsdp2 maps FULL_SHARD/HYBRID_SHARD to true, the others to false)");
-      note("reshard_after_forward", to_bool(raf, "fsdp_reshard_after_forward") ? "true" : "false", raf.given);
+      out_.reshard_after_forward = to_bool(raf, "fsdp_reshard_after_forward");
+      out_.policy.fsdp.reshard_after_forward.kind =
+          out_.reshard_after_forward ? ReshardAfterForward::Kind::True : ReshardAfterForward::Kind::False;
+      note("reshard_after_forward", out_.reshard_after_forward ? "true" : "false", raf.given);
     }
     Env offload = env("fsdp_offload_params");
-    if (to_bool(offload, "fsdp_offload_params")) note("offload_params", "true", offload.given);
+    if (to_bool(offload, "fsdp_offload_params")) {
+      note("offload_params", "true", offload.given);
+      if (v2) out_.policy.fsdp.cpu_offload = true;
+    }
     Env sd = env("fsdp_state_dict_type");
     if (sd.set) {
       int i = enum_index(sd, "fsdp_state_dict_type", kStateDicts, kStateDicts);

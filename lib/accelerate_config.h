@@ -30,6 +30,7 @@ struct AccelerateConfig {
   std::optional<std::vector<std::string>> class_names;
   std::optional<std::string> ignored_modules_regex;  // fsdp_ignored_modules, fullmatch on module paths
   int64_t num_machines = 1;
+  bool reshard_after_forward = true;  // FSDP2: fsdp_reshard_after_forward
   std::vector<std::string> effective;  // "key value (where it came from)", for the info warning
 };
 
@@ -47,5 +48,28 @@ AccelerateConfig parse_accelerate_config(const std::string& text, const std::str
 // policy.module_classes and policy.ignored_modules with what matched and adds
 // the error Accelerate raises for a missing class (with the nearest names).
 void resolve_accelerate_config(AccelerateConfig& config, const ModuleTree& tree);
+
+// One fully_shard call of Accelerate's FSDP2 preparation.
+struct ShardCall {
+  std::vector<ModuleId> modules;              // several: one group (fully_shard([a, b]))
+  std::optional<bool> reshard_after_forward;  // nullopt: PyTorch's default (False for the root)
+  std::string why;                            // "policy", "input embedding", "tail", "root"
+};
+
+// The fully_shard calls fsdp2_prepare_model of Accelerate 1.15.0 makes, in
+// order: the policy's modules bottom-up (get_module_children_bottom_up), the
+// input embedding if untied, the tail [final norm, (input embedding,) output
+// embedding] with reshard_after_forward=False, then the root. Call after
+// resolve_accelerate_config. Transformers' get_input_embeddings,
+// get_output_embeddings and base_model_prefix are not in a TorchScript file:
+// they are guessed from module names (embed_tokens / wte / word_embeddings,
+// lm_head, a root child whose class ends in "Model"), and an info note in
+// `notes` says what was taken.
+std::vector<ShardCall> accelerate_fsdp2_calls(const AccelerateConfig& config, const ModuleTree& tree,
+                                              std::vector<Warning>& notes);
+
+// fsdp_version 2: config.policy becomes those calls as explicit FSDP2 groups
+// (the root excepted: the planner always makes it the last call).
+void apply_accelerate_fsdp2(AccelerateConfig& config, const ModuleTree& tree);
 
 }  // namespace fsdp_plan

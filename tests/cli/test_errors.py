@@ -269,7 +269,6 @@ CASES = {
     "accelerate-bad-wrap-policy": lambda: accelerate("  fsdp_auto_wrap_policy: SIZE_BASED\n"),
     "accelerate-float-min-num-params": lambda: accelerate("  fsdp_auto_wrap_policy: SIZE_BASED_WRAP\n"
                                                           "  fsdp_min_num_params: 1e8\n"),
-    "accelerate-fsdp2": lambda: accelerate("  fsdp_version: 2\n"),
     "accelerate-stale-key": lambda: accelerate("  fsdp_backward_prefetch_policy: BACKWARD_PRE\n"),
     "accelerate-class-missing": lambda: accelerate("  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n"
                                                    "  fsdp_transformer_layer_cls_to_wrap: Blok\n"),
