@@ -16,6 +16,12 @@ For each, with the policy wrapping the block class:
 And the memory of frozen parameters (lora, use_orig_params=True, world size 4,
 rank 0): the plan's gradient and Adam state bytes equal those of real FSDP1
 after a training step (flat parameter gradients, exp_avg + exp_avg_sq).
+FSDP2 (`fsdp.version` 2, fully_shard calls as the plan lists them): the dtypes
+model's groups whose lazy init (FSDPParamGroup.lazy_init, torch's own check)
+raises are exactly the plan's fsdp2_mixed_dtype errors, and the advised fix
+(the float32 module in a group of its own) runs; on the LoRA model
+FSDPMemTracker's sharded parameters, sharded gradients and Adam state after a
+step equal the plan's (frozen parameters: no gradient, no state).
 
     /work/venv/bin/python tests/differential/test_refusals.py BINARY
 """
@@ -261,6 +267,77 @@ class Refusals(unittest.TestCase):
         # Frozen parameters cost no gradient: the root (embeddings, head, norm) is all frozen.
         self.assertIsNone(handles[0].flat_param.grad)
         self.assertEqual(p["units"][0]["trainable_numel"], 0)
+
+    def fully_shard_plan(self, model: nn.Module, p: dict):
+        """The plan's fully_shard calls on `model`, in the plan's call order; the groups, by unit path."""
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+        mesh = init_device_mesh("cpu", (WORLD,))
+        groups = {}
+        for u in sorted(p["units"], key=lambda u: u["call"]):
+            mods = [model.get_submodule(m) if m else model for m in u["modules"]]
+            fully_shard(mods if len(mods) > 1 else mods[0], mesh=mesh,
+                        reshard_after_forward=u["reshard_after_forward"])
+            groups[u["path"]] = mods[0]._get_fsdp_state()._fsdp_param_group
+        return groups
+
+    def test_fsdp2_float32_among_bfloat16(self):
+        """FSDP2 refuses a group whose trainable parameters mix dtypes at its first forward
+        (FSDPParamGroup.lazy_init): exactly the plan's fsdp2_mixed_dtype groups; wrapping the
+        float32 module in a group of its own, as the plan advises, runs."""
+        policy = {"module_classes": ["Block"], "fsdp": {"version": 2, "world_size": WORLD}}
+        p = plan(self.file("dtypes"), policy, self.tmp)
+        marked = error_units(p, "fsdp2_mixed_dtype")
+        self.assertEqual(marked, ["blocks.0", "blocks.1"])
+        refused, quote = [], next(w["message"] for w in p["warnings"] if w["kind"] == "fsdp2_mixed_dtype")
+        for path, group in self.fully_shard_plan(dtype_model(), p).items():
+            try:
+                group.lazy_init()
+            except AssertionError as e:
+                refused.append(path)
+                self.assertIn(str(e).split(" but got")[0], quote)
+        self.assertEqual(sorted(refused), marked)
+        self.assertIn("groups of their own", quote)
+        fixed_policy = with_fix(policy, {"module_classes": ["Router"]})
+        fixed = plan(self.file("dtypes"), fixed_policy, self.tmp)
+        self.assertEqual([w for w in fixed["warnings"] if w["severity"] == "error"], [])
+        model = dtype_model()
+        self.fully_shard_plan(model, fixed)
+        model(*dtype_inputs())  # lazy init of every group passes, forward runs
+
+    def test_frozen_memory_matches_fsdp2(self):
+        """FSDP2 (fully_shard per LlamaDecoderLayer, then the root) on the LoRA model: frozen
+        parameters get no gradient and no optimizer state, per parameter; FSDPMemTracker's
+        sharded parameters, sharded gradients and Adam state equal the plan's."""
+        from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+        policy = {"module_classes": ["LlamaDecoderLayer"], "fsdp": {"version": 2, "world_size": WORLD}}
+        p = plan(self.file("lora"), policy, self.tmp)
+        self.assertEqual([w["kind"] for w in p["warnings"] if w["severity"] == "error"], [])
+        model = lora_model()
+        self.fully_shard_plan(model, p)
+        optim = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=False)
+        tracker = FSDPMemTracker(model, optim)
+        inputs = lora_inputs()
+        tracker.track_inputs(inputs)
+        with tracker:
+            model(*inputs)[0].float().sum().backward()
+            after_backward = tracker.get_tracker_snapshot()
+            optim.step()
+            after_step = tracker.get_tracker_snapshot()
+
+        def category(snap, name):
+            return sum(v for dev in snap.values() for k, v in dev.items() if getattr(k, "value", k) == name)
+
+        per_rank = p["memory"]["per_rank"]
+        got = {"params": category(after_step, "Sharded Param"), "grads": category(after_backward, "Sharded Grad"),
+               "optimizer": category(after_step, "OptState")}
+        want = {k: per_rank[k + "_bytes"] for k in got}
+        print(f"\n    FSDP2 LoRA world {WORLD}: FSDPMemTracker {got}, plan {want}")
+        self.assertEqual(got, want)
+        # Only the adapters train: their gradients are a small part of the parameters.
+        trainable = sum(q.numel() for q in model.parameters() if q.requires_grad)
+        self.assertLess(trainable * 10, sum(q.numel() for q in model.parameters()))
+        self.assertGreater(got["grads"], 0)
 
 
 if __name__ == "__main__":
