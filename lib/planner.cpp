@@ -35,12 +35,14 @@ Plan plan_with(const ModuleTree& loaded, const Policy& policy, const std::string
   plan.policy = policy;
   plan.model.path = model_path;
   plan.fsdp_version = policy.fsdp.fsdp_version;
+  const Replan replan = [&](const Policy& p) { return plan_with(tree, p, model_path, false); };
   if (plan.fsdp_version == 2) {
     // FSDP2: fully_shard calls, bottom-up, then the root.
     Fsdp2Calls calls = fsdp2_calls(tree, policy, matcher, ignored);
     plan.units = group_units_fsdp2(tree, calls.calls, ignored.tensor);
     analyse(plan, ignored, matcher);
     analyse_fsdp2(plan, calls, matcher);
+    root_warnings(plan, search_fixes ? &replan : nullptr);  // the root group is never resharded either
     plan.memory = estimate_memory_fsdp2(plan, policy.fsdp);
     return plan;
   }
@@ -65,7 +67,6 @@ Plan plan_with(const ModuleTree& loaded, const Policy& policy, const std::string
                 "hangs or fails; fix: let one unit hold every use of the tied weight, or wrap by module_classes";
     plan.warnings.push_back(std::move(w));
   }
-  const Replan replan = [&](const Policy& p) { return plan_with(tree, p, model_path, false); };
   flat_param_refusals(plan, search_fixes ? &replan : nullptr);
   root_warnings(plan, search_fixes ? &replan : nullptr);
   plan.memory = estimate_memory(plan, policy.fsdp);

@@ -33,7 +33,10 @@ std::vector<Held> held_by_root(const Plan& plan) {
   const size_t n = tree.num_modules();
   std::vector<int64_t> own(n, 0), sub(n, 0);
   std::vector<bool> is_unit(n, false);
-  for (const auto& u : plan.units) is_unit[static_cast<size_t>(u.module)] = u.module != 0;
+  for (const auto& u : plan.units) {
+    is_unit[static_cast<size_t>(u.module)] = u.module != 0;
+    for (ModuleId m : u.modules) is_unit[static_cast<size_t>(m)] = m != 0;  // FSDP2: fully_shard([a, b])
+  }
   std::vector<bool> has_unit = is_unit;
   for (const auto& o : plan.units.front().params) own[static_cast<size_t>(o.module)] += tree.tensor(o.tensor).numel();
   for (size_t m = n; m-- > 0;) {  // children have larger ids than their parent

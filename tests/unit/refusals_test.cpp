@@ -256,6 +256,42 @@ TEST_CASE("a model over 100M parameters as one unit, and the repeated block to w
   CHECK(count_warnings(plan_of(b, R"({"module_classes": ["Block"]})"), "single_unit") == 0);
 }
 
+TEST_CASE("FSDP2: the root group stays unsharded too, so both root warnings apply; no FSDP1 refusal") {
+  TreeBuilder b;
+  b.add("embed", "Embedding");
+  b.param("embed", "weight", {1000, 8});
+  b.add("blocks", "ModuleList");
+  b.add("blocks.0", "Block");
+  b.linear("blocks.0.fc", 8, 8);
+  b.linear("head", 8, 4);
+  auto plan = plan_of(b, R"({"module_classes": ["Block"], "fsdp": {"version": 2}})");
+  REQUIRE(plan.fsdp_version == 2);
+  const Warning* w = find_warning(plan, "root_too_large");
+  REQUIRE(w);
+  CHECK(w->modules == Names{"embed", "head"});
+  CHECK(w->fix == nlohmann::ordered_json::parse(R"({"module_classes": ["torch.nn.modules.sparse.Embedding"]})"));
+  // A group of two modules (fully_shard([embed, head])) takes both out of the root.
+  auto grouped = plan_of(b, R"({"module_classes": ["Block"], "fsdp": {"version": 2},
+                                "groups": [{"modules": ["embed", "head"]}]})");
+  CHECK(count_warnings(grouped, "root_too_large") == 0);
+
+  TreeBuilder big;
+  big.add("blocks", "ModuleList");
+  for (std::string i : {"0", "1", "2"}) {
+    big.add("blocks." + i, "Block");
+    big.linear("blocks." + i + ".fc", 6000, 6000);
+  }
+  auto big_plan = plan_of(big, R"({"fsdp": {"version": 2}})");
+  const Warning* s = find_warning(big_plan, "single_unit");
+  REQUIRE(s);
+  CHECK(s->fix == nlohmann::ordered_json::parse(R"({"module_classes": ["Block"]})"));
+
+  // FSDP2 keeps parameters apart: a LoRA mix of frozen and trainable is no refusal there.
+  auto lora = lora_blocks();
+  CHECK(count_warnings(plan_of(lora, R"({"module_classes": ["Block"], "fsdp": {"version": 2}})"),
+                       "mixed_requires_grad") == 0);
+}
+
 TEST_CASE("requires_grad and trainable/frozen counts are in the JSON; fail_on takes the new kinds") {
   auto b = lora_blocks();
   auto j = plan_to_json(plan_of(b, R"({"module_classes": ["Block"]})"));
