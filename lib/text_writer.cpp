@@ -224,19 +224,29 @@ std::string plan_to_text(const Plan& plan, const TextOptions& options) {
     unit_width = std::max(kShortestUnitWidth, options.width > other_columns + class_width
                                                   ? options.width - other_columns - class_width : size_t{0});
     std::vector<std::string> shortened(n);
-    std::map<std::string, int> seen;
+    std::vector<size_t> room(n);
     for (size_t i = 0; i < n; ++i) {
-      const size_t room = unit_width > indents[i].size() ? unit_width - indents[i].size() : 1;
-      shortened[i] = shorten_path(paths[i], room);
-      ++seen[shortened[i]];
+      room[i] = unit_width > indents[i].size() ? unit_width - indents[i].size() : 1;
+      shortened[i] = shorten_path(paths[i], room[i]);
     }
-    // Rows must stay distinct: a shortening shared by two paths is not used.
+    // Rows must stay distinct: rows whose shortenings collide get more room,
+    // one column at a time, until they differ (whole paths always do).
+    for (bool collided = true; collided;) {
+      collided = false;
+      std::map<std::string, int> seen;
+      for (const auto& s : shortened) ++seen[s];
+      for (size_t i = 0; i < n; ++i) {
+        if (seen[shortened[i]] < 2 || shortened[i] == paths[i]) continue;
+        collided = true;
+        shortened[i] = shorten_path(paths[i], ++room[i]);
+      }
+    }
     size_t widest = 0;
-    for (size_t i = 0; i < n; ++i) {
-      if (seen[shortened[i]] == 1) paths[i] = shortened[i];
-      widest = std::max(widest, indents[i].size() + paths[i].size());
-    }
+    for (size_t i = 0; i < n; ++i) widest = std::max(widest, indents[i].size() + shortened[i].size());
     unit_width = std::max(unit_width, widest);  // what could not be shortened enough still aligns
+    // A row is shortened only if its whole path would not fit the column.
+    for (size_t i = 0; i < n; ++i)
+      if (indents[i].size() + paths[i].size() > unit_width) paths[i] = shortened[i];
   }
 
   out += pad("#", 4, true) + "  " + pad("unit", unit_width) + "  " + pad("class", class_width) + pad("params", 8, true) +

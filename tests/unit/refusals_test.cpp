@@ -181,7 +181,8 @@ TEST_CASE("integer parameters: FSDP1's message depends on whether one comes firs
   later.linear("fc", 4, 4);
   later.add("emb", "Lookup");
   frozen(later, "emb", "ids", {3}, "int64", 8);
-  const Warning* w2 = find_warning(plan_of(later, "{}"), "integer_param");
+  auto p2 = plan_of(later, "{}");  // kept: the warning points into it
+  const Warning* w2 = find_warning(p2, "integer_param");
   REQUIRE(w2);
   CHECK(w2->message.find("\"Must flatten tensors with uniform dtype but got torch.float32 and torch.int64\"") !=
         std::string::npos);

@@ -144,3 +144,33 @@ TEST_CASE("text rows stay distinct and complete: long paths (maxvit_t's), whole 
   CHECK(wide.find("  blocks.1.layers.1.layers.grid_attention  ") != std::string::npos);
   CHECK(plan_to_text(plan, {200, false}) == wide);
 }
+
+TEST_CASE("text rows: colliding shortenings get more room, and no row is shortened that fits the column") {
+  // peft LoRA's shape: q_proj.base_layer, q_proj.lora_A.default, q_proj.lora_B.default beside plain projections.
+  TreeBuilder b("__torch__.LlamaForCausalLM");
+  b.add("model", "__torch__.LlamaModel").add("model.layers", "ModuleList");
+  b.add("model.layers.0", "__torch__.LlamaDecoderLayer").add("model.layers.0.self_attn", "__torch__.LlamaAttention");
+  b.add("model.layers.0.self_attn.q_proj", "__torch__.peft.Linear");
+  for (const char* leaf : {"base_layer", "lora_A", "lora_B"}) {
+    std::string p = std::string("model.layers.0.self_attn.q_proj.") + leaf;
+    if (std::string(leaf) != "base_layer") {
+      b.add(p, "__torch__.torch.nn.modules.container.ModuleDict");
+      p += ".default";
+    }
+    b.add(p, "__torch__.torch.nn.modules.linear.Linear");
+    b.param(p, "weight", {4, 4});
+  }
+  b.add("model.layers.0.mlp", "__torch__.LlamaMLP").add("model.layers.0.mlp.up_proj", "__torch__.torch.nn.modules.linear.Linear");
+  b.param("model.layers.0.mlp.up_proj", "weight", {4, 4});
+  auto plan = make_plan(b.tree, policy(R"({"module_classes": ["Linear", "LlamaDecoderLayer"]})"), "m.pt");
+  std::string text = plan_to_text(plan, {70, false});
+  CHECK(text.find("model.layers.0.mlp.up_proj ") != std::string::npos);  // fits: whole
+  std::set<std::string> shown;
+  for (const char* leaf : {"base_layer", "lora_A", "lora_B"}) {
+    size_t at = text.find(leaf);
+    REQUIRE(at != std::string::npos);
+    size_t start = text.rfind(' ', at) + 1;
+    shown.insert(text.substr(start, text.find(' ', at) - start));
+  }
+  CHECK(shown.size() == 3);  // distinct rows
+}
