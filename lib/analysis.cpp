@@ -28,7 +28,7 @@ std::string listing(const std::vector<std::string>& items, size_t shown = 3) {
 class Analysis {
  public:
   Analysis(Plan& plan, const Ignored& ignored, const ClassMatcher& matcher)
-      : plan_(plan), tree_(*plan.tree), ignored_(ignored), matcher_(matcher) {}
+      : plan_(plan), tree_(*plan.tree), ignored_(ignored), matcher_(matcher), classes_(matcher.classes(tree_)) {}
 
   void run() {
     summarise_model();
@@ -56,12 +56,9 @@ class Analysis {
     plan_.warnings.push_back(std::move(w));
   }
 
-  // Demangling allocates; models repeat a few classes many times, so once per stored name.
+  // Demangled once per tree (ClassMatcher::classes).
   const std::string& short_class(ModuleId m) const {
-    const std::string& type = tree_.module(m).type_name;
-    auto it = short_class_.find(type);
-    if (it == short_class_.end()) it = short_class_.emplace(type, std::string(short_name(demangle(type)))).first;
-    return it->second;
+    return classes_.short_name(classes_.of(static_cast<size_t>(m)));
   }
 
   void summarise_model() {
@@ -107,16 +104,15 @@ class Analysis {
   // FSDP refuses a model that already has FSDP applied (_check_nested_wrapping).
   void nested_wrap() {
     std::vector<std::string> modules;
-    std::unordered_map<std::string_view, bool> wrapper_class;  // once per stored class name
+    std::vector<bool> wrapper_class(classes_.size());  // once per class
+    for (size_t c = 0; c < classes_.size(); ++c) {
+      const std::string& cls = classes_.short_name(static_cast<int32_t>(c));
+      wrapper_class[c] = cls == "FullyShardedDataParallel" || cls == "FlattenParamsWrapper" || cls.rfind("FSDP", 0) == 0;
+    }
     for (ModuleId m : tree_.preorder()) {
       const Module& mod = tree_.module(m);
-      auto it = wrapper_class.find(mod.type_name);
-      if (it == wrapper_class.end()) {
-        const std::string& cls = short_class(m);
-        bool w = cls == "FullyShardedDataParallel" || cls == "FlattenParamsWrapper" || cls.rfind("FSDP", 0) == 0;
-        it = wrapper_class.emplace(mod.type_name, w).first;
-      }
-      bool wrapper = it->second || mod.name == "_fsdp_wrapped_module" || mod.name == "_fpw_module";
+      bool wrapper = wrapper_class[static_cast<size_t>(classes_.of(static_cast<size_t>(m)))] ||
+                     mod.name == "_fsdp_wrapped_module" || mod.name == "_fpw_module";
       for (const auto& p : mod.params) wrapper = wrapper || p.name == "_flat_param" || p.name == "flat_param";
       if (wrapper) modules.push_back(tree_.path(m));
     }
@@ -325,10 +321,7 @@ class Analysis {
   }
 
   void unmatched_classes() {
-    std::unordered_set<std::string_view> stored;
-    for (const auto& m : tree_.modules()) stored.insert(m.type_name);
-    std::set<std::string> types;
-    for (const auto& t : stored) types.insert(demangle(t));
+    const std::set<std::string> types(classes_.all_qualified().begin(), classes_.all_qualified().end());
     // Class names the model has, its modules' bases included, for suggestions.
     std::set<std::string> known;
     for (const auto& t : types)
@@ -419,7 +412,7 @@ class Analysis {
   const ClassMatcher& matcher_;
   std::vector<int> unit_of_;
   std::vector<ModuleId> alias_of_;  // find_aliases(tree_), when first needed
-  mutable std::unordered_map<std::string_view, std::string> short_class_;
+  const TreeClasses& classes_;
 };
 
 }  // namespace

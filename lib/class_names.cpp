@@ -2,6 +2,8 @@
 
 #include <unordered_map>
 
+#include "module_tree.h"
+
 namespace fsdp_plan {
 namespace {
 
@@ -81,6 +83,34 @@ bool name_matches(std::string_view pattern, std::string_view qualified) {
   return module_path == prefix ||
          (module_path.size() > prefix.size() && module_path.substr(0, prefix.size()) == prefix &&
           module_path[prefix.size()] == '.');
+}
+
+TreeClasses::TreeClasses(const ModuleTree& tree) : of_(tree.num_modules()) {
+  std::unordered_map<std::string_view, int32_t> by_stored;  // the tree's strings outlive this map
+  std::unordered_map<std::string, int32_t> by_qualified;
+  for (size_t m = 0; m < tree.num_modules(); ++m) {
+    const std::string& stored = tree.modules()[m].type_name;
+    auto it = by_stored.find(stored);
+    if (it == by_stored.end()) {
+      std::string q = demangle(stored);
+      auto [qit, fresh] = by_qualified.try_emplace(q, static_cast<int32_t>(qualified_.size()));
+      if (fresh) {
+        short_.emplace_back(fsdp_plan::short_name(q));
+        qualified_.push_back(std::move(q));
+      }
+      it = by_stored.emplace(stored, qit->second).first;
+    }
+    of_[m] = it->second;
+  }
+}
+
+const TreeClasses& ClassMatcher::classes(const ModuleTree& tree) const {
+  if (!tree_classes_ || tree_ != &tree || tree_modules_ != tree.num_modules()) {
+    tree_classes_ = std::make_unique<TreeClasses>(tree);
+    tree_ = &tree;
+    tree_modules_ = tree.num_modules();
+  }
+  return *tree_classes_;
 }
 
 const std::vector<std::string>& ClassMatcher::lineage(const std::string& qualified) const {

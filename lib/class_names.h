@@ -7,6 +7,8 @@
 // recovered: such a class is only itself (and an nn.Module).
 #pragma once
 
+#include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -28,15 +30,42 @@ std::vector<std::string> class_lineage(const std::string& qualified);
 // Python's re-exports allow (torch.nn.Linear is torch.nn.modules.linear.Linear).
 bool name_matches(std::string_view pattern, std::string_view qualified);
 
+class ModuleTree;
+
+// The demangled classes of a tree's modules, each computed once. A traced
+// model stores a distinct mangled name per module (49,541 names for 49,541
+// modules), so questions asked per stored name cost a demangle per module.
+class TreeClasses {
+ public:
+  explicit TreeClasses(const ModuleTree& tree);
+  size_t size() const { return qualified_.size(); }
+  int32_t of(size_t module) const { return of_[module]; }            // class id
+  const std::string& qualified(int32_t c) const { return qualified_[static_cast<size_t>(c)]; }
+  const std::string& short_name(int32_t c) const { return short_[static_cast<size_t>(c)]; }
+  // Ids in order of first appearance (module id order).
+  const std::vector<std::string>& all_qualified() const { return qualified_; }
+
+ private:
+  std::vector<int32_t> of_;
+  std::vector<std::string> qualified_, short_;
+};
+
 // isinstance(module_of_class(qualified), pattern) for each pattern in a list.
+// One matcher may serve many plans of one tree (fsdp-plan suggest): it keeps
+// that tree's classes once computed.
 class ClassMatcher {
  public:
   // True if `qualified` (demangled) or any of its bases matches any pattern.
   bool is_instance(const std::string& qualified, const std::vector<std::string>& patterns) const;
+  // The classes of `tree`'s modules, kept for the last tree asked about.
+  const TreeClasses& classes(const ModuleTree& tree) const;
 
  private:
   const std::vector<std::string>& lineage(const std::string& qualified) const;
   mutable std::unordered_map<std::string, std::vector<std::string>> cache_;
+  mutable const ModuleTree* tree_ = nullptr;
+  mutable size_t tree_modules_ = 0;
+  mutable std::unique_ptr<TreeClasses> tree_classes_;
 };
 
 }  // namespace fsdp_plan

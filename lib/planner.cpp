@@ -20,12 +20,15 @@ namespace fsdp_plan {
 namespace {
 
 // With `search_fixes`, warnings try their fixes by planning again without.
-Plan plan_with(const ModuleTree& loaded, const Policy& policy, const std::string& model_path, bool search_fixes) {
+Plan plan_with(const ModuleTree& loaded, const Policy& policy, const std::string& model_path,
+               const ClassMatcher& shared_matcher, bool search_fixes) {
   // With --aliases, plan the tree Python's named_modules() walks: each module once.
   Dealiased dealiased = policy.module_aliases ? remove_aliases(loaded) : Dealiased{};
   std::shared_ptr<const ModuleTree> own(std::move(dealiased.tree));
   const ModuleTree& tree = own ? *own : loaded;
-  ClassMatcher matcher;
+  // A dealiased tree is another tree: the shared matcher keeps the loaded one's classes.
+  ClassMatcher own_matcher;
+  const ClassMatcher& matcher = own ? own_matcher : shared_matcher;
   Ignored ignored = resolve_ignored(tree, policy);
 
   Plan plan;
@@ -35,7 +38,7 @@ Plan plan_with(const ModuleTree& loaded, const Policy& policy, const std::string
   plan.policy = policy;
   plan.model.path = model_path;
   plan.fsdp_version = policy.fsdp.fsdp_version;
-  const Replan replan = [&](const Policy& p) { return plan_with(tree, p, model_path, false); };
+  const Replan replan = [&](const Policy& p) { return plan_with(tree, p, model_path, matcher, false); };
   if (plan.fsdp_version == 2) {
     // FSDP2: fully_shard calls, bottom-up, then the root.
     Fsdp2Calls calls = fsdp2_calls(tree, policy, matcher, ignored);
@@ -76,7 +79,13 @@ Plan plan_with(const ModuleTree& loaded, const Policy& policy, const std::string
 }  // namespace
 
 Plan make_plan(const ModuleTree& tree, const Policy& policy, const std::string& model_path) {
-  return plan_with(tree, policy, model_path, true);
+  ClassMatcher matcher;
+  return plan_with(tree, policy, model_path, matcher, true);
+}
+
+Plan make_plan(const ModuleTree& tree, const Policy& policy, const std::string& model_path,
+               const ClassMatcher& matcher) {
+  return plan_with(tree, policy, model_path, matcher, true);
 }
 
 }  // namespace fsdp_plan

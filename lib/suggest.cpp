@@ -188,8 +188,8 @@ bool better(const Candidate& a, const Candidate& b) {
   return a.label < b.label;
 }
 
-int64_t needed(const ModuleTree& tree, const Policy& p, const SuggestOptions& opt) {
-  return make_plan(tree, p, "").memory.per_rank.peak_bytes + opt.activation_bytes;
+int64_t needed(const ModuleTree& tree, const Policy& p, const SuggestOptions& opt, const ClassMatcher& matcher) {
+  return make_plan(tree, p, "", matcher).memory.per_rank.peak_bytes + opt.activation_bytes;
 }
 
 // World size: the smallest number of ranks at which some candidate fits,
@@ -239,7 +239,7 @@ std::optional<FitAdvice> world_size_advice(const std::vector<Candidate>& ranked,
 // Nothing fits: which one setting, changed on some candidate, would bring it
 // under the budget; each with the best candidate it works for.
 std::vector<FitAdvice> fit_advice(const ModuleTree& tree, const std::vector<Candidate>& ranked,
-                                  const SuggestOptions& opt) {
+                                  const SuggestOptions& opt, const ClassMatcher& matcher) {
   std::vector<FitAdvice> out;
   if (auto a = world_size_advice(ranked, opt)) out.push_back(*a);
   const Policy& base = ranked.front().policy;  // every candidate shares the base's settings
@@ -253,7 +253,7 @@ std::vector<FitAdvice> fit_advice(const ModuleTree& tree, const std::vector<Cand
       MixedPrecision mp = p.mixed_precision.value_or(MixedPrecision{});
       mp.param_dtype = "bfloat16";
       p.mixed_precision = mp;
-      int64_t n = needed(tree, p, opt);
+      int64_t n = needed(tree, p, opt, matcher);
       if (n > opt.budget_bytes) continue;
       out.push_back({"mixed_precision", "bfloat16", n, "mixed_precision.param_dtype: \"bfloat16\"", c.label});
       break;
@@ -287,8 +287,9 @@ Suggestion suggest(const ModuleTree& tree, const Policy& base, const SuggestOpti
   std::vector<Candidate> candidates = suggest_candidates(tree, base, opt);
   s.tried = candidates.size();
   std::set<UnitSet> seen;
+  const ClassMatcher matcher;  // one tree, many plans: its classes are worked out once
   for (Candidate& c : candidates) {
-    auto plan = std::make_shared<Plan>(make_plan(tree, c.policy, ""));
+    auto plan = std::make_shared<Plan>(make_plan(tree, c.policy, "", matcher));
     if (!seen.insert(unit_set(*plan)).second) {
       ++s.duplicates;
       continue;
@@ -302,7 +303,7 @@ Suggestion suggest(const ModuleTree& tree, const Policy& base, const SuggestOpti
     }
   }
   std::stable_sort(s.ranked.begin(), s.ranked.end(), better);
-  if (!s.ranked.empty() && !s.ranked.front().fits) s.advice = fit_advice(tree, s.ranked, opt);
+  if (!s.ranked.empty() && !s.ranked.front().fits) s.advice = fit_advice(tree, s.ranked, opt, matcher);
   return s;
 }
 

@@ -10,14 +10,11 @@ ClassSet::ClassSet(const ModuleTree& tree, const ClassMatcher& matcher,
                    const std::vector<std::string>& classes)
     : member_(tree.num_modules(), false) {
   if (classes.empty()) return;
-  // Models repeat a few classes many times: decide once per stored class name.
-  std::unordered_map<std::string_view, bool> by_type;
-  for (size_t i = 0; i < tree.num_modules(); ++i) {
-    const std::string& type = tree.modules()[i].type_name;
-    auto it = by_type.find(type);
-    if (it == by_type.end()) it = by_type.emplace(type, matcher.is_instance(demangle(type), classes)).first;
-    member_[i] = it->second;
-  }
+  // Models repeat a few classes many times: decide once per class.
+  const TreeClasses& tc = matcher.classes(tree);
+  std::vector<bool> is(tc.size());
+  for (size_t c = 0; c < tc.size(); ++c) is[c] = matcher.is_instance(tc.qualified(static_cast<int32_t>(c)), classes);
+  for (size_t i = 0; i < tree.num_modules(); ++i) member_[i] = is[static_cast<size_t>(tc.of(i))];
 }
 
 WrapPolicy module_class_policy(ClassSet classes) {
