@@ -133,7 +133,7 @@ std::string settings_error(const MemorySettings& settings) {
   return "";
 }
 
-MemoryPlan estimate_memory(const Plan& plan, const MemorySettings& settings) {
+MemoryPlan estimate_memory(const Plan& plan, const MemorySettings& settings, bool timeline) {
   if (std::string why = settings_error(settings); !why.empty()) throw std::invalid_argument(why);
   MemoryPlan mem;
   mem.settings = settings;
@@ -231,7 +231,7 @@ MemoryPlan estimate_memory(const Plan& plan, const MemorySettings& settings) {
   const bool keep_after_forward = mem.effective_strategy == ShardingStrategy::ShardGradOp;
   r.peak_bytes = r.steady_bytes;
   r.peak_phase = "optimizer step";
-  mem.timeline.reserve(2 * n + 1);
+  if (timeline) mem.timeline.reserve(2 * n + 1);
   // One step of the series; the peak is the first step above the steady state.
   auto record = [&](const char* phase, size_t unit, int64_t gathered_now, int64_t unsharded_grads,
                     int64_t grads) {
@@ -245,7 +245,7 @@ MemoryPlan estimate_memory(const Plan& plan, const MemorySettings& settings) {
     s.unsharded_grads_bytes = unsharded_grads;
     s.grads_bytes = grads;
     const int64_t bytes = s.total_bytes();
-    mem.timeline.push_back(std::move(s));
+    if (timeline) mem.timeline.push_back(std::move(s));
     if (bytes <= r.peak_bytes) return;
     r.peak_bytes = bytes;
     r.peak_phase = phase;
@@ -286,7 +286,7 @@ MemoryPlan estimate_memory(const Plan& plan, const MemorySettings& settings) {
   step.optimizer_bytes = r.optimizer_bytes;
   step.buffers_bytes = r.buffers_bytes;
   step.grads_bytes = r.grads_bytes;
-  mem.timeline.push_back(std::move(step));
+  if (timeline) mem.timeline.push_back(std::move(step));
   if (r.peak_unit >= 0) {
     const size_t j = static_cast<size_t>(r.peak_unit);
     std::vector<bool> ancestor(n, false);

@@ -114,6 +114,8 @@ int64_t hybrid_group_size(const MemorySettings& settings);
 std::string settings_error(const MemorySettings& settings);
 
 // Throws std::invalid_argument when settings_error() has something to say.
-MemoryPlan estimate_memory(const Plan& plan, const MemorySettings& settings);
+// Without `timeline`, MemoryPlan::timeline stays empty (the peak is the same):
+// suggest's searches ask only for the peak, hundreds of times.
+MemoryPlan estimate_memory(const Plan& plan, const MemorySettings& settings, bool timeline = true);
 
 }  // namespace fsdp_plan

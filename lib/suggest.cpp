@@ -204,7 +204,7 @@ std::optional<FitAdvice> world_size_advice(const std::vector<Candidate>& ranked,
   auto at = [&](const Candidate& c, int64_t w) {
     MemorySettings s = c.policy.fsdp;
     s.world_size = w;
-    return settings_error(s).empty() ? estimate_memory(*c.plan, s).per_rank.peak_bytes + opt.activation_bytes
+    return settings_error(s).empty() ? estimate_memory(*c.plan, s, false).per_rank.peak_bytes + opt.activation_bytes
                                      : INT64_MAX;
   };
   // Doublings first, each candidate only as far as the best so far got.
@@ -267,12 +267,12 @@ std::vector<FitAdvice> fit_advice(const ModuleTree& tree, const std::vector<Cand
     auto fits = std::find_if(ranked.begin(), ranked.end(), [&](const Candidate& c) {
       MemorySettings s = c.policy.fsdp;
       s.optimizer = o;
-      return estimate_memory(*c.plan, s).per_rank.peak_bytes + opt.activation_bytes <= opt.budget_bytes;
+      return estimate_memory(*c.plan, s, false).per_rank.peak_bytes + opt.activation_bytes <= opt.budget_bytes;
     });
     if (fits != ranked.end()) {
       MemorySettings s = fits->policy.fsdp;
       s.optimizer = o;
-      out.push_back({"optimizer", optimizer_name(o), estimate_memory(*fits->plan, s).per_rank.peak_bytes + opt.activation_bytes,
+      out.push_back({"optimizer", optimizer_name(o), estimate_memory(*fits->plan, s, false).per_rank.peak_bytes + opt.activation_bytes,
                      std::string("fsdp.optimizer: \"") + optimizer_name(o) + "\"", fits->label});
       break;
     }
