@@ -41,6 +41,7 @@ void write_output(const std::string& file, const std::string& text, const char* 
 int suggest_main(int argc, char** argv) {
   std::string model, policy_file, format = "text", output, budget, activations = "0", strategy, optimizer, emit;
   std::optional<int64_t> world_size;
+  std::optional<int> fsdp_version;
   size_t top = 10;
   bool verbose = false;
   CLI::App app{"fsdp-plan suggest: the wrapping policies that fit a per-rank memory budget, ranked",
@@ -59,6 +60,10 @@ int suggest_main(int argc, char** argv) {
       ->check(CLI::IsMember({"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"}));
   app.add_option("--optimizer", optimizer, "optimizer state for the memory model (default adam)")
       ->check(CLI::IsMember({"adam", "adamw", "sgd", "sgd-momentum", "none"}));
+  app.add_option("--fsdp-version", fsdp_version,
+                 "1: FullyShardedDataParallel (default); 2: fully_shard, every candidate planned and its "
+                 "memory estimated as FSDP2's (the base policy's fsdp.version otherwise)")
+      ->check(CLI::IsMember({1, 2}));
   app.add_option("--top", top, "how many ranked policies to show")->check(CLI::Range(size_t{1}, size_t{100000}))
       ->capture_default_str();
   app.add_flag("-v,--verbose", verbose, "timings on stderr");
@@ -72,7 +77,8 @@ int suggest_main(int argc, char** argv) {
   app.add_option("-o,--output", output, "write the best fitting policy (JSON) to FILE; nothing is written "
                                         "when none fits");
   app.footer("Candidates: each module class alone and in pairs (the model's own block classes first), size "
-             "thresholds at the model's distinct subtree sizes.\nDropped: those FSDP would refuse and those that "
+             "thresholds at the model's distinct subtree sizes; FSDP2 (--fsdp-version 2): also the block class with "
+             "groups for the modules before and after the blocks (embeddings; final norm and head).\nDropped: those FSDP would refuse and those that "
              "split a tied weight. Ranked: fits the budget, then fewer units, then lower peak, then smaller root "
              "share.\nExit codes: 0 a policy fits; 1 none fits; 2 usage, input or output error; 3 internal error.");
   try {
@@ -89,7 +95,10 @@ int suggest_main(int argc, char** argv) {
     if (world_size) base.fsdp.world_size = *world_size;
     if (!strategy.empty()) base.fsdp.strategy = *parse_strategy(strategy);
     if (!optimizer.empty()) base.fsdp.optimizer = *parse_optimizer(optimizer);
-    if (std::string why = settings_error(base.fsdp); !why.empty()) {
+    if (fsdp_version) base.fsdp.fsdp_version = *fsdp_version;
+    std::string why = settings_error(base.fsdp);
+    if (why.empty()) why = base.combination_error();
+    if (!why.empty()) {
       std::cerr << "fsdp-plan: error: suggest: " << why << "\n";
       return 2;
     }

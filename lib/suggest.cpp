@@ -4,14 +4,17 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "class_names.h"
+#include "fsdp2_memory.h"
 #include "ignored.h"
 #include "memory.h"
 #include "planner.h"
 #include "selection.h"
 #include "string_util.h"
+#include "suggest_groups.h"
 
 namespace fsdp_plan {
 namespace {
@@ -74,18 +77,36 @@ std::vector<ClassInfo> wrappable_classes(const ModuleTree& tree, const std::vect
   return out;
 }
 
+// What is wrapped varies; FSDP2's explicit groups are part of it.
 Policy with_classes(const Policy& base, std::vector<std::string> classes) {
   Policy p = base;
   p.module_classes = std::move(classes);
   p.min_num_params.reset();
+  p.groups.clear();
   return p;
 }
 
+// FSDP1 wraps a subtree of at least `threshold` parameters; FSDP2's rule
+// (Accelerate's fsdp2_prepare_model) one of more than its min_num_params.
 Policy with_threshold(const Policy& base, int64_t threshold) {
   Policy p = base;
   p.module_classes.reset();
-  p.min_num_params = threshold;
+  p.min_num_params = base.fsdp.fsdp_version == 2 ? threshold - 1 : threshold;
+  p.groups.clear();
   return p;
+}
+
+// Instances of exactly the class `qualified`.
+std::vector<bool> instances_of(const ModuleTree& tree, const std::string& qualified) {
+  std::vector<bool> out(tree.num_modules(), false);
+  std::unordered_map<std::string, bool> by_stored;  // demangle once per stored name
+  for (size_t m = 0; m < tree.num_modules(); ++m) {
+    const std::string& stored = tree.modules()[m].type_name;
+    auto it = by_stored.find(stored);
+    if (it == by_stored.end()) it = by_stored.emplace(stored, demangle(stored) == qualified).first;
+    out[m] = it->second;
+  }
+  return out;
 }
 
 // Size thresholds where the size policy's choice can change: the distinct
@@ -122,10 +143,11 @@ std::vector<Candidate> suggest_candidates(const ModuleTree& tree, const Policy& 
     out.push_back(std::move(c));
   };
 
-  if (base.auto_wrap()) push("base policy", "base", base);
+  if (base.auto_wrap() || !base.groups.empty()) push("base policy", "base", base);
   Policy unwrapped = base;
   unwrapped.module_classes.reset();
   unwrapped.min_num_params.reset();
+  unwrapped.groups.clear();
   push("no auto-wrap (the root unit only)", "none", unwrapped);
   for (const auto& c : classes) {
     const std::string& n = names[c.qualified];
@@ -136,21 +158,62 @@ std::vector<Candidate> suggest_candidates(const ModuleTree& tree, const Policy& 
       const std::string &a = names[classes[i].qualified], &b = names[classes[j].qualified];
       push("module_classes [" + a + ", " + b + "]", "class pair", with_classes(base, {a, b}));
     }
-  for (int64_t t : size_thresholds(numel, opt.max_thresholds))
-    push("min_num_params " + std::to_string(t), "size", with_threshold(base, t));
+  // FSDP2: the block class with groups for the modules around the blocks.
+  if (base.fsdp.fsdp_version == 2 && !classes.empty() && classes[0].own && classes[0].count > 1) {
+    const std::string& block = names[classes[0].qualified];
+    EdgeModules edges = edge_modules(tree, instances_of(tree, classes[0].qualified), ignored.module, numel);
+    for (auto& v : edge_group_variants(edges)) {
+      Policy p = with_classes(base, {block});
+      p.groups = std::move(v.groups);
+      push("module_classes [" + block + "] + " + v.label, "groups", std::move(p));
+    }
+  }
+  for (int64_t t : size_thresholds(numel, opt.max_thresholds)) {
+    Policy p = with_threshold(base, t);
+    push("min_num_params " + std::to_string(*p.min_num_params), "size", std::move(p));
+  }
   return out;
 }
 
 namespace {
 
-// The units of a plan, as module ids: two policies with the same units and
-// the same settings make the same plan.
-using UnitSet = std::vector<ModuleId>;
+// The units of a plan, as module ids (FSDP2: each call's modules and its
+// reshard_after_forward): two policies with the same units and the same
+// settings make the same plan.
+using UnitSet = std::vector<int64_t>;
 
 UnitSet unit_set(const Plan& plan) {
   UnitSet out;
-  for (const auto& u : plan.units) out.push_back(u.module);
+  for (const auto& u : plan.units) {
+    out.push_back(u.module);
+    if (plan.fsdp_version != 2) continue;
+    for (size_t i = 1; i < u.modules.size(); ++i) out.push_back(u.modules[i]);
+    const ReshardAfterForward r = u.reshard_after_forward.value_or(ReshardAfterForward{});
+    out.push_back(-1 - static_cast<int64_t>(r.kind) - 3 * r.ranks);  // negative: no module id
+  }
   return out;
+}
+
+// A unit as the report names it: its module, or an FSDP2 group's modules.
+std::string unit_name(const ModuleTree& tree, const Unit& u) {
+  if (u.modules.size() < 2) return tree.path(u.module);
+  std::string out = "[";
+  for (size_t i = 0; i < u.modules.size(); ++i) out += (i ? ", " : "") + tree.path(u.modules[i]);
+  return out + "]";
+}
+
+// FSDP2 groups all-gathered again in backward (resharded after forward).
+int64_t regathered(const Plan& plan) {
+  if (plan.fsdp_version != 2 || plan.policy.fsdp.world_size == 1) return 0;
+  int64_t n = 0;
+  for (const auto& u : plan.units)
+    n += u.reshard_after_forward.value_or(ReshardAfterForward{}).kind != ReshardAfterForward::Kind::False;
+  return n;
+}
+
+// The memory model of the plan's FSDP version, for other settings: the peak only (no timeline).
+MemoryPlan estimate_for(const Plan& plan, const MemorySettings& s) {
+  return plan.fsdp_version == 2 ? estimate_memory_fsdp2(plan, s) : estimate_memory(plan, s, false);
 }
 
 void evaluate(Candidate& c, const Plan& plan, const ModuleTree& tree, const SuggestOptions& opt) {
@@ -170,7 +233,7 @@ void evaluate(Candidate& c, const Plan& plan, const ModuleTree& tree, const Sugg
     total += u.param_numel;
     if (u.param_numel > c.largest_unit_numel) {
       c.largest_unit_numel = u.param_numel;
-      c.largest_unit_path = tree.path(u.module);
+      c.largest_unit_path = unit_name(tree, u);
     }
   }
   c.root_share = total > 0 ? static_cast<double>(plan.units[0].param_numel) / static_cast<double>(total) : 0;
@@ -178,12 +241,14 @@ void evaluate(Candidate& c, const Plan& plan, const ModuleTree& tree, const Sugg
   c.peak_phase = plan.memory.per_rank.peak_phase;
   c.needed_bytes = c.peak_bytes + opt.activation_bytes;
   c.fits = c.needed_bytes <= opt.budget_bytes;
+  c.regathered = regathered(plan);
 }
 
 bool better(const Candidate& a, const Candidate& b) {
   if (a.fits != b.fits) return a.fits;
   if (a.units != b.units) return a.units < b.units;
   if (a.peak_bytes != b.peak_bytes) return a.peak_bytes < b.peak_bytes;
+  if (a.regathered != b.regathered) return a.regathered < b.regathered;  // fewer all-gathers in backward
   if (a.root_share != b.root_share) return a.root_share < b.root_share;
   return a.label < b.label;
 }
@@ -204,7 +269,7 @@ std::optional<FitAdvice> world_size_advice(const std::vector<Candidate>& ranked,
   auto at = [&](const Candidate& c, int64_t w) {
     MemorySettings s = c.policy.fsdp;
     s.world_size = w;
-    return settings_error(s).empty() ? estimate_memory(*c.plan, s, false).per_rank.peak_bytes + opt.activation_bytes
+    return settings_error(s).empty() ? estimate_for(*c.plan, s).per_rank.peak_bytes + opt.activation_bytes
                                      : INT64_MAX;
   };
   // Doublings first, each candidate only as far as the best so far got.
@@ -267,12 +332,12 @@ std::vector<FitAdvice> fit_advice(const ModuleTree& tree, const std::vector<Cand
     auto fits = std::find_if(ranked.begin(), ranked.end(), [&](const Candidate& c) {
       MemorySettings s = c.policy.fsdp;
       s.optimizer = o;
-      return estimate_memory(*c.plan, s, false).per_rank.peak_bytes + opt.activation_bytes <= opt.budget_bytes;
+      return estimate_for(*c.plan, s).per_rank.peak_bytes + opt.activation_bytes <= opt.budget_bytes;
     });
     if (fits != ranked.end()) {
       MemorySettings s = fits->policy.fsdp;
       s.optimizer = o;
-      out.push_back({"optimizer", optimizer_name(o), estimate_memory(*fits->plan, s, false).per_rank.peak_bytes + opt.activation_bytes,
+      out.push_back({"optimizer", optimizer_name(o), estimate_for(*fits->plan, s).per_rank.peak_bytes + opt.activation_bytes,
                      std::string("fsdp.optimizer: \"") + optimizer_name(o) + "\"", fits->label});
       break;
     }
@@ -324,11 +389,26 @@ nlohmann::ordered_json policy_file_json(const Policy& p) {
   }
   if (!p.ignored_modules.empty()) out["ignored_modules"] = p.ignored_modules;
   if (!p.ignored_params.empty()) out["ignored_params"] = p.ignored_params;
+  if (!p.groups.empty()) {
+    nlohmann::ordered_json groups = nlohmann::ordered_json::array();
+    for (const auto& g : p.groups) {
+      nlohmann::ordered_json j = {{"modules", g.modules}};
+      if (g.reshard_after_forward) j["reshard_after_forward"] = reshard_to_json(*g.reshard_after_forward);
+      groups.push_back(std::move(j));
+    }
+    out["groups"] = std::move(groups);
+  }
   nlohmann::ordered_json fsdp = {{"world_size", p.fsdp.world_size},
                                  {"sharding_strategy", strategy_name(p.fsdp.strategy)}};
   if (p.fsdp.shard_group_size > 0) fsdp["shard_group_size"] = p.fsdp.shard_group_size;
   fsdp["use_orig_params"] = p.fsdp.use_orig_params;
   fsdp["optimizer"] = optimizer_name(p.fsdp.optimizer);
+  if (p.fsdp.cpu_offload) fsdp["cpu_offload"] = true;
+  if (p.fsdp.fsdp_version == 2) {
+    fsdp["version"] = 2;
+    if (!(p.fsdp.reshard_after_forward == ReshardAfterForward{}))
+      fsdp["reshard_after_forward"] = reshard_to_json(p.fsdp.reshard_after_forward);
+  }
   out["fsdp"] = fsdp;
   return out;
 }

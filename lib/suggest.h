@@ -24,7 +24,7 @@ struct SuggestOptions {
 // One policy tried, and what its plan says.
 struct Candidate {
   std::string label;  // "module_classes [Block]", "min_num_params 1.2M", ...
-  std::string origin; // "class", "class pair", "size", "base", "fix"
+  std::string origin; // "class", "class pair", "size", "base", "groups" (FSDP2), "fix"
   Policy policy;
 
   // Filled by evaluation.
@@ -37,6 +37,7 @@ struct Candidate {
   int64_t needed_bytes = 0;   // peak + activation allowance
   bool fits = false;
   std::string peak_phase;
+  int64_t regathered = 0;     // FSDP2: groups all-gathered again in backward (fewer is better at equal peak)
   // The plan, kept for ranked candidates: advice re-estimates memory on it.
   std::shared_ptr<const Plan> plan;
 };
@@ -62,7 +63,9 @@ struct Suggestion {
 std::vector<Candidate> suggest_candidates(const ModuleTree& tree, const Policy& base, const SuggestOptions& opt);
 
 // Plans every candidate and ranks them: fits the budget, then fewer units,
-// then lower peak, then smaller root share, then label.
+// then lower peak, then fewer FSDP2 groups gathered again in backward, then
+// smaller root share, then label. The memory model is the base policy's
+// FSDP version's (fsdp.fsdp_version).
 Suggestion suggest(const ModuleTree& tree, const Policy& base, const SuggestOptions& opt);
 
 // A policy as a user would write it: only the keys it sets; parse_policy reads it back.

@@ -141,6 +141,58 @@ class Suggest(Scratch):
         self.assertIn("--emit torch: nothing written", r.stderr)
         self.assert_input_error(self.suggest(GPT, "--budget", "1MiB", "--emit", "torch", "-f", "json"), "--format")
 
+    def test_fsdp2_candidates_plan_as_reported(self):
+        out = os.path.join(self.tmp, "best.json")
+        r = self.suggest(GPT, "--world-size", "8", "--budget", "1MiB", "--fsdp-version", "2", "-f", "json",
+                         "--top", "1000", "-o", out)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        doc = json.loads(r.stdout)
+        self.assertEqual(doc["settings"]["fsdp_version"], 2)
+        if jsonschema:
+            with open(SCHEMA) as f:
+                jsonschema.validate(doc, json.load(f))
+        groups = [c for c in doc["candidates"] if c["origin"] == "groups"]
+        self.assertTrue(groups)
+        # Every candidate is an FSDP2 policy whose plan (fully_shard calls, FSDP2 memory) is as reported.
+        for c in doc["candidates"]:
+            self.assertEqual(c["policy"]["fsdp"]["version"], 2, c["label"])
+        for c in groups + doc["candidates"][:3]:
+            p = self.write("c.json", json.dumps(c["policy"]))
+            plan = json.loads(run(GPT, "--policy", p, "-f", "json").stdout)
+            self.assertEqual(plan["fsdp_version"], 2)
+            self.assertEqual(plan["memory"]["per_rank"]["peak_bytes"], c["peak_bytes"], c["label"])
+            self.assertEqual(len(plan["units"]), c["units"], c["label"])
+            root = [u for u in plan["units"] if u["path"] == ""][0]
+            total = sum(u["param_numel"] for u in plan["units"])
+            self.assertAlmostEqual(root["param_numel"] / total, c["root_share"], places=6)
+        # tok_emb and lm_head share a weight: groups that part them are refused by fully_shard.
+        reasons = {d["label"]: d["reason"] for d in doc["dropped"]}
+        split = "module_classes [Block] + groups [tok_emb, pos_emb], [ln_f, lm_head]"
+        self.assertEqual(reasons.get(split), "FSDP would refuse it: fsdp2_shared_param")
+        with open(out) as f:
+            best = json.load(f)
+        self.assertEqual(best, doc["best"]["policy"])
+        self.assertLessEqual(peak(GPT, out), 1 << 20)
+
+    def test_fsdp2_from_the_base_policy(self):
+        base = self.write("base.json", json.dumps({"fsdp": {"version": 2, "world_size": 8}}))
+        r = self.suggest(GPT, "--policy", base, "--budget", "1MiB", "-f", "json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        doc = json.loads(r.stdout)
+        self.assertEqual(doc["settings"]["fsdp_version"], 2)
+        self.assertTrue(all(c["policy"]["fsdp"]["version"] == 2 for c in doc["candidates"]))
+        text = self.suggest(GPT, "--policy", base, "--budget", "1MiB").stdout
+        self.assertIn("FSDP2 (fully_shard), world size 8", text)
+        # FSDP1 says so too, and writes no version.
+        r = self.suggest(GPT, "--world-size", "8", "--budget", "1MiB", "-f", "json")
+        self.assertEqual(json.loads(r.stdout)["settings"]["fsdp_version"], 1)
+        self.assertNotIn("version", json.loads(r.stdout)["candidates"][0]["policy"]["fsdp"])
+
+    def test_fsdp2_bad_settings(self):
+        self.assert_input_error(self.suggest(GPT, "--budget", "1MiB", "--fsdp-version", "3"), "--fsdp-version")
+        self.assert_input_error(self.suggest(GPT, "--budget", "1MiB", "--fsdp-version", "2", "--sharding-strategy",
+                                             "SHARD_GRAD_OP"), "FSDP2 has no sharding strategy SHARD_GRAD_OP")
+
     def test_bad_input(self):
         self.assert_input_error(self.suggest(GPT, "--budget", "lots"), "lots", "is not a size")
         self.assert_input_error(self.suggest(GPT), "--budget")

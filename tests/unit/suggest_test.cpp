@@ -3,7 +3,9 @@
 
 #include <algorithm>
 
+#include "selection.h"
 #include "suggest.h"
+#include "suggest_groups.h"
 #include "tree_builder.h"
 
 using namespace fsdp_plan;
@@ -184,5 +186,156 @@ TEST_CASE("policy_file_json reads back as the same policy") {
   p.ignored_params = {"*.lora_*"};
   p.fsdp.optimizer = Optimizer::Sgd;
   Policy q = parse_policy(policy_file_json(p).dump(), "p.json");
+  CHECK(policy_to_json(q) == policy_to_json(p));
+}
+
+namespace {
+
+Policy fsdp2(int64_t w) {
+  Policy p = world(w);
+  p.fsdp.fsdp_version = 2;
+  return p;
+}
+
+// tied_lm without the tie: head has its own weight.
+TreeBuilder untied_lm() {
+  TreeBuilder b("__torch__.Net");
+  b.add("emb", "Embedding");
+  b.param("emb", "weight", {100, 8});
+  b.add("blocks", "ModuleList");
+  for (int i = 0; i < 4; ++i) {
+    std::string p = "blocks." + std::to_string(i);
+    b.add(p, "Block");
+    b.linear(p + ".fc", 8, 8);
+  }
+  b.add("norm", "LayerNorm");
+  b.param("norm", "weight", {8});
+  b.add("rope", "Rotary");  // no parameters: in no group
+  b.add("head", "Linear");
+  b.param("head", "weight", {100, 8});
+  return b;
+}
+
+const Candidate* find(const std::vector<Candidate>& cs, const std::string& label) {
+  for (const auto& c : cs)
+    if (c.label == label) return &c;
+  return nullptr;
+}
+
+}  // namespace
+
+TEST_CASE("edge_modules: the parameter-holding subtrees before the first block and after the last") {
+  auto b = untied_lm();
+  std::vector<bool> block(b.tree.num_modules(), false), skip(b.tree.num_modules(), false);
+  for (int i = 0; i < 4; ++i) block[static_cast<size_t>(b.id("blocks." + std::to_string(i)))] = true;
+  auto numel = subtree_numel(b.tree, std::vector<bool>(b.tree.num_tensors(), false));
+  EdgeModules e = edge_modules(b.tree, block, skip, numel);
+  CHECK(e.input == std::vector<std::string>{"emb"});
+  CHECK(e.output == std::vector<std::string>{"norm", "head"});
+  skip[static_cast<size_t>(b.id("norm"))] = true;  // ignored modules are in no group
+  CHECK(edge_modules(b.tree, block, skip, numel).output == std::vector<std::string>{"head"});
+  // No block: nothing around it.
+  std::vector<bool> none(b.tree.num_modules(), false);
+  e = edge_modules(b.tree, none, skip, numel);
+  CHECK(e.input.empty());
+  CHECK(e.output.empty());
+}
+
+TEST_CASE("FSDP2: the block class with groups for the embedding and the head, separately and together") {
+  auto b = untied_lm();
+  auto cs = suggest_candidates(b.tree, fsdp2(4), SuggestOptions{});
+  const std::string blk = "module_classes [Block] + groups ";
+  for (const char* g : {"[emb]", "[norm, head]", "[norm, head] kept after forward", "[emb], [norm, head]",
+                        "[emb], [norm, head] kept after forward", "[emb, norm, head]",
+                        "[emb, norm, head] kept after forward"}) {
+    const Candidate* c = find(cs, blk + g);
+    REQUIRE_MESSAGE(c != nullptr, g);
+    CHECK(c->origin == "groups");
+    CHECK(c->policy.fsdp.fsdp_version == 2);
+    CHECK(c->policy.module_classes == std::vector<std::string>{"Block"});
+  }
+  const Candidate* kept = find(cs, blk + "[emb], [norm, head] kept after forward");
+  REQUIRE(kept->policy.groups.size() == 2);
+  CHECK(!kept->policy.groups[0].reshard_after_forward);
+  CHECK(kept->policy.groups[1].reshard_after_forward->kind == ReshardAfterForward::Kind::False);
+  // FSDP1 has no groups.
+  for (const auto& c : suggest_candidates(b.tree, world(4), SuggestOptions{})) CHECK(c.policy.groups.empty());
+  // FSDP2's size rule is "more than min_num_params": thresholds one below the subtree sizes.
+  CHECK(find(cs, "min_num_params 799") != nullptr);
+  CHECK(find(cs, "min_num_params 800") == nullptr);
+}
+
+TEST_CASE("FSDP2: every candidate is planned and measured as FSDP2; groups count as one unit each") {
+  auto b = untied_lm();
+  SuggestOptions opt;
+  opt.budget_bytes = int64_t{1} << 40;
+  Suggestion s = suggest(b.tree, fsdp2(4), opt);
+  REQUIRE(!s.ranked.empty());
+  for (const auto& c : s.ranked) {
+    Plan p = make_plan(b.tree, c.policy, "m.pt");
+    CHECK(p.fsdp_version == 2);
+    CHECK(c.peak_bytes == p.memory.per_rank.peak_bytes);
+    CHECK(c.units == static_cast<int64_t>(p.units.size()));
+  }
+  // [emb, norm, head] in one call: blocks 4 + group + root = 6 units; the root keeps nothing.
+  auto it = std::find_if(s.ranked.begin(), s.ranked.end(),
+                         [](const Candidate& c) { return c.label == "module_classes [Block] + groups [emb, norm, head]"; });
+  REQUIRE(it != s.ranked.end());
+  CHECK(it->units == 6);
+  CHECK(it->root_share == 0.0);
+  CHECK(it->largest_unit_path == "[emb, norm, head]");
+  // Its kept-after-forward twin is a plan of its own; at an equal peak it ranks first (one all-gather fewer).
+  auto kept = std::find_if(s.ranked.begin(), s.ranked.end(), [](const Candidate& c) {
+    return c.label == "module_classes [Block] + groups [emb, norm, head] kept after forward";
+  });
+  REQUIRE(kept != s.ranked.end());
+  CHECK(kept->peak_bytes <= it->peak_bytes);
+  if (kept->peak_bytes == it->peak_bytes) CHECK(kept < it);
+}
+
+TEST_CASE("FSDP2: a group that splits a tied weight is refused (fsdp2_shared_param) and dropped") {
+  auto b = tied_lm();
+  SuggestOptions opt;
+  opt.budget_bytes = int64_t{1} << 40;
+  Suggestion s = suggest(b.tree, fsdp2(4), opt);
+  const Candidate* split = find(s.dropped, "module_classes [Block] + groups [emb], [norm, head]");
+  REQUIRE(split != nullptr);
+  CHECK(split->dropped == "FSDP would refuse it: fsdp2_shared_param");
+  CHECK(find(s.ranked, "module_classes [Block] + groups [emb, norm, head]") != nullptr);
+}
+
+TEST_CASE("FSDP2: the world size advice uses FSDP2's memory model") {
+  auto b = untied_lm();
+  Policy blocks = fsdp2(16);
+  blocks.module_classes = std::vector<std::string>{"Block"};
+  SuggestOptions opt;
+  opt.budget_bytes = peak_of(b, blocks);
+  Suggestion s = suggest(b.tree, fsdp2(1), opt);
+  REQUIRE(!s.ranked.empty());
+  REQUIRE(!s.ranked.front().fits);
+  auto it = std::find_if(s.advice.begin(), s.advice.end(), [](const FitAdvice& a) { return a.setting == "world_size"; });
+  REQUIRE(it != s.advice.end());
+  int64_t w = std::stoll(it->value);
+  auto named = std::find_if(s.ranked.begin(), s.ranked.end(), [&](const Candidate& c) { return c.label == it->candidate; });
+  REQUIRE(named != s.ranked.end());
+  Policy p = named->policy;
+  p.fsdp.world_size = w;
+  CHECK(peak_of(b, p) == it->needed_bytes);
+  CHECK(peak_of(b, p) <= opt.budget_bytes);
+  p.fsdp.world_size = w - 1;
+  CHECK(peak_of(b, p) > opt.budget_bytes);
+}
+
+TEST_CASE("policy_file_json writes FSDP2's version and groups, and reads back") {
+  Policy p = fsdp2(8);
+  p.module_classes = std::vector<std::string>{"Block"};
+  Fsdp2Group g;
+  g.modules = {"emb", "head"};
+  g.reshard_after_forward = ReshardAfterForward{ReshardAfterForward::Kind::False, 0};
+  p.groups = {g};
+  auto j = policy_file_json(p);
+  CHECK(j["fsdp"]["version"] == 2);
+  CHECK(j["groups"][0]["reshard_after_forward"] == false);
+  Policy q = parse_policy(j.dump(), "p.json");
   CHECK(policy_to_json(q) == policy_to_json(p));
 }
