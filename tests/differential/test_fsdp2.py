@@ -184,19 +184,27 @@ def add_corpus(corpus_dir):
 
 # ---------------------------------------------------------------------------- one case
 
-class PeakTracker(FSDPMemTracker):
-    """FSDPMemTracker that also keeps the largest sum of the non-activation categories."""
+def non_activation_tracker(base, categories):
+    """A subclass of the memory tracker `base` that also keeps the largest sum of `categories`
+    (the tracker's own "peak" is that of its Total, activations included)."""
 
-    non_act_peak = 0
-    non_act_snap = None
+    class Tracker(base):
+        non_act_peak = 0
+        non_act_snap = None
 
-    def _update_snap(self, *args, **kwargs):
-        super()._update_snap(*args, **kwargs)
-        for snap in self._curr_mem_snap.values():
-            total = sum(v for k, v in snap.items() if getattr(k, "value", k) in NON_ACTIVATION)
-            if total > self.non_act_peak:
-                self.non_act_peak = total
-                self.non_act_snap = {getattr(k, "value", k): v for k, v in snap.items()}
+        def _update_snap(self, *args, **kwargs):
+            super()._update_snap(*args, **kwargs)
+            for snap in self._curr_mem_snap.values():
+                total = sum(v for k, v in snap.items() if getattr(k, "value", k) in categories)
+                if total > self.non_act_peak:
+                    self.non_act_peak = total
+                    self.non_act_snap = {getattr(k, "value", k): v for k, v in snap.items()}
+
+    return Tracker
+
+
+# FSDPMemTracker that also keeps the largest sum of the non-activation categories.
+PeakTracker = non_activation_tracker(FSDPMemTracker, NON_ACTIVATION)
 
 
 def category(snap, name):
@@ -227,6 +235,14 @@ def run_case(binary, name, mesh_spec, bf16, model_file, tmp, verbose):
     if bf16:
         policy["mixed_precision"] = {"param_dtype": "bfloat16", "reduce_dtype": "float32"}
     plan = plan_of(binary, model_file, policy, tmp)
+    return check_against_torch(plan, builder, make_input, world, group, bf16, verbose)
+
+
+def check_against_torch(plan, builder, make_input, world, group, bf16, verbose):
+    """Makes `plan`'s fully_shard calls on builder()'s model (meta device, fake backend, rank 0 of
+    `world`, shard groups of `group` ranks when > 1), compares groups and shard shapes, then two
+    training steps under FSDPMemTracker. Returns a list of failures, or (None, peak offset).
+    test_suggest_fsdp.py uses it on the plans `fsdp-plan suggest` picks."""
     errors = [w for w in plan["warnings"] if w["severity"] == "error"]
     if errors:
         return [f"plan has errors: {[w['kind'] for w in errors]}"]

@@ -145,6 +145,11 @@ def real_fsdp(eager: nn.Module, policy: Dict[str, Any], world_size: int, use_ori
     fsdp = FSDP(model, device_id=torch.device("cpu"), use_orig_params=use_orig_params,
                 **fsdp_kwargs(policy, model))
     assert dist.get_world_size() == world_size
+    return fsdp1_units(fsdp, policy)
+
+
+def fsdp1_units(fsdp: FSDP, policy: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """The units FSDP1 built, as compare_fsdp takes them (test_suggest_fsdp.py uses it too)."""
     has_mp = policy.get("mixed_precision") is not None
     units = []
     for name, mod in fsdp.named_modules():
