@@ -79,7 +79,8 @@ int suggest_main(int argc, char** argv) {
   app.footer("Candidates: each module class alone and in pairs (the model's own block classes first), size "
              "thresholds at the model's distinct subtree sizes; FSDP2 (--fsdp-version 2): also the block class with "
              "groups for the modules before and after the blocks (embeddings; final norm and head).\nDropped: those FSDP would refuse and those that "
-             "split a tied weight. Ranked: fits the budget, then fewer units, then lower peak, then smaller root "
+             "split a tied weight; each comes back with the fix the refusal names (frozen parameters in units of their "
+             "own, tied weights in one unit) as a candidate of its own. Ranked: fits the budget, then fewer units, then lower peak, then smaller root "
              "share.\nExit codes: 0 a policy fits; 1 none fits; 2 usage, input or output error; 3 internal error.");
   try {
     app.parse(argc, argv);

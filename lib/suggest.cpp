@@ -14,6 +14,7 @@
 #include "planner.h"
 #include "selection.h"
 #include "string_util.h"
+#include "suggest_fixes.h"
 #include "suggest_groups.h"
 
 namespace fsdp_plan {
@@ -350,16 +351,30 @@ std::vector<FitAdvice> fit_advice(const ModuleTree& tree, const std::vector<Cand
 Suggestion suggest(const ModuleTree& tree, const Policy& base, const SuggestOptions& opt) {
   Suggestion s;
   std::vector<Candidate> candidates = suggest_candidates(tree, base, opt);
-  s.tried = candidates.size();
+  std::set<std::string> labels;
+  for (const auto& c : candidates) labels.insert(c.label);
   std::set<UnitSet> seen;
   const ClassMatcher matcher;  // one tree, many plans: its classes are worked out once
-  for (Candidate& c : candidates) {
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    Candidate c = std::move(candidates[i]);  // fixes below append to `candidates`
     auto plan = std::make_shared<Plan>(make_plan(tree, c.policy, "", matcher));
     if (!seen.insert(unit_set(*plan)).second) {
       ++s.duplicates;
       continue;
     }
     evaluate(c, *plan, tree, opt);
+    // A refused candidate, fixed as the refusal checks say, is a candidate too
+    // (twice at most: a fix may uncover another refusal).
+    if (!c.dropped.empty() && c.fixes < 2) {
+      if (auto f = fix_refusals(*plan); f && labels.insert(c.label + " + " + f->what).second) {
+        Candidate fixed;
+        fixed.label = c.label + " + " + f->what;
+        fixed.origin = "fix";
+        fixed.policy = std::move(f->policy);
+        fixed.fixes = c.fixes + 1;
+        candidates.push_back(std::move(fixed));
+      }
+    }
     if (c.dropped.empty()) {
       c.plan = std::move(plan);
       s.ranked.push_back(std::move(c));
@@ -367,6 +382,7 @@ Suggestion suggest(const ModuleTree& tree, const Policy& base, const SuggestOpti
       s.dropped.push_back(std::move(c));
     }
   }
+  s.tried = candidates.size();
   std::stable_sort(s.ranked.begin(), s.ranked.end(), better);
   if (!s.ranked.empty() && !s.ranked.front().fits) s.advice = fit_advice(tree, s.ranked, opt, matcher);
   return s;

@@ -26,6 +26,7 @@ struct Candidate {
   std::string label;  // "module_classes [Block]", "min_num_params 1.2M", ...
   std::string origin; // "class", "class pair", "size", "base", "groups" (FSDP2), "fix"
   Policy policy;
+  int fixes = 0;      // refusal fixes applied to reach this policy (origin "fix")
 
   // Filled by evaluation.
   std::string dropped;  // why it is out ("" if it is ranked): an error warning, a split tied weight

@@ -88,7 +88,7 @@ class Suggest(Scratch):
 
     def test_nothing_fits_names_the_world_size_that_would(self):
         out = os.path.join(self.tmp, "best.json")
-        r = self.suggest(GPT, "--world-size", "2", "--budget", "1MiB", "-f", "json", "-o", out)
+        r = self.suggest(GPT, "--world-size", "2", "--budget", "1MiB", "-f", "json", "-o", out, "--top", "1000")
         self.assertEqual(r.returncode, 1, r.stderr)
         self.assertFalse(os.path.exists(out))  # nothing fits: no policy written
         doc = json.loads(r.stdout)
@@ -96,9 +96,9 @@ class Suggest(Scratch):
         advice = {a["setting"]: a for a in doc["advice"]}
         self.assertIn("world_size", advice)
         w = int(advice["world_size"]["value"])
-        # The lowest-peak candidate fits at w ranks and not at w - 1.
-        lowest = min(doc["candidates"], key=lambda c: c["peak_bytes"])
-        p = self.write("lowest.json", json.dumps(lowest["policy"]))
+        # The candidate the advice names fits at w ranks and not at w - 1.
+        named = [c for c in doc["candidates"] if c["label"] == advice["world_size"]["candidate"]][0]
+        p = self.write("named.json", json.dumps(named["policy"]))
         self.assertLessEqual(peak(GPT, p, "--world-size", str(w)), 1 << 20)
         self.assertGreater(peak(GPT, p, "--world-size", str(w - 1)), 1 << 20)
         text = self.suggest(GPT, "--world-size", "2", "--budget", "1MiB").stdout
@@ -173,6 +173,33 @@ class Suggest(Scratch):
             best = json.load(f)
         self.assertEqual(best, doc["best"]["policy"])
         self.assertLessEqual(peak(GPT, out), 1 << 20)
+
+    def test_refused_candidates_come_back_fixed(self):
+        # tok_emb and lm_head share a weight. FSDP2: a policy parting them is refused, and the same
+        # policy with both in one fully_shard call is a candidate; FSDP1: with their units unwrapped.
+        for version in ("2", "1"):
+            r = self.suggest(GPT, "--world-size", "8", "--budget", "1MiB", "--fsdp-version", version, "-f", "json",
+                             "--top", "1000")
+            self.assertIn(r.returncode, (0, 1), r.stderr)
+            doc = json.loads(r.stdout)
+            self.assertEqual(doc["tried"], doc["ranked_count"] + len(doc["dropped"]) + doc["duplicates"])
+            dropped = {d["label"] for d in doc["dropped"]}
+            fixed = [c for c in doc["candidates"] if c["origin"] == "fix"]
+            self.assertTrue(fixed, version)
+            for c in fixed:
+                self.assertTrue(c["label"].endswith(" + tied weights in one unit"), c["label"])
+                self.assertIn(c["label"][:-len(" + tied weights in one unit")], dropped)
+                p = self.write("fixed.json", json.dumps(c["policy"]))
+                plan = json.loads(run(GPT, "--policy", p, "-f", "json").stdout)
+                kinds = [w["kind"] for w in plan["warnings"]]
+                self.assertNotIn("shared_param_across_units", kinds, c["label"])
+                self.assertFalse([w for w in plan["warnings"] if w["severity"] == "error"], c["label"])
+                self.assertEqual(plan["memory"]["per_rank"]["peak_bytes"], c["peak_bytes"], c["label"])
+        fixed2 = {c["label"]: c for c in json.loads(self.suggest(
+            GPT, "--world-size", "8", "--budget", "1MiB", "--fsdp-version", "2", "-f", "json", "--top", "1000"
+        ).stdout)["candidates"]}
+        self.assertEqual(fixed2["module_classes [Embedding] + tied weights in one unit"]["policy"]["groups"],
+                         [{"modules": ["tok_emb", "lm_head"]}])
 
     def test_fsdp2_from_the_base_policy(self):
         base = self.write("base.json", json.dumps({"fsdp": {"version": 2, "world_size": 8}}))

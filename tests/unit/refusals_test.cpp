@@ -13,40 +13,6 @@ using namespace fsdp_plan::test;
 
 namespace {
 
-TensorId frozen(TreeBuilder& b, const std::string& path, const std::string& name, std::vector<int64_t> shape,
-                const std::string& dtype = "float32", int64_t itemsize = 4) {
-  TensorInfo t{std::move(shape), dtype, itemsize};
-  t.requires_grad = false;
-  TensorId id = b.tree.add_tensor(t);
-  b.tree.add_param(b.id(path), name, id);
-  return id;
-}
-
-// What peft's LoRA makes of a block: q = lora.Linear(base_layer frozen,
-// lora_A.default and lora_B.default trainable), a frozen LayerNorm beside it.
-TreeBuilder lora_blocks() {
-  TreeBuilder b("__torch__.Net");
-  b.add("embed", "Embedding");
-  frozen(b, "embed", "weight", {100, 8});
-  b.add("layers", "ModuleList");
-  for (std::string i : {"0", "1"}) {
-    std::string blk = "layers." + i;
-    b.add(blk, "Block");
-    b.add(blk + ".norm", "LayerNorm");
-    frozen(b, blk + ".norm", "weight", {8});
-    b.add(blk + ".q", "__torch__.peft.tuners.lora.layer.Linear");
-    b.add(blk + ".q.base_layer", "Linear");
-    frozen(b, blk + ".q.base_layer", "weight", {8, 8});
-    b.add(blk + ".q.lora_A", "ModuleDict");
-    b.add(blk + ".q.lora_A.default", "Linear");
-    b.param(blk + ".q.lora_A.default", "weight", {2, 8});
-    b.add(blk + ".q.lora_B", "ModuleDict");
-    b.add(blk + ".q.lora_B.default", "Linear");
-    b.param(blk + ".q.lora_B.default", "weight", {8, 2});
-  }
-  return b;
-}
-
 Policy with_fix(const Policy& p, const nlohmann::ordered_json& fix) {
   nlohmann::ordered_json j = nlohmann::ordered_json::object();
   if (p.module_classes) j["module_classes"] = *p.module_classes;

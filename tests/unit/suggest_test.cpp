@@ -339,3 +339,63 @@ TEST_CASE("policy_file_json writes FSDP2's version and groups, and reads back") 
   Policy q = parse_policy(j.dump(), "p.json");
   CHECK(policy_to_json(q) == policy_to_json(p));
 }
+
+TEST_CASE("fix candidates: LoRA's frozen and trainable parameters in one unit, fixed as the refusal says") {
+  auto b = lora_blocks();
+  SuggestOptions opt;
+  opt.budget_bytes = int64_t{1} << 40;
+  Suggestion s = suggest(b.tree, world(4), opt);
+  const Candidate* refused = find(s.dropped, "module_classes [Block, Embedding]");
+  REQUIRE(refused != nullptr);
+  CHECK(refused->dropped == "FSDP would refuse it: mixed_requires_grad");
+  // The same policy plus the warning's own fix (the trainable LoRA Linears wrapped separately) is ranked.
+  const Candidate* fixed = find(s.ranked, "module_classes [Block, Embedding] + frozen parameters in units of their own");
+  REQUIRE(fixed != nullptr);
+  CHECK(fixed->origin == "fix");
+  Plan p = make_plan(b.tree, fixed->policy, "m.pt");
+  CHECK(!p.has_errors());
+  CHECK(count_warnings(p, "mixed_requires_grad") == 0);
+  CHECK(fixed->peak_bytes == p.memory.per_rank.peak_bytes);
+  REQUIRE(fixed->policy.module_classes);
+  CHECK(fixed->policy.module_classes->size() == 3);
+  CHECK(fixed->policy.module_classes->at(0) == "Block");
+  // module_classes [Block]'s fix gives the units of an earlier candidate ([Block, Linear]): planned, not listed.
+  CHECK(find(s.dropped, "module_classes [Block]") != nullptr);
+  CHECK(find(s.ranked, "module_classes [Block] + frozen parameters in units of their own") == nullptr);
+  CHECK(find(s.ranked, "module_classes [Block, torch.nn.modules.linear.Linear]") != nullptr);
+  CHECK(s.tried == s.ranked.size() + s.dropped.size() + s.duplicates);
+}
+
+TEST_CASE("fix candidates: a tied weight split across units kept in one") {
+  SuggestOptions opt;
+  opt.budget_bytes = int64_t{1} << 40;
+  // FSDP2: [emb] in a group, head (tied) in the root: fully_shard refuses; the fix groups emb with head.
+  auto b = tied_lm();
+  Suggestion s = suggest(b.tree, fsdp2(4), opt);
+  REQUIRE(find(s.dropped, "module_classes [Block] + groups [norm, head]") != nullptr);
+  const Candidate* fixed = find(s.ranked, "module_classes [Block] + groups [norm, head] + tied weights in one unit");
+  REQUIRE(fixed != nullptr);
+  REQUIRE(fixed->policy.groups.size() == 1);
+  CHECK(fixed->policy.groups[0].modules == std::vector<std::string>{"norm", "head", "emb"});
+  CHECK(!make_plan(b.tree, fixed->policy, "m.pt").has_errors());
+  // [Block, Embedding]: emb in a call of its own, head in the root; the fix names both in one call.
+  REQUIRE(find(s.dropped, "module_classes [Block, Embedding]") != nullptr);
+  fixed = find(s.ranked, "module_classes [Block, Embedding] + tied weights in one unit");
+  REQUIRE(fixed != nullptr);
+  REQUIRE(fixed->policy.groups.size() == 1);
+  CHECK(fixed->policy.groups[0].modules == std::vector<std::string>{"emb", "head"});
+  CHECK(!make_plan(b.tree, fixed->policy, "m.pt").has_errors());
+  // module_classes [Embedding]: emb wrapped, head in the root; FSDP2's fix: one call for both.
+  fixed = find(s.ranked, "module_classes [Embedding] + tied weights in one unit");
+  REQUIRE(fixed != nullptr);
+  CHECK(fixed->policy.groups[0].modules == std::vector<std::string>{"emb", "head"});
+  // FSDP1, size policy: the units below the users' common unit are excluded from wrapping.
+  Suggestion s1 = suggest(b.tree, world(4), opt);
+  for (const auto& c : s1.ranked) {
+    if (c.origin != "fix") continue;
+    Plan p = make_plan(b.tree, c.policy, "m.pt");
+    CHECK(count_warnings(p, "shared_param_across_units") == 0);
+    CHECK(!p.has_errors());
+  }
+  for (const auto& c : s1.dropped) CHECK(c.origin != "fix");  // every FSDP1 tie fix works here
+}
