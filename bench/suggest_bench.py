@@ -7,12 +7,13 @@
 
 both traced and saved structure-only by the venv's torch (no weight is ever
 allocated). For each, it runs `fsdp-plan suggest` at two budgets (8 x 80 GiB
-and 64 x 24 GiB), FSDP1, and prints the candidates, the time `suggest` itself
-reports (-v), the whole run's wall time (median of --reps), candidates per
-second, and the target (all candidates in under 2 s) side by side with the
-figure, with the machine's load average.
+and 64 x 24 GiB), FSDP1 and FSDP2 (--fsdp-versions), and prints the
+candidates, the time `suggest` itself reports (-v), the whole run's wall time
+(median of --reps), candidates per second, and the target (all candidates in
+under 2 s) side by side with the figure, with the machine's load average.
 
 Usage: $FSDP_PLAN_VENV/bin/python bench/suggest_bench.py [FSDP_PLAN_BINARY] [--keep DIR] [--reps N]
+       [--fsdp-versions 1,2]
 The model files are kept in DIR (default build/bench) and reused.
 """
 import argparse
@@ -106,10 +107,10 @@ def llama70b():
     return model, corpus.example_inputs("llama3_70b", model)
 
 
-def run_suggest(binary, model, world, budget):
+def run_suggest(binary, model, world, budget, version):
     t0 = time.perf_counter()
-    r = subprocess.run([binary, "suggest", model, "--world-size", str(world), "--budget", budget, "-v"],
-                       capture_output=True, text=True)
+    r = subprocess.run([binary, "suggest", model, "--world-size", str(world), "--budget", budget,
+                        "--fsdp-version", str(version), "-v"], capture_output=True, text=True)
     wall = time.perf_counter() - t0
     if r.returncode not in (0, 1):
         raise SystemExit(f"suggest failed: {r.stderr}")
@@ -124,28 +125,32 @@ def main():
     ap.add_argument("binary", nargs="?", default=os.path.join(ROOT, "build", "app", "fsdp-plan"))
     ap.add_argument("--keep", default=os.path.join(ROOT, "build", "bench"))
     ap.add_argument("--reps", type=int, default=3, help="runs per case (default %(default)s); the median is shown")
+    ap.add_argument("--fsdp-versions", default="1,2", help="FSDP versions to run (default %(default)s)")
     args = ap.parse_args()
     os.makedirs(args.keep, exist_ok=True)
     models = {"llama3_70b": llama70b, "moe_50k": moe_model}
     for name, build in models.items():
         make(os.path.join(args.keep, name + ".pt"), build)
     load_start = os.getloadavg()[0]
-    print(f"{'model':<12} {'modules':>8} {'ranks x budget':>16} {'candidates':>10} {'suggest':>9} "
+    versions = [int(v) for v in args.fsdp_versions.split(",")]
+    print(f"{'model':<12} {'FSDP':>4} {'modules':>8} {'ranks x budget':>16} {'candidates':>10} {'suggest':>9} "
           f"{'whole run':>10} {'candidates/s':>13}  best")
     results = []
     for name in models:
         path = os.path.join(args.keep, name + ".pt")
-        for world, budget in ((8, "80GiB"), (64, "24GiB")):
-            runs = [run_suggest(args.binary, path, world, budget) for _ in range(args.reps)]
-            runs.sort(key=lambda r: r[3])
-            cands, modules, ms, wall, best = runs[len(runs) // 2]  # the median whole run
-            results.append((name, world, budget, wall, min(r[3] for r in runs), max(r[3] for r in runs)))
-            print(f"{name:<12} {modules:>8} {f'{world} x {budget}':>16} {cands:>10} {ms / 1000:>8.2f}s "
-                  f"{wall:>9.2f}s {cands / max(ms / 1000, 1e-3):>13.0f}  {best}")
+        for version in versions:
+            for world, budget in ((8, "80GiB"), (64, "24GiB")):
+                runs = [run_suggest(args.binary, path, world, budget, version) for _ in range(args.reps)]
+                runs.sort(key=lambda r: r[3])
+                cands, modules, ms, wall, best = runs[len(runs) // 2]  # the median whole run
+                results.append((f"{name} v{version}", world, budget, wall, min(r[3] for r in runs),
+                                max(r[3] for r in runs)))
+                print(f"{name:<12} {version:>4} {modules:>8} {f'{world} x {budget}':>16} {cands:>10} "
+                      f"{ms / 1000:>8.2f}s {wall:>9.2f}s {cands / max(ms / 1000, 1e-3):>13.0f}  {best}")
     print(f"\ntarget: all candidates evaluated in under 2 s (whole run, median of {args.reps}; min-max)")
     for name, world, budget, wall, lo, hi in results:
         verdict = "PASS" if wall < 2 else "MISS"
-        print(f"  {verdict}  {name:<12} {f'{world} x {budget}':>14}  {wall:6.2f} s  ({lo:.2f}-{hi:.2f})  "
+        print(f"  {verdict}  {name:<15} {f'{world} x {budget}':>14}  {wall:6.2f} s  ({lo:.2f}-{hi:.2f})  "
               f"target 2.00 s, {wall / 2:.2f}x of it")
     print(f"load average (1 min) at start {load_start:.2f}, at end {os.getloadavg()[0]:.2f}; "
           f"nproc {os.cpu_count()}")
