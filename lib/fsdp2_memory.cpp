@@ -1,6 +1,7 @@
 #include "fsdp2_memory.h"
 
 #include <algorithm>
+#include <set>
 #include <stdexcept>
 
 #include "plan.h"
@@ -56,7 +57,7 @@ std::vector<int64_t> fsdp2_sharded_shape(const std::vector<int64_t>& shape, int6
   return out;
 }
 
-MemoryPlan estimate_memory_fsdp2(const Plan& plan, const MemorySettings& settings) {
+MemoryPlan estimate_memory_fsdp2(const Plan& plan, const MemorySettings& settings, bool timeline) {
   if (std::string why = settings_error(settings); !why.empty()) throw std::invalid_argument(why);
   if (settings.strategy == ShardingStrategy::ShardGradOp || settings.strategy == ShardingStrategy::NoShard)
     throw std::invalid_argument("FSDP2 has no sharding strategy " + std::string(strategy_name(settings.strategy)));
@@ -82,9 +83,9 @@ MemoryPlan estimate_memory_fsdp2(const Plan& plan, const MemorySettings& setting
     UnitMemory um;
     for (const auto& o : u.params) {
       const TensorInfo& t = tree.tensor(o.tensor);
-      const std::vector<int64_t> local = fsdp2_sharded_shape(t.shape, S);
-      int64_t padded = 1;
-      for (int64_t d : local) padded *= d;
+      // The product of fsdp2_sharded_shape(t.shape, S), without a vector per parameter.
+      int64_t padded = t.shape.empty() ? 1 : ceil_div(t.shape[0], S);
+      for (size_t d = 1; d < t.shape.size(); ++d) padded *= t.shape[d];
       const int64_t orig = t.itemsize;
       // MixedPrecisionPolicy: param_dtype applies to floating parameters of another dtype.
       int64_t pe = orig;
@@ -154,38 +155,54 @@ MemoryPlan estimate_memory_fsdp2(const Plan& plan, const MemorySettings& setting
   const int64_t resident_opt = settings.cpu_offload ? 0 : r.optimizer_bytes;
   r.peak_bytes = -1;
   std::vector<int64_t> held(n, 0);  // unsharded bytes each group holds
+  std::set<int> holding;            // the groups with held > 0: a new peak copies it, not a scan of all
+  auto set_held = [&](size_t j, int64_t bytes) {
+    if ((held[j] > 0) != (bytes > 0)) {
+      if (bytes > 0)
+        holding.insert(static_cast<int>(j));
+      else
+        holding.erase(static_cast<int>(j));
+    }
+    held[j] = bytes;
+  };
   // Each event is a point of the timeline; consecutive events of one phase
   // and unit make one step, holding its largest point (so the peak is a step).
+  // A step is only built when the timeline or a new peak needs it.
   auto consider = [&](const char* phase, size_t unit) {
     const int64_t grads = settings.cpu_offload ? 0 : live.grads_sharded;
     const int64_t opt = resident_opt + (settings.cpu_offload ? 0 : live.optimizer_temp);
-    MemoryStep s;
-    s.phase = phase;
-    s.unit = unit < n ? static_cast<int>(unit) : -1;
-    s.params_bytes = resident_params;
-    s.optimizer_bytes = opt;
-    s.buffers_bytes = r.buffers_bytes;
-    s.gathered_bytes = live.unsharded + live.all_gather;
-    s.unsharded_grads_bytes = live.grads_unsharded + live.reduce_scatter;
-    s.grads_bytes = grads;
-    s.categories = {{"sharded_params", resident_params}, {"unsharded_params", live.unsharded},
-                    {"all_gather", live.all_gather},     {"reduce_scatter", live.reduce_scatter},
-                    {"sharded_grads", grads},            {"unsharded_grads", live.grads_unsharded},
-                    {"optimizer_state", opt},            {"buffers", r.buffers_bytes}};
-    const int64_t total = s.total_bytes();
-    auto& tl = mem.timeline;
-    if (tl.empty() || tl.back().phase != s.phase || tl.back().unit != s.unit)
-      tl.push_back(s);
-    else if (total > tl.back().total_bytes())
-      tl.back() = s;
+    const int unit_index = unit < n ? static_cast<int>(unit) : -1;
+    auto step = [&] {
+      MemoryStep s;
+      s.phase = phase;
+      s.unit = unit_index;
+      s.params_bytes = resident_params;
+      s.optimizer_bytes = opt;
+      s.buffers_bytes = r.buffers_bytes;
+      s.gathered_bytes = live.unsharded + live.all_gather;
+      s.unsharded_grads_bytes = live.grads_unsharded + live.reduce_scatter;
+      s.grads_bytes = grads;
+      s.categories = {{"sharded_params", resident_params}, {"unsharded_params", live.unsharded},
+                      {"all_gather", live.all_gather},     {"reduce_scatter", live.reduce_scatter},
+                      {"sharded_grads", grads},            {"unsharded_grads", live.grads_unsharded},
+                      {"optimizer_state", opt},            {"buffers", r.buffers_bytes}};
+      return s;
+    };
+    const int64_t total = resident_params + opt + r.buffers_bytes + live.unsharded + live.all_gather +
+                          live.grads_unsharded + live.reduce_scatter + grads;  // step().total_bytes()
+    if (timeline) {
+      auto& tl = mem.timeline;
+      if (tl.empty() || tl.back().phase != phase || tl.back().unit != unit_index)
+        tl.push_back(step());
+      else if (total > tl.back().total_bytes())
+        tl.back() = step();
+    }
     if (total <= r.peak_bytes) return;
     r.peak_bytes = total;
     r.peak_phase = phase;
-    r.peak_unit = s.unit;
-    r.peak_categories = s.categories;
-    r.peak_gathered.clear();
-    for (size_t k = 0; k < n; ++k)
-      if (held[k] > 0) r.peak_gathered.push_back(static_cast<int>(k));
+    r.peak_unit = unit_index;
+    r.peak_categories = step().categories;
+    r.peak_gathered.assign(holding.begin(), holding.end());
   };
   auto is_ancestor = [&](size_t a, size_t j) {
     for (int p = plan.units[j].parent; p >= 0; p = plan.units[static_cast<size_t>(p)].parent)
@@ -195,7 +212,7 @@ MemoryPlan estimate_memory_fsdp2(const Plan& plan, const MemorySettings& setting
   auto gather = [&](size_t j) {  // unshard + copy-out of a group not prefetched
     if (held[j] == groups[j].unsharded) return;
     live.unsharded += groups[j].unsharded - held[j];
-    held[j] = groups[j].unsharded;
+    set_held(j, groups[j].unsharded);
   };
 
   // Forward, in unit order: the previous group's all-gather output lives
@@ -204,7 +221,7 @@ MemoryPlan estimate_memory_fsdp2(const Plan& plan, const MemorySettings& setting
   std::vector<size_t> active;
   auto post_forward = [&](size_t j) {
     live.unsharded -= held[j] - groups[j].kept_after_forward;
-    held[j] = groups[j].kept_after_forward;
+    set_held(j, groups[j].kept_after_forward);
   };
   for (size_t j = 0; j < n; ++j) {
     while (!active.empty() && !is_ancestor(active.back(), j)) {
@@ -254,7 +271,7 @@ MemoryPlan estimate_memory_fsdp2(const Plan& plan, const MemorySettings& setting
     live.grads_unsharded += g.grads_unsharded;
     consider("backward", j);
     live.unsharded -= held[j];
-    held[j] = 0;
+    set_held(j, 0);
     if (g.grads_unsharded == 0) return;
     live.reduce_scatter -= rs_retained;
     live.reduce_scatter += g.rs_input;

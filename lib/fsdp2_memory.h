@@ -25,6 +25,8 @@ Fsdp2Mesh fsdp2_mesh(const MemorySettings& settings);
 std::vector<int64_t> fsdp2_sharded_shape(const std::vector<int64_t>& shape, int64_t shard);
 
 // Throws std::invalid_argument for settings FSDP2 has no meaning for.
-MemoryPlan estimate_memory_fsdp2(const Plan& plan, const MemorySettings& settings);
+// Without `timeline`, MemoryPlan::timeline stays empty (the peak is the same):
+// suggest's searches ask only for the peak.
+MemoryPlan estimate_memory_fsdp2(const Plan& plan, const MemorySettings& settings, bool timeline = true);
 
 }  // namespace fsdp_plan

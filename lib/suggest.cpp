@@ -214,7 +214,7 @@ int64_t regathered(const Plan& plan) {
 
 // The memory model of the plan's FSDP version, for other settings: the peak only (no timeline).
 MemoryPlan estimate_for(const Plan& plan, const MemorySettings& s) {
-  return plan.fsdp_version == 2 ? estimate_memory_fsdp2(plan, s) : estimate_memory(plan, s, false);
+  return plan.fsdp_version == 2 ? estimate_memory_fsdp2(plan, s, false) : estimate_memory(plan, s, false);
 }
 
 void evaluate(Candidate& c, const Plan& plan, const ModuleTree& tree, const SuggestOptions& opt) {
@@ -267,11 +267,17 @@ std::optional<FitAdvice> world_size_advice(const std::vector<Candidate>& ranked,
   constexpr int64_t kMaxRanks = int64_t{1} << 20;
   int64_t pick_hi = kMaxRanks + 1;
   std::vector<std::pair<const Candidate*, int64_t>> tied;  // candidates fitting at pick_hi, with their last miss
+  std::map<std::pair<const Candidate*, int64_t>, int64_t> known;  // each estimate once
   auto at = [&](const Candidate& c, int64_t w) {
+    auto it = known.find({&c, w});
+    if (it != known.end()) return it->second;
     MemorySettings s = c.policy.fsdp;
     s.world_size = w;
-    return settings_error(s).empty() ? estimate_for(*c.plan, s).per_rank.peak_bytes + opt.activation_bytes
-                                     : INT64_MAX;
+    const int64_t need = settings_error(s).empty()
+                             ? estimate_for(*c.plan, s).per_rank.peak_bytes + opt.activation_bytes
+                             : INT64_MAX;
+    known.emplace(std::make_pair(&c, w), need);
+    return need;
   };
   // Doublings first, each candidate only as far as the best so far got.
   for (const Candidate& c : ranked) {
