@@ -8,6 +8,7 @@
 #include "accelerate_config.h"
 #include "class_names.h"
 #include "emit.h"
+#include "emit_text.h"
 #include "ignored.h"
 #include "planner.h"
 
@@ -17,16 +18,6 @@ namespace {
 constexpr const char* kUseTorch = "; --emit torch writes PyTorch code for this plan";
 
 [[noreturn]] void cannot(const std::string& why) { throw EmitError("Accelerate's config cannot say this plan: " + why + kUseTorch); }
-
-// re.escape for module paths (names are identifiers and digits; dots matter).
-std::string regex_escape(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    if (std::string("\\.^$|?*+()[]{}-").find(c) != std::string::npos) out += '\\';
-    out += c;
-  }
-  return out;
-}
 
 std::string mixed_precision_key(const Policy& p) {
   if (!p.mixed_precision) return "'no'";
@@ -39,18 +30,6 @@ std::string mixed_precision_key(const Policy& p) {
   if (*mp.param_dtype == "bfloat16") return "bf16";
   if (*mp.param_dtype == "float16") return "fp16";
   cannot("mixed precision in " + *mp.param_dtype + "; Accelerate's mixed_precision is bf16 or fp16");
-}
-
-// The modules the policy's ignored_modules take (top-most ones only).
-std::vector<std::string> ignored_module_paths(const Plan& plan, const Ignored& ignored) {
-  std::vector<std::string> out;
-  const ModuleTree& tree = *plan.tree;
-  for (ModuleId m : tree.preorder()) {
-    const Module& mod = tree.module(m);
-    if (ignored.module[static_cast<size_t>(m)] && (m == 0 || !ignored.module[static_cast<size_t>(mod.parent)]))
-      out.push_back(tree.path(m));
-  }
-  return out;
 }
 
 std::string unit_list(const Plan& plan) {
@@ -82,7 +61,7 @@ std::string difference(const Plan& want, const Plan& got) {
 
 std::string plan_to_accelerate(const Plan& plan) {
   if (plan.fsdp_version == 2)
-    throw EmitError("FSDP2 plans cannot be emitted yet (this build emits FSDP1 plans only)");
+    throw EmitError("FSDP2 plans cannot be written as an Accelerate config yet" + std::string(kUseTorch));
   const Policy& p = plan.policy;
   const ModuleTree& tree = *plan.tree;
   if (!p.ignored_params.empty())
@@ -105,7 +84,7 @@ std::string plan_to_accelerate(const Plan& plan) {
       if (std::find(classes.begin(), classes.end(), bare) == classes.end()) classes.push_back(bare);
     }
   Ignored ignored = resolve_ignored(tree, p);
-  std::vector<std::string> ignored_paths = ignored_module_paths(plan, ignored);
+  std::vector<std::string> ignored_paths = top_ignored_modules(tree, ignored);
   if (!ignored_paths.empty() && ignored_paths.front().empty())
     cannot("the root module is ignored");
 

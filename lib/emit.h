@@ -1,5 +1,6 @@
 // Handing the plan to the training job: an Accelerate config file
-// (accelerate_writer.cpp) or the PyTorch code that applies it (torch_writer.cpp).
+// (accelerate_writer.cpp) or the PyTorch code that applies it (torch_writer.cpp);
+// FSDP2 plans by their twins (accelerate_fsdp2_writer.cpp, torch_fsdp2_writer.cpp).
 #pragma once
 
 #include <stdexcept>
@@ -22,5 +23,11 @@ std::string plan_to_accelerate(const Plan& plan);
 // A Python module with apply_fsdp(model, ...) that builds exactly the plan's
 // units with PyTorch FSDP, and checks that it did.
 std::string plan_to_torch(const Plan& plan);
+
+// The FSDP2 forms, called by the two above for plan.fsdp_version 2: the
+// Accelerate config (fsdp_version: 2) whose fsdp2_prepare_model makes the
+// plan's fully_shard calls, and apply_fsdp(model) making those calls.
+std::string plan_to_accelerate_fsdp2(const Plan& plan);
+std::string plan_to_torch_fsdp2(const Plan& plan);
 
 }  // namespace fsdp_plan

@@ -6,28 +6,11 @@
 
 #include "class_names.h"
 #include "emit.h"
+#include "emit_text.h"
 #include "ignored.h"
 
 namespace fsdp_plan {
 namespace {
-
-std::string py_string(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') out += '\\';
-    out += c;
-  }
-  return out + "\"";
-}
-
-std::string py_dtype(const std::optional<std::string>& d) { return d ? "torch." + *d : "None"; }
-
-std::string py_list(const std::vector<std::string>& items, const std::string& indent) {
-  if (items.empty()) return "[]";
-  std::string out = "[\n";
-  for (const auto& s : items) out += indent + "    " + py_string(s) + ",\n";
-  return out + indent + "]";
-}
 
 const char* torch_strategy(ShardingStrategy s) {
   switch (s) {
@@ -42,8 +25,7 @@ const char* torch_strategy(ShardingStrategy s) {
 }  // namespace
 
 std::string plan_to_torch(const Plan& plan) {
-  if (plan.fsdp_version == 2)
-    throw EmitError("FSDP2 plans cannot be emitted yet (this build emits FSDP1 plans only)");
+  if (plan.fsdp_version == 2) return plan_to_torch_fsdp2(plan);
   const Policy& p = plan.policy;
   const ModuleTree& tree = *plan.tree;
   std::vector<std::string> units;
@@ -52,20 +34,9 @@ std::string plan_to_torch(const Plan& plan) {
   // Ignored state: FSDP1 takes modules or states, not both; parameters by name
   // cover both (an ignored module's parameters are all ignored).
   Ignored ignored = resolve_ignored(tree, p);
-  std::vector<std::string> ignored_modules, ignored_params;
-  for (ModuleId m : tree.preorder()) {
-    const Module& mod = tree.module(m);
-    if (ignored.module[static_cast<size_t>(m)] && (m == 0 || !ignored.module[static_cast<size_t>(mod.parent)]))
-      ignored_modules.push_back(tree.path(m));
-  }
+  std::vector<std::string> ignored_modules = top_ignored_modules(tree, ignored), ignored_params;
   if (!p.ignored_params.empty()) {
-    std::vector<bool> seen(tree.num_tensors(), false);
-    for (ModuleId m : tree.preorder())
-      for (const auto& s : tree.module(m).params)
-        if (ignored.tensor[static_cast<size_t>(s.tensor)] && !seen[static_cast<size_t>(s.tensor)]) {
-          seen[static_cast<size_t>(s.tensor)] = true;
-          ignored_params.push_back(tree.qualify(m, s.name));
-        }
+    ignored_params = ignored_param_names(tree, ignored);
     ignored_modules.clear();
   }
   const bool size_policy = p.min_num_params && !p.module_classes && !p.force_leaf_given && !p.exclude_wrap_given;

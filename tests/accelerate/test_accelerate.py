@@ -14,6 +14,10 @@ For each config in configs/ (and the model it is written for):
      and fsdp-plan reads it back into the same plan (round trip);
   4. --emit torch: the Python runs on the model under the fake backend and builds
      exactly the plan's units (apply_fsdp checks, and so does this test).
+FSDP2 (fsdp_version 2 configs, and FSDP2 policies in FSDP2_POLICIES): Accelerate's own
+fsdp2_prepare_model around torch's fully_shard makes the plan's calls; --emit torch runs
+on the meta-device model under the fake backend and torch's groups (modules, parameter
+names in order, mesh, reshard_after_forward, mixed precision, offload) are the plan's.
 
 Usage: test_accelerate.py FSDP_PLAN_BINARY   (the venv's python: torch 2.13, accelerate)
 """
@@ -351,13 +355,131 @@ def check_fsdp2(self, config, model_name, path, code, plan):
     if args.use_parallelism_config:
         self.assertEqual(plan["memory"]["sharding_strategy"], "HYBRID_SHARD")
         self.assertEqual(plan["memory"]["shard_group_size"], int(args.parallelism_config_dp_shard_size))
-    for emit in ("accelerate", "torch"):  # not yet for FSDP2: one line, exit 2
-        r = run_plan(self.models[model_name], "--policy", path, "--emit", emit)
-        self.assertEqual((r.returncode, r.stdout), (2, ""), r.stderr)
-        self.assertIn("FSDP2 plans cannot be emitted yet", r.stderr)
+    check_torch_fsdp2(self, config, model_name, self.models[model_name], path, plan)
+    r = run_plan(self.models[model_name], "--policy", path, "--emit", "accelerate")
+    self.assertEqual((r.returncode, r.stdout), (2, ""), r.stderr)  # not yet for FSDP2: one line, exit 2
+    self.assertIn("--emit torch", r.stderr)
+
+
+def check_torch_fsdp2(self, what, model_name, model_file, policy_path, plan):
+    """--emit torch of an FSDP2 plan, run on the meta-device model under the fake backend:
+    fully_shard applied to exactly the plan's modules, one FSDP state (group) per plan group
+    managing the plan's parameters in the plan's order, on the plan's mesh, with its
+    reshard_after_forward, mixed precision dtypes and offload policy."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule
+
+    out = os.path.join(self.tmp.name, "emitted_" + re.sub(r"\W", "_", what) + ".py")
+    r = run_plan(model_file, "--policy", policy_path, "--emit", "torch", "-o", out)
+    self.assertEqual(r.returncode, 0, f"{what}: {r.stderr}")
+    spec = importlib.util.spec_from_file_location("emitted_fsdp2", out)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    memory, policy = plan["memory"], plan["policy"]
+    hsdp = memory["sharding_strategy"] == "HYBRID_SHARD"
+    shard = memory["shard_group_size"] if hsdp else memory["world_size"]
+    mesh_shape = (memory["replicate_size"], shard) if hsdp else (memory["world_size"],)
+    mp = policy["mixed_precision"] or {}
+    dtype = lambda name: getattr(torch, name) if name else None  # noqa: E731
+    with fake_world(memory["world_size"]):
+        model = build(model_name, "meta")
+        module_name = {id(m): n for n, m in model.named_modules()}
+        module.apply_fsdp(model, device_type="cpu")
+        built = sorted(n for n, m in model.named_modules() if isinstance(m, FSDPModule))
+        self.assertEqual(built, sorted(p for u in plan["units"] for p in u["modules"]), f"{what}: FSDPModules")
+        states = set()
+        for u in plan["units"]:
+            state = model.get_submodule(u["modules"][0])._get_fsdp_state()
+            for path in u["modules"][1:]:
+                self.assertIs(model.get_submodule(path)._get_fsdp_state(), state, f"{what}: one call for {u['modules']}")
+            states.add(id(state))
+            group = state._fsdp_param_group
+            got = []
+            for fp in (group.fsdp_params if group else []):
+                prefix = module_name[id(fp._module_info.module)]
+                got.append((prefix + "." if prefix else "") + fp._module_info.param_name)
+            self.assertEqual(got, [q["name"] for q in u["params"]], f"{what}: parameters of group {u['modules']}")
+            if group is None:
+                continue
+            self.assertEqual(tuple(group.mesh_info.mesh.shape), mesh_shape, f"{what}: mesh")
+            self.assertEqual(group.mesh_info.shard_mesh_size, shard, f"{what}: shard size")
+            raf = u["reshard_after_forward"]
+            if u["modules"] == [""]:
+                # PyTorch's None: False for the root (resolved at lazy init), as planned.
+                self.assertTrue(state._auto_reshard_after_forward, what)
+                self.assertIs(raf, False, what)
+            elif raf is True:
+                self.assertEqual(group.post_forward_mesh_info.shard_mesh_size, shard, f"{what}: {u['modules']}")
+            elif raf is False:
+                self.assertIsNone(group.post_forward_mesh_info, f"{what}: {u['modules']}")
+            else:
+                self.assertEqual(group.post_forward_mesh_info.shard_mesh_size, raf, f"{what}: {u['modules']}")
+            self.assertEqual((group.mp_policy.param_dtype, group.mp_policy.reduce_dtype),
+                             (dtype(mp.get("param_dtype")), dtype(mp.get("reduce_dtype"))), f"{what}: mixed precision")
+            self.assertEqual(isinstance(group.offload_policy, CPUOffloadPolicy), policy["fsdp"]["cpu_offload"], what)
+        self.assertEqual(len(states), len(plan["units"]), f"{what}: one FSDP state per group")
 
 
 AccelerateConfigs.check_fsdp2 = check_fsdp2
+
+# FSDP2 plans from fsdp-plan policies: (model, policy, can Accelerate say it?).
+FSDP2_POLICIES = {
+    "layers_bf16": ("llama", {"module_classes": ["LlamaDecoderLayer"],
+                              "mixed_precision": {"param_dtype": "bfloat16", "reduce_dtype": "float32"},
+                              "fsdp": {"version": 2, "world_size": 8}}),
+    "size": ("convnet", {"min_num_params": 100, "fsdp": {"version": 2, "world_size": 4}}),
+    "hsdp_groups_no_reshard": ("llama", {
+        "module_classes": ["LlamaDecoderLayer"],
+        "groups": [{"modules": ["model.embed_tokens"]},
+                   {"modules": ["model.norm", "lm_head"], "reshard_after_forward": 2}],
+        "mixed_precision": {"param_dtype": "float16", "reduce_dtype": "float16"},
+        "fsdp": {"version": 2, "world_size": 8, "sharding_strategy": "HYBRID_SHARD", "shard_group_size": 4,
+                 "reshard_after_forward": False}}),
+    "ignored_offload": ("llama", {"module_classes": ["LlamaDecoderLayer"], "ignored_params": ["lm_head.*"],
+                                  "fsdp": {"version": 2, "world_size": 2, "cpu_offload": True}}),
+}
+
+
+class EmitFsdp2(unittest.TestCase):
+    """--emit torch|accelerate of FSDP2 plans made from fsdp-plan policies."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory()
+        cls.models = {}
+        for name in sorted({m for m, _ in FSDP2_POLICIES.values()}):
+            path = os.path.join(cls.tmp.name, name + ".pt")
+            save_torchscript(name, path)
+            cls.models[name] = path
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def plan(self, label):
+        model_name, policy = FSDP2_POLICIES[label]
+        path = os.path.join(self.tmp.name, label + ".json")
+        with open(path, "w") as f:
+            json.dump(policy, f)
+        code, plan = plan_json(self.models[model_name], path)
+        self.assertEqual(code, 0, plan["warnings"])
+        self.assertEqual(plan["fsdp_version"], 2)
+        return model_name, path, plan
+
+    def test_emit_torch(self):
+        for label in FSDP2_POLICIES:
+            with self.subTest(policy=label):
+                model_name, path, plan = self.plan(label)
+                check_torch_fsdp2(self, label, model_name, self.models[model_name], path, plan)
+
+    def test_plans_cover_the_cases(self):
+        plans = {label: self.plan(label)[2] for label in FSDP2_POLICIES}
+        units = [u for p in plans.values() for u in p["units"]]
+        self.assertTrue(any(len(u["modules"]) > 1 for u in units))  # a fully_shard([a, b]) call
+        self.assertEqual({u["reshard_after_forward"] for u in units} - {True, False}, {2})
+        self.assertEqual(plans["hsdp_groups_no_reshard"]["memory"]["replicate_size"], 2)
+        self.assertTrue(plans["ignored_offload"]["memory"]["cpu_offload"])
+        ignored = [q["name"] for u in plans["ignored_offload"]["units"] for q in u["params"]]
+        self.assertNotIn("lm_head.weight", ignored)
 
 
 class EmitRules(unittest.TestCase):

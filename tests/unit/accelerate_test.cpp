@@ -205,3 +205,25 @@ TEST_CASE("emit torch spells out the units and checks them") {
   Plan size = plan_of(b, R"({"min_num_params": 10})");
   CHECK(plan_to_torch(size).find("size_based_auto_wrap_policy, min_num_params=10") != std::string::npos);
 }
+
+TEST_CASE("emit torch, FSDP2: fully_shard calls in call order, the root last with PyTorch's default") {
+  TreeBuilder b = two_blocks_and_a_head();
+  Plan plan = plan_of(b, R"({"module_classes": ["Block"], "groups": [{"modules": ["head"], "reshard_after_forward": 2}],
+      "ignored_params": ["blocks.1.*"], "mixed_precision": {"param_dtype": "bfloat16", "reduce_dtype": "float32"},
+      "fsdp": {"version": 2, "world_size": 8, "sharding_strategy": "HYBRID_SHARD", "shard_group_size": 4,
+               "reshard_after_forward": false, "cpu_offload": true}})");
+  std::string py = plan_to_torch(plan);
+  CHECK(py.find("CALLS = [\n    ([\"blocks.0\"], False),\n    ([\"blocks.1\"], False),\n    ([\"head\"], 2),\n"
+                "    ([\"\"], None),\n]") != std::string::npos);
+  CHECK(py.find("MESH_SHAPE = (2, 4)") != std::string::npos);
+  CHECK(py.find("mesh_dim_names=(\"dp_replicate\", \"dp_shard\")") != std::string::npos);
+  CHECK(py.find("MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)") != std::string::npos);
+  CHECK(py.find("kwargs[\"offload_policy\"] = CPUOffloadPolicy()") != std::string::npos);
+  CHECK(py.find("IGNORED_PARAMS = [\n") != std::string::npos);
+  CHECK(py.find("\"blocks.1.") != std::string::npos);
+  Plan one = plan_of(b, R"({"groups": [{"modules": ["blocks.0", "blocks.1"]}], "fsdp": {"version": 2, "world_size": 4}})");
+  py = plan_to_torch(one);
+  CHECK(py.find("([\"blocks.0\", \"blocks.1\"], True),") != std::string::npos);
+  CHECK(py.find("MESH_SHAPE = (4,)") != std::string::npos);
+  CHECK(py.find("MixedPrecisionPolicy()") != std::string::npos);
+}
