@@ -60,8 +60,7 @@ std::string difference(const Plan& want, const Plan& got) {
 }  // namespace
 
 std::string plan_to_accelerate(const Plan& plan) {
-  if (plan.fsdp_version == 2)
-    throw EmitError("FSDP2 plans cannot be written as an Accelerate config yet" + std::string(kUseTorch));
+  if (plan.fsdp_version == 2) return plan_to_accelerate_fsdp2(plan);
   const Policy& p = plan.policy;
   const ModuleTree& tree = *plan.tree;
   if (!p.ignored_params.empty())

@@ -330,7 +330,8 @@ def accelerate_fsdp2_calls(config_path, model_name):
     def recording(module, **kwargs):
         modules = module if isinstance(module, (list, tuple)) else [module]
         calls.append((tuple(names[id(m)] for m in modules), kwargs.get("reshard_after_forward", None)))
-        return real(module, **{k: v for k, v in kwargs.items() if k != "mesh"})
+        # No mesh (world size 1 here) and no pinned host memory (no accelerator); the units are the same.
+        return real(module, **{k: v for k, v in kwargs.items() if k not in ("mesh", "offload_policy")})
 
     accelerator = types.SimpleNamespace(state=types.SimpleNamespace(fsdp_plugin=plugin), torch_device_mesh=None,
                                         mixed_precision=os.environ.get("ACCELERATE_MIXED_PRECISION", "no"),
@@ -356,9 +357,50 @@ def check_fsdp2(self, config, model_name, path, code, plan):
         self.assertEqual(plan["memory"]["sharding_strategy"], "HYBRID_SHARD")
         self.assertEqual(plan["memory"]["shard_group_size"], int(args.parallelism_config_dp_shard_size))
     check_torch_fsdp2(self, config, model_name, self.models[model_name], path, plan)
-    r = run_plan(self.models[model_name], "--policy", path, "--emit", "accelerate")
-    self.assertEqual((r.returncode, r.stdout), (2, ""), r.stderr)  # not yet for FSDP2: one line, exit 2
-    self.assertIn("--emit torch", r.stderr)
+    check_accelerate_fsdp2(self, config, model_name, self.models[model_name], path, plan)
+
+
+def plan_calls(plan):
+    return sorted((tuple(u["modules"]), u["reshard_after_forward"]) for u in plan["units"])
+
+
+def check_accelerate_fsdp2(self, what, model_name, model_file, policy_path, plan):
+    """--emit accelerate of an FSDP2 plan: Accelerate's own loader, launcher, plugin and
+    fsdp2_prepare_model (around torch's fully_shard) make the plan's calls from the YAML, and
+    fsdp-plan reads the YAML back into the same plan."""
+    from torch.distributed.fsdp import CPUOffloadPolicy
+
+    out = os.path.join(self.tmp.name, "emitted_" + re.sub(r"\W", "_", what) + ".yaml")
+    r = run_plan(model_file, "--policy", policy_path, "--emit", "accelerate", "-o", out)
+    self.assertEqual(r.returncode, 0, f"{what}: {r.stderr}")
+    with open(out) as f:
+        self.assertIn("fsdp_version: 2\n", f.read())
+    plugin, args, calls = accelerate_fsdp2_calls(out, model_name)
+    want = sorted((tuple(c[0]), c[1] if c[0] != ("",) else False) for c in calls)
+    self.assertEqual(plan_calls(plan), want, f"{what}: emitted YAML through Accelerate's fsdp2_prepare_model")
+    memory = plan["memory"]
+    self.assertEqual(int(args.num_processes), memory["world_size"], what)
+    if memory["sharding_strategy"] == "HYBRID_SHARD":
+        self.assertTrue(args.use_parallelism_config, what)
+        self.assertEqual((int(args.parallelism_config_dp_replicate_size), int(args.parallelism_config_dp_shard_size)),
+                         (memory["replicate_size"], memory["shard_group_size"]), what)
+    self.assertEqual(isinstance(plugin.cpu_offload, CPUOffloadPolicy), memory["cpu_offload"], what)
+    mp = plan["policy"]["mixed_precision"]
+    got_mp = plugin.mixed_precision_policy
+    if mp:
+        self.assertEqual((got_mp.param_dtype, got_mp.reduce_dtype),
+                         (getattr(torch, mp["param_dtype"]), getattr(torch, mp["reduce_dtype"])), what)
+    else:
+        self.assertTrue(got_mp is None or got_mp.param_dtype is None, what)
+    code, again = plan_json(model_file, out)  # the round trip
+    self.assertEqual(code, 0, again["warnings"])
+    self.assertEqual(plan_calls(again), plan_calls(plan), f"{what}: round trip")
+    self.assertEqual([(u["call"], [q["name"] for q in u["params"]]) for u in again["units"]],
+                     [(u["call"], [q["name"] for q in u["params"]]) for u in plan["units"]], f"{what}: round trip")
+    for key in ("world_size", "sharding_strategy", "shard_group_size", "replicate_size", "cpu_offload"):
+        self.assertEqual(again["memory"][key], memory[key], f"{what}: round trip {key}")
+    for key in ("param_dtype", "reduce_dtype"):
+        self.assertEqual((again["policy"]["mixed_precision"] or {}).get(key), (mp or {}).get(key), what)
 
 
 def check_torch_fsdp2(self, what, model_name, model_file, policy_path, plan):
@@ -421,21 +463,34 @@ def check_torch_fsdp2(self, what, model_name, model_file, policy_path, plan):
 
 AccelerateConfigs.check_fsdp2 = check_fsdp2
 
-# FSDP2 plans from fsdp-plan policies: (model, policy, can Accelerate say it?).
+# FSDP2 plans from fsdp-plan policies: (model, policy, None if Accelerate can say it, else
+# the reason --emit accelerate gives).
+LLAMA_ACCELERATE_GROUPS = [{"modules": ["model.embed_tokens"]},
+                           {"modules": ["model.norm", "lm_head"], "reshard_after_forward": False}]
 FSDP2_POLICIES = {
-    "layers_bf16": ("llama", {"module_classes": ["LlamaDecoderLayer"],
-                              "mixed_precision": {"param_dtype": "bfloat16", "reduce_dtype": "float32"},
-                              "fsdp": {"version": 2, "world_size": 8}}),
-    "size": ("convnet", {"min_num_params": 100, "fsdp": {"version": 2, "world_size": 4}}),
-    "hsdp_groups_no_reshard": ("llama", {
+    "layers_bf16_fp32": ("llama", {"module_classes": ["LlamaDecoderLayer"],
+                                   "mixed_precision": {"param_dtype": "bfloat16", "reduce_dtype": "float32"},
+                                   "fsdp": {"version": 2, "world_size": 8}}, "param and reduce dtypes"),
+    "accelerate_shape": ("llama", {"module_classes": ["LlamaDecoderLayer"], "groups": LLAMA_ACCELERATE_GROUPS,
+                                   "mixed_precision": {"param_dtype": "bfloat16", "reduce_dtype": "bfloat16"},
+                                   "fsdp": {"version": 2, "world_size": 8, "reshard_after_forward": False,
+                                            "cpu_offload": True}}, None),
+    "size": ("convnet", {"min_num_params": 100, "groups": [{"modules": ["stem_bn"], "reshard_after_forward": False}],
+                         "fsdp": {"version": 2, "world_size": 4}}, None),
+    "layers_only": ("llama", {"module_classes": ["LlamaDecoderLayer"], "fsdp": {"version": 2, "world_size": 4}},
+                    "Accelerate would make the groups"),
+    "hsdp_groups_ranks": ("llama", {
         "module_classes": ["LlamaDecoderLayer"],
         "groups": [{"modules": ["model.embed_tokens"]},
                    {"modules": ["model.norm", "lm_head"], "reshard_after_forward": 2}],
         "mixed_precision": {"param_dtype": "float16", "reduce_dtype": "float16"},
         "fsdp": {"version": 2, "world_size": 8, "sharding_strategy": "HYBRID_SHARD", "shard_group_size": 4,
-                 "reshard_after_forward": False}}),
+                 "reshard_after_forward": False}}, "a number of ranks"),
+    "multi_module": ("llama", {"groups": [{"modules": ["model.layers.0", "model.layers.1"]}] + LLAMA_ACCELERATE_GROUPS,
+                               "fsdp": {"version": 2, "world_size": 2}}, "several modules in one fully_shard call"),
     "ignored_offload": ("llama", {"module_classes": ["LlamaDecoderLayer"], "ignored_params": ["lm_head.*"],
-                                  "fsdp": {"version": 2, "world_size": 2, "cpu_offload": True}}),
+                                  "fsdp": {"version": 2, "world_size": 2, "cpu_offload": True}},
+                        "ignored parameters by glob"),
 }
 
 
@@ -446,7 +501,7 @@ class EmitFsdp2(unittest.TestCase):
     def setUpClass(cls):
         cls.tmp = tempfile.TemporaryDirectory()
         cls.models = {}
-        for name in sorted({m for m, _ in FSDP2_POLICIES.values()}):
+        for name in sorted({m for m, _, _ in FSDP2_POLICIES.values()}):
             path = os.path.join(cls.tmp.name, name + ".pt")
             save_torchscript(name, path)
             cls.models[name] = path
@@ -456,7 +511,7 @@ class EmitFsdp2(unittest.TestCase):
         cls.tmp.cleanup()
 
     def plan(self, label):
-        model_name, policy = FSDP2_POLICIES[label]
+        model_name, policy, _ = FSDP2_POLICIES[label]
         path = os.path.join(self.tmp.name, label + ".json")
         with open(path, "w") as f:
             json.dump(policy, f)
@@ -471,12 +526,25 @@ class EmitFsdp2(unittest.TestCase):
                 model_name, path, plan = self.plan(label)
                 check_torch_fsdp2(self, label, model_name, self.models[model_name], path, plan)
 
+    def test_emit_accelerate(self):
+        for label, (model_name, _, refused) in FSDP2_POLICIES.items():
+            with self.subTest(policy=label):
+                _, path, plan = self.plan(label)
+                if refused is None:
+                    check_accelerate_fsdp2(self, label, model_name, self.models[model_name], path, plan)
+                    continue
+                r = run_plan(self.models[model_name], "--policy", path, "--emit", "accelerate")
+                self.assertEqual((r.returncode, r.stdout), (2, ""), r.stderr)
+                self.assertEqual(len(r.stderr.strip().splitlines()), 1, r.stderr)
+                self.assertIn(refused, r.stderr)
+                self.assertIn("--emit torch", r.stderr)
+
     def test_plans_cover_the_cases(self):
         plans = {label: self.plan(label)[2] for label in FSDP2_POLICIES}
         units = [u for p in plans.values() for u in p["units"]]
         self.assertTrue(any(len(u["modules"]) > 1 for u in units))  # a fully_shard([a, b]) call
         self.assertEqual({u["reshard_after_forward"] for u in units} - {True, False}, {2})
-        self.assertEqual(plans["hsdp_groups_no_reshard"]["memory"]["replicate_size"], 2)
+        self.assertEqual(plans["hsdp_groups_ranks"]["memory"]["replicate_size"], 2)
         self.assertTrue(plans["ignored_offload"]["memory"]["cpu_offload"])
         ignored = [q["name"] for u in plans["ignored_offload"]["units"] for q in u["params"]]
         self.assertNotIn("lm_head.weight", ignored)

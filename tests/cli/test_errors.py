@@ -291,7 +291,12 @@ CASES = {
                                                     '"fsdp": {"use_orig_params": true, "world_size": 8}}'),
     "usage-bad-format": lambda: [GPT, "--format", "yaml"],
     "usage-bad-world-size": lambda: [GPT, "--world-size", "0"],
-    "usage-emit-format": lambda: [GPT, "--emit", "accelerate"],  # the test adds -f json
+    "usage-emit-format": lambda: [GPT, "--emit", "accelerate", "-f", "json"],
+    "emit-accelerate-fsdp2-group": lambda: policy('{"groups": [{"modules": ["blocks.0", "blocks.1"]}], '
+                                                  '"fsdp": {"version": 2}}') + ["--emit", "accelerate"],
+    "emit-accelerate-fsdp2-ignored-params": lambda: policy('{"module_classes": ["Block"], "ignored_params": '
+                                                           '["lm_head.*"], "fsdp": {"version": 2}}')
+    + ["--emit", "accelerate"],
     "usage-hybrid-group": lambda: [GPT, "--world-size", "12", "--sharding-strategy", "HYBRID_SHARD",
                                    "--shard-group-size", "8"],
     "usage-option-typo": lambda: [GPT, "--polcy", "p.json"],
@@ -325,8 +330,9 @@ class ErrorTable(unittest.TestCase):
                         self.skipTest("this fsdp-plan was built without LibTorch (no --loader jit)")
                     before = set(os.listdir("."))
                     if stdout is None:
-                        r = subprocess.run([BINARY, *argv, "-f", "json"], capture_output=True, text=True,
-                                           timeout=120)
+                        # -f json for the plan's warnings; --emit writes no plan (and refuses --format).
+                        fmt = [] if "--emit" in argv else ["-f", "json"]
+                        r = subprocess.run([BINARY, *argv, *fmt], capture_output=True, text=True, timeout=120)
                     else:
                         command = [BINARY, *argv, "-f", "json"]
                         if stdout == "closed":

@@ -227,3 +227,26 @@ TEST_CASE("emit torch, FSDP2: fully_shard calls in call order, the root last wit
   CHECK(py.find("MESH_SHAPE = (4,)") != std::string::npos);
   CHECK(py.find("MixedPrecisionPolicy()") != std::string::npos);
 }
+
+TEST_CASE("emit accelerate, FSDP2: the plan's calls come back through Accelerate's unit choice, or it says why") {
+  TreeBuilder b = two_blocks_and_a_head();
+  Plan plan = plan_of(b, R"({"module_classes": ["Block"], "fsdp": {"version": 2, "world_size": 8,
+      "sharding_strategy": "HYBRID_SHARD", "shard_group_size": 4, "reshard_after_forward": false}})");
+  std::string yaml = plan_to_accelerate(plan);
+  CHECK(yaml.find("fsdp_version: 2\n") != std::string::npos);
+  CHECK(yaml.find("fsdp_transformer_layer_cls_to_wrap: Block\n") != std::string::npos);
+  CHECK(yaml.find("fsdp_reshard_after_forward: false\n") != std::string::npos);
+  CHECK(yaml.find("parallelism_config_dp_replicate_size: 2\n") != std::string::npos);
+  // Groups only (as read from an Accelerate config): the class list is found again.
+  Plan groups = plan_of(b, R"({"groups": [{"modules": ["blocks.0"]}, {"modules": ["blocks.1"]}],
+      "fsdp": {"version": 2, "world_size": 4}})");
+  CHECK(plan_to_accelerate(groups).find("fsdp_transformer_layer_cls_to_wrap: Block\n") != std::string::npos);
+  Plan two = plan_of(b, R"({"groups": [{"modules": ["blocks.0", "blocks.1"]}], "fsdp": {"version": 2}})");
+  CHECK_THROWS_WITH_AS(plan_to_accelerate(two), doctest::Contains("several modules in one fully_shard call"),
+                       EmitError);
+  Plan ranks = plan_of(b, R"({"module_classes": ["Block"], "fsdp": {"version": 2, "world_size": 4,
+      "reshard_after_forward": 2}})");
+  CHECK_THROWS_WITH_AS(plan_to_accelerate(ranks), doctest::Contains("--emit torch"), EmitError);
+  Plan globbed = plan_of(b, R"({"module_classes": ["Block"], "ignored_params": ["head.*"], "fsdp": {"version": 2}})");
+  CHECK_THROWS_WITH_AS(plan_to_accelerate(globbed), doctest::Contains("ignored parameters by glob"), EmitError);
+}
