@@ -36,15 +36,7 @@ int diff_main(int argc, char** argv) {
     DiffSide old_side{old_file, &a}, new_side{new_file, &b};
     std::string text = format == "json" ? diff_to_json(d, old_side, new_side).dump(1) + "\n"
                                         : diff_to_text(d, old_side, new_side);
-    if (output.empty()) {
-      write_stdout(text);
-    } else {
-      try {
-        write_file_atomic(output, text);
-      } catch (const std::runtime_error& e) {
-        throw InputError(output, std::string("cannot write the difference: ") + e.what());
-      }
-    }
+    write_output(output, text, "difference");
     return d.equal() ? 0 : 1;
   } catch (const InputError& e) {
     std::cerr << "fsdp-plan: error: " << e.file() << ": " << e.what() << "\n";

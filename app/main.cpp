@@ -230,15 +230,7 @@ int run(const Options& opt) {
     }
   }
 
-  if (opt.output.empty()) {
-    write_stdout(text);
-  } else {
-    try {
-      write_file_atomic(opt.output, text);
-    } catch (const std::runtime_error& e) {
-      throw InputError(opt.output, std::string("cannot write the plan: ") + e.what());
-    }
-  }
+  write_output(opt.output, text, "plan");
   return code;
 }
 

@@ -23,19 +23,6 @@ namespace {
 const CLI::Validator kSize(
     [](std::string& v) { return parse_size(v) ? std::string() : "\"" + v + "\" is not a size (e.g. 80GiB)"; }, "SIZE");
 
-void write_output(const std::string& file, const std::string& text, const char* what) {
-  if (file.empty()) {
-    std::cout << text << std::flush;
-    if (!std::cout) throw InputError("<stdout>", std::string("cannot write the ") + what);
-    return;
-  }
-  try {
-    write_file_atomic(file, text);
-  } catch (const std::runtime_error& e) {
-    throw InputError(file, std::string("cannot write the ") + what + ": " + e.what());
-  }
-}
-
 }  // namespace
 
 int suggest_main(int argc, char** argv) {

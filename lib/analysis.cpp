@@ -15,16 +15,6 @@
 namespace fsdp_plan {
 namespace {
 
-std::string quoted(const std::string& path) { return path.empty() ? "(root)" : "'" + path + "'"; }
-
-// A list for a message: "a, b, c and 4 more".
-std::string listing(const std::vector<std::string>& items, size_t shown = 3) {
-  std::string out;
-  for (size_t i = 0; i < items.size() && i < shown; ++i) out += (i ? ", " : "") + items[i];
-  if (items.size() > shown) out += " and " + std::to_string(items.size() - shown) + " more";
-  return out;
-}
-
 class Analysis {
  public:
   Analysis(Plan& plan, const Ignored& ignored, const ClassMatcher& matcher)
@@ -165,7 +155,7 @@ class Analysis {
     return common.back();
   }
   std::string common_unit_name(const std::set<int>& units) const {
-    return quoted(tree_.path(plan_.units[static_cast<size_t>(common_unit(units))].module));
+    return quoted_path(tree_.path(plan_.units[static_cast<size_t>(common_unit(units))].module));
   }
   std::vector<int> units_below_common(const std::set<int>& units) const {
     const int top = common_unit(units);
@@ -223,7 +213,7 @@ class Analysis {
         names.push_back(tree_.qualify(u.module, *u.name));
         modules.push_back(tree_.path(u.module));
       }
-      for (int u : f.units) units.push_back(quoted(tree_.path(plan_.units[static_cast<size_t>(u)].module)));
+      for (int u : f.units) units.push_back(quoted_path(tree_.path(plan_.units[static_cast<size_t>(u)].module)));
       const auto& held = holders[static_cast<size_t>(f.tensor)];
       const TensorInfo& t = tree_.tensor(f.tensor);
       std::string message = "one tensor (" + std::to_string(t.numel()) + " elements) is used as " +
@@ -234,7 +224,7 @@ class Analysis {
                    " times and the tie breaks at the first optimizer step (each copy gets its own gradient)";
       } else {
         const std::string owner =
-            held.empty() ? "none" : quoted(tree_.path(plan_.units[static_cast<size_t>(held.front())].module));
+            held.empty() ? "none" : quoted_path(tree_.path(plan_.units[static_cast<size_t>(held.front())].module));
         const MemorySettings& fsdp = plan_.policy.fsdp;
         const bool sharded = fsdp.world_size > 1 && fsdp.strategy != ShardingStrategy::NoShard;
         message += "FSDP1 (use_orig_params=True) flattens it into the first unit built, " + owner +
@@ -246,7 +236,7 @@ class Analysis {
       }
       // The fix: no unit boundary between the uses and their lowest common enclosing unit.
       std::vector<std::string> to_unwrap;
-      for (int u : units_below_common(f.units)) to_unwrap.push_back(quoted(tree_.path(plan_.units[static_cast<size_t>(u)].module)));
+      for (int u : units_below_common(f.units)) to_unwrap.push_back(quoted_path(tree_.path(plan_.units[static_cast<size_t>(u)].module)));
       message += "; fix: let " + common_unit_name(f.units) + " hold every use by not wrapping " +
                  listing(to_unwrap, to_unwrap.size());
       Warning w;
@@ -270,7 +260,7 @@ class Analysis {
       for (ModuleId m = u.module; m > 0; m = tree_.module(m).parent) {
         const ModuleId first = alias_of_[static_cast<size_t>(m)];
         if (first < 0) continue;
-        return "; if " + quoted(tree_.path(m)) + " is the very module object " + quoted(tree_.path(first)) +
+        return "; if " + quoted_path(tree_.path(m)) + " is the very module object " + quoted_path(tree_.path(first)) +
                " under a second name (transformers 4's T5/BART), FSDP visits it once: plan with --aliases";
       }
     }
@@ -282,7 +272,7 @@ class Analysis {
       if (!u.params.empty()) continue;
       const bool root = u.module == 0;
       add("empty_unit", root ? Severity::Info : Severity::Warning,
-          "unit " + quoted(tree_.path(u.module)) + " (" + short_class(u.module) +
+          "unit " + quoted_path(tree_.path(u.module)) + " (" + short_class(u.module) +
               ") owns no parameters" + (root ? "" : ": it adds an FSDP unit that shards nothing"),
           {tree_.path(u.module)}, {short_class(u.module)});
     }
@@ -381,7 +371,7 @@ class Analysis {
     }
     auto shown = [](const std::vector<std::string>& paths) {
       std::vector<std::string> q;
-      for (const auto& p : paths) q.push_back(quoted(p));
+      for (const auto& p : paths) q.push_back(quoted_path(p));
       return listing(q);
     };
     if (!unknown.empty()) {

@@ -66,15 +66,24 @@ void write_in_place(const std::string& path, const std::string& data) {
 
 }  // namespace
 
-void write_stdout(const std::string& data) {
+void write_stdout(const std::string& data, const std::string& what) {
   // Unbuffered, so the error is this write's errno (ENOSPC, EBADF), not a stream's lost state.
   size_t done = 0;
   while (done < data.size()) {
     ssize_t n = ::write(STDOUT_FILENO, data.data() + done, data.size() - done);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0)
-      throw InputError("standard output", std::string("cannot write the plan: write failed: ") + std::strerror(errno));
+      throw InputError("standard output", "cannot write the " + what + ": write failed: " + std::strerror(errno));
     done += static_cast<size_t>(n);
+  }
+}
+
+void write_output(const std::string& path, const std::string& data, const std::string& what) {
+  if (path.empty()) return write_stdout(data, what);
+  try {
+    write_file_atomic(path, data);
+  } catch (const std::runtime_error& e) {
+    throw InputError(path, "cannot write the " + what + ": " + e.what());
   }
 }
 

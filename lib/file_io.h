@@ -18,6 +18,11 @@ void write_file_atomic(const std::string& path, const std::string& data);
 
 // Writes `data` to standard output. A full disk or a closed stdout is an
 // output error: InputError naming "standard output", as -o FILE would be.
-void write_stdout(const std::string& data);
+// `what` names the output in the message ("cannot write the plan").
+void write_stdout(const std::string& data, const std::string& what = "plan");
+
+// Writes `data` to `path` atomically, or to standard output when `path` is
+// empty; any failure is InputError naming the file: "cannot write the WHAT: ...".
+void write_output(const std::string& path, const std::string& data, const std::string& what);
 
 }  // namespace fsdp_plan

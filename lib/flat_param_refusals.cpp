@@ -13,15 +13,6 @@
 namespace fsdp_plan {
 namespace {
 
-std::string quoted(const std::string& path) { return path.empty() ? "(root)" : "'" + path + "'"; }
-
-std::string listing(const std::vector<std::string>& items, size_t shown = 3) {
-  std::string out;
-  for (size_t i = 0; i < items.size() && i < shown; ++i) out += (i ? ", " : "") + items[i];
-  if (items.size() > shown) out += " and " + std::to_string(items.size() - shown) + " more";
-  return out;
-}
-
 // torch.Tensor.is_floating_point: float16/32/64, bfloat16, the float8 kinds.
 bool is_floating(const std::string& dtype) { return dtype.rfind("float", 0) == 0 || dtype.rfind("bfloat", 0) == 0; }
 
@@ -38,7 +29,7 @@ class FlatParamChecks {
 
  private:
   const TensorInfo& info(const Owned& o) const { return tree_.tensor(o.tensor); }
-  std::string unit_name(const Unit& u) const { return quoted(tree_.path(u.module)); }
+  std::string unit_name(const Unit& u) const { return quoted_path(tree_.path(u.module)); }
   std::string unit_class(const Unit& u) const {
     return std::string(short_name(demangle(tree_.module(u.module).type_name)));
   }

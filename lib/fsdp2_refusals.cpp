@@ -4,11 +4,10 @@
 #include <set>
 
 #include "fsdp2_memory.h"
+#include "string_util.h"
 
 namespace fsdp_plan {
 namespace {
-
-std::string quoted(const std::string& path) { return path.empty() ? "(root)" : "'" + path + "'"; }
 
 std::string joined(const std::vector<std::string>& v) {
   std::string out;
@@ -47,7 +46,7 @@ class Refusals {
 
   std::string unit_name(const Unit& u) const {
     std::vector<std::string> paths;
-    for (ModuleId m : u.modules) paths.push_back(quoted(tree_.path(m)));
+    for (ModuleId m : u.modules) paths.push_back(quoted_path(tree_.path(m)));
     return paths.size() == 1 ? paths[0] : "[" + joined(paths) + "]";
   }
 
@@ -73,7 +72,7 @@ class Refusals {
         const std::string cls = demangle(tree_.module(m).type_name);
         if (m == 0 || !matcher_.is_instance(cls, kContainers)) continue;
         add("fsdp2_container", Severity::Error,
-            "fully_shard is called on " + quoted(tree_.path(m)) + " (" + std::string(short_name(cls)) +
+            "fully_shard is called on " + quoted_path(tree_.path(m)) + " (" + std::string(short_name(cls)) +
                 "), and PyTorch refuses it: \"fully_shard does not support containers that do not implement "
                 "forward\"; shard its elements instead, or name them in one group (fully_shard([a, b]))",
             {tree_.path(m)});

@@ -169,4 +169,13 @@ std::optional<int64_t> parse_count(std::string_view text) {
   return static_cast<int64_t>(d);
 }
 
+std::string quoted_path(const std::string& path) { return path.empty() ? "(root)" : "'" + path + "'"; }
+
+std::string listing(const std::vector<std::string>& items, size_t shown) {
+  std::string out;
+  for (size_t i = 0; i < items.size() && i < shown; ++i) out += (i ? ", " : "") + items[i];
+  if (items.size() > shown) out += " and " + std::to_string(items.size() - shown) + " more";
+  return out;
+}
+
 }  // namespace fsdp_plan

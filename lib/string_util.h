@@ -21,6 +21,12 @@ size_t edit_distance(std::string_view a, std::string_view b);
 std::vector<std::string> closest(std::string_view word, const std::vector<std::string>& candidates,
                                  size_t limit = 3);
 
+// A module path in a message: 'a.b', or (root) for the empty path.
+std::string quoted_path(const std::string& path);
+
+// A list for a message: "a, b, c and 4 more" (the first `shown` items).
+std::string listing(const std::vector<std::string>& items, size_t shown = 3);
+
 // 1536 -> "1.5 KiB"; 12 -> "12 B"
 std::string format_bytes(int64_t bytes);
 // 1234567 -> "1.23M"; 999 -> "999"
