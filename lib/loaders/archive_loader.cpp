@@ -19,6 +19,7 @@
 #include "class_decls.h"
 #include "dtype.h"
 #include "loader.h"
+#include "printable.h"
 #include "unpickler.h"
 #include "zip_reader.h"
 
@@ -31,22 +32,6 @@ using pickle::NodeId;
 const char kHowToExport[] =
     "export the model as TorchScript: torch.jit.save(torch.jit.script(model), "
     "\"model.pt\") (or torch.jit.trace(model, example_inputs) instead of script)";
-
-// Messages can quote names from a corrupt file: keep them one line of ASCII.
-std::string printable(const std::string& s) {
-  static const char hex[] = "0123456789abcdef";
-  std::string out;
-  for (unsigned char c : s) {
-    if (c >= 0x20 && c < 0x7f) {
-      out.push_back(static_cast<char>(c));
-    } else {
-      out += "\\x";
-      out.push_back(hex[c >> 4]);
-      out.push_back(hex[c & 15]);
-    }
-  }
-  return out;
-}
 
 // No record that describes structure (data.pkl, a code/ file, the version)
 // comes anywhere near this; a bigger claim means a damaged or hostile file.
@@ -115,10 +100,11 @@ class ArchiveLoader {
       }
     }
     std::unordered_set<std::string_view> keys;
-    for (const auto& s : pkl_.storages) keys.insert(s.key);
+    keys.reserve(pkl_.storages.size());
+    for (const auto& s : pkl_.storages) keys.insert(pkl_.str(s.key));
     stats_.storages_requested = static_cast<int64_t>(keys.size());
     const NodeId root = pkl_.root;
-    if (kind(root) != Kind::Object || !decl_of(pkl_.object(root).cls).is_module) {
+    if (kind(root) != Kind::Object || !decl_of(pkl_.class_name(root)).is_module) {
       throw InputError(path_, "data.pkl does not hold a module");
     }
     return build(root);
@@ -143,13 +129,13 @@ class ArchiveLoader {
                                   kHowToExport);
     }
     // Records live under one top directory, named after the first entry's.
-    const std::string& first = dir_->entries().front().name;
+    const std::string_view first = dir_->entries().front().name;
     const auto slash = first.find('/');
     if (slash == std::string::npos) {
       throw InputError(path_, std::string("a zip archive whose files are not under one top "
                                           "directory, not a TorchScript model; ") + kHowToExport);
     }
-    prefix_ = first.substr(0, slash + 1);
+    prefix_ = std::string(first.substr(0, slash + 1));
     // LibTorch's zip reader refuses impossible sizes with a vague message and
     // allocates whatever a record declares: check every entry first.
     for (const zip::Entry& e : dir_->entries()) {
@@ -157,7 +143,7 @@ class ArchiveLoader {
       const uint64_t limit = stored ? dir_->file_size() : e.comp_size * kMaxDeflateRatio + 64;
       const bool fits = e.comp_size <= dir_->file_size();
       if (!fits || e.uncomp_size > limit || (stored && e.comp_size != e.uncomp_size)) {
-        const std::string name = e.name.rfind(prefix_, 0) == 0 ? e.name.substr(prefix_.size()) : e.name;
+        const std::string name(e.name.rfind(prefix_, 0) == 0 ? e.name.substr(prefix_.size()) : e.name);
         throw InputError(path_, "record " + name + " claims to be " + std::to_string(e.uncomp_size) +
                                     " bytes, more than " +
                                     (stored ? "the file holds (" + std::to_string(dir_->file_size()) +
@@ -175,7 +161,7 @@ class ArchiveLoader {
     const std::string code = prefix_ + "code/";
     for (const zip::Entry& e : dir_->entries()) {
       if (e.name.rfind(code, 0) == 0 && e.name.size() > 3 && e.name.compare(e.name.size() - 3, 3, ".py") == 0) {
-        const std::string name = e.name.substr(prefix_.size());
+        const std::string name(e.name.substr(prefix_.size()));
         if (!code_.count(name)) code_.emplace(name, read_record(name));
       }
     }
@@ -297,30 +283,33 @@ class ArchiveLoader {
    public:
     State(const pickle::Pickle& p, NodeId state) : p_(p) {
       if (state == pickle::kNoNode || p.node(state).kind != Kind::Dict) return;
-      items_ = &p.elems(state);
-      if (items_->size() > 32) {
-        for (size_t i = 0; i + 1 < items_->size(); i += 2) {
-          const NodeId k = (*items_)[i];
-          if (p.node(k).kind == Kind::String) map_.emplace(p.str(k), (*items_)[i + 1]);
+      is_dict_ = true;
+      items_ = p.elems(state);
+      if (items_.size() > 32) {
+        map_.reserve(items_.size() / 2);
+        for (size_t i = 0; i + 1 < items_.size(); i += 2) {
+          const NodeId k = items_[i];
+          if (p.node(k).kind == Kind::String) map_.emplace(p.str(k), items_[i + 1]);
         }
       }
     }
-    bool is_dict() const { return items_ != nullptr; }
+    bool is_dict() const { return is_dict_; }
     NodeId find(const std::string& name) const {
-      if (items_->size() > 32) {
+      if (items_.size() > 32) {
         auto it = map_.find(name);
         return it == map_.end() ? pickle::kNoNode : it->second;
       }
-      for (size_t i = 0; i + 1 < items_->size(); i += 2) {
-        const NodeId k = (*items_)[i];
-        if (p_.node(k).kind == Kind::String && p_.str(k) == name) return (*items_)[i + 1];
+      for (size_t i = 0; i + 1 < items_.size(); i += 2) {
+        const NodeId k = items_[i];
+        if (p_.node(k).kind == Kind::String && p_.str(k) == name) return items_[i + 1];
       }
       return pickle::kNoNode;
     }
 
    private:
     const pickle::Pickle& p_;
-    const std::vector<NodeId>* items_ = nullptr;
+    bool is_dict_ = false;
+    pickle::Span<NodeId> items_;
     std::unordered_map<std::string_view, NodeId> map_;  // first wins, as in a dict built in order
   };
 
@@ -328,14 +317,14 @@ class ArchiveLoader {
   // (slot) order exactly as the JIT loader's TreeBuilder does.
   ModuleTree build(NodeId root) {
     ModuleTree tree;
-    tree.module(0).type_name = pkl_.object(root).cls;
+    tree.module(0).type_name = pkl_.class_name(root);
     std::vector<std::pair<NodeId, ModuleId>> stack{{root, 0}};
     std::vector<std::pair<NodeId, ModuleId>> children;
     while (!stack.empty()) {
       auto [obj, id] = stack.back();
       stack.pop_back();
       children.clear();
-      const std::string& cls = pkl_.object(obj).cls;
+      const std::string& cls = pkl_.class_name(obj);
       const ClassDecl& decl = decl_of(cls);
       const State state(pkl_, pkl_.object(obj).state);
       if (!state.is_dict()) {
@@ -364,8 +353,8 @@ class ArchiveLoader {
           if (kind(v) == Kind::Tensor) tree.add_param(id, attr.name, tensor_id(tree, v));
         } else if (attr.is_buffer) {
           if (kind(v) == Kind::Tensor) tree.add_buffer(id, attr.name, tensor_id(tree, v));
-        } else if (kind(v) == Kind::Object && decl_of(pkl_.object(v).cls).is_module) {
-          ModuleId cid = tree.add_module(id, attr.name, pkl_.object(v).cls);
+        } else if (kind(v) == Kind::Object && decl_of(pkl_.class_name(v)).is_module) {
+          ModuleId cid = tree.add_module(id, attr.name, pkl_.class_name(v));
           children.emplace_back(v, cid);
         }
       }
@@ -375,13 +364,15 @@ class ArchiveLoader {
   }
 
   TensorId tensor_id(ModuleTree& tree, NodeId node) {
-    auto [it, fresh] = tensor_ids_.try_emplace(node, 0);
-    if (fresh) {
+    if (tensor_ids_.empty()) tensor_ids_.assign(pkl_.tensors.size(), -1);
+    TensorId& id = tensor_ids_[pkl_.node(node).ref];
+    if (id < 0) {
       const pickle::Tensor& t = pkl_.tensor(node);
       const pickle::Storage& s = pkl_.storage(t.storage);
-      const DtypeInfo* dtype = dtype_from_stem(s.dtype_stem);
+      const DtypeInfo* dtype = s.dtype;
       TensorInfo info;
-      info.shape = t.shape;
+      const auto shape = pkl_.shape(t);
+      info.shape.assign(shape.begin(), shape.end());
       // The planner multiplies these out: refuse shapes no storage could have.
       int64_t bytes = dtype->itemsize;
       for (int64_t d : info.shape) {
@@ -399,9 +390,9 @@ class ArchiveLoader {
       info.dtype = dtype->name;
       info.itemsize = dtype->itemsize;
       info.requires_grad = t.requires_grad;
-      it->second = tree.add_tensor(std::move(info));
+      id = tree.add_tensor(std::move(info));
     }
-    return it->second;
+    return id;
   }
 
   std::string path_;
@@ -413,7 +404,7 @@ class ArchiveLoader {
   pickle::Pickle pkl_;
   std::unordered_map<std::string, ClassDecl> decls_;
   std::unordered_map<std::string, std::string> code_;  // "code/__torch__/a.py" -> source
-  std::unordered_map<NodeId, TensorId> tensor_ids_;
+  std::vector<TensorId> tensor_ids_;  // by pickle tensor; -1 until added to the tree
   int64_t total_bytes_ = 0;
 };
 

@@ -11,6 +11,7 @@
 
 #include "../errors.h"
 #include "export_program.h"
+#include "printable.h"
 #include "zip_reader.h"
 
 namespace fsdp_plan {
@@ -22,29 +23,13 @@ constexpr uint64_t kMaxRecord = uint64_t{1} << 30;
 // deflate cannot expand data more than about 1032 times.
 constexpr uint64_t kMaxDeflateRatio = 1032;
 
-// Messages can quote names from a corrupt file: keep them one line of ASCII.
-std::string printable(const std::string& s) {
-  static const char hex[] = "0123456789abcdef";
-  std::string out;
-  for (unsigned char c : s) {
-    if (c >= 0x20 && c < 0x7f) {
-      out.push_back(static_cast<char>(c));
-    } else {
-      out += "\\x";
-      out.push_back(hex[c >> 4]);
-      out.push_back(hex[c & 15]);
-    }
-  }
-  return out;
-}
-
 // The folder all records live in ("model/": torch names it after the file),
 // or "" when the first record is in none.
 std::string top_folder(const zip::Reader& dir) {
   if (dir.entries().empty()) return "";
-  const std::string& first = dir.entries().front().name;
+  const std::string_view first = dir.entries().front().name;
   const auto slash = first.find('/');
-  return slash == std::string::npos ? "" : first.substr(0, slash + 1);
+  return slash == std::string::npos ? "" : std::string(first.substr(0, slash + 1));
 }
 
 bool has_models(const zip::Reader& dir, const std::string& prefix) {
@@ -149,7 +134,7 @@ class Archive {
     for (const auto& e : dir_->entries()) {
       if (e.name.rfind(dir, 0) != 0 || e.name.size() < dir.size() + 6) continue;
       if (e.name.compare(e.name.size() - 5, 5, ".json") != 0) continue;
-      const std::string n = e.name.substr(dir.size(), e.name.size() - dir.size() - 5);
+      const std::string n(e.name.substr(dir.size(), e.name.size() - dir.size() - 5));
       if (n.find('/') == std::string::npos) names.push_back(n);
     }
     for (const auto& n : names)

@@ -56,7 +56,14 @@ int64_t classify(const std::string& mod, const std::string& name) {
 
 class Unpickler {
  public:
-  explicit Unpickler(const std::string& p) : p_(p), n_(p.size()) {}
+  explicit Unpickler(const std::string& p) : p_(p), n_(p.size()) {
+    // TorchScript's data.pkl makes about one value per 3 bytes and one item
+    // per 4 (measured on a 50,000-module model): reserve that much, not more
+    // than a hostile size could make us hold.
+    const size_t guess = std::min<size_t>(n_, size_t{1} << 26);
+    out_.nodes.reserve(guess / 3);
+    out_.pool.reserve(guess / 4);
+  }
 
   Pickle run() {
     need(2, "the header");
@@ -72,10 +79,10 @@ class Unpickler {
         case '}': push(add(Kind::Dict, new_items())); break;  // EMPTY_DICT
         case ')': push(add(Kind::Tuple, new_items())); break; // EMPTY_TUPLE
         case 'N': push(add(Kind::None)); break;
-        case 0x88: case 0x89: push(add_int(Kind::Bool, op == 0x88)); break;  // NEWTRUE, NEWFALSE
-        case 'K': need(1, "BININT1"); push(add_int(Kind::Int, static_cast<int64_t>(u(1)))); break;
-        case 'M': need(2, "BININT2"); push(add_int(Kind::Int, static_cast<int64_t>(u(2)))); break;
-        case 'J': need(4, "BININT"); push(add_int(Kind::Int, static_cast<int32_t>(u(4)))); break;
+        case 0x88: case 0x89: push(add_bool(op == 0x88)); break;  // NEWTRUE, NEWFALSE
+        case 'K': need(1, "BININT1"); push(add_int(static_cast<int64_t>(u(1)))); break;
+        case 'M': need(2, "BININT2"); push(add_int(static_cast<int64_t>(u(2)))); break;
+        case 'J': need(4, "BININT"); push(add_int(static_cast<int32_t>(u(4)))); break;
         case 'G': {  // BINFLOAT, big-endian
           need(8, "BINFLOAT");
           pos_ += 8;
@@ -85,7 +92,7 @@ class Unpickler {
           need(1, "LONG1");
           if (u(1) != 8) throw Error("a LONG1 is not 8 bytes");
           need(8, "LONG1");
-          push(add_int(Kind::Int, static_cast<int64_t>(u(8))));
+          push(add_int(static_cast<int64_t>(u(8))));
         } break;
         case 'X': {  // BINUNICODE
           need(4, "a string length");
@@ -125,9 +132,8 @@ class Unpickler {
           const size_t start = mark_start();
           if (op == 'd' && (stack_.size() - start) % 2 != 0) throw Error("a dict item has no value");
           const uint32_t d = deepest(start);
-          const NodeId c = add(op == 'l' ? Kind::List : Kind::Dict, new_items());
-          out_.items[out_.nodes[c].ref].assign(stack_.begin() + static_cast<ptrdiff_t>(start), stack_.end());
-          out_.nodes[c].depth = d;
+          const NodeId c = add(op == 'l' ? Kind::List : Kind::Dict, items_from(start));
+          out_.containers[out_.nodes[c].ref].depth = d;
           stack_.resize(start);
           push(c);
         } break;
@@ -141,8 +147,8 @@ class Unpickler {
           if (!is_global(cls, kClass)) throw Error("NEWOBJ of something that is not a class");
           (void)deepest(stack_.size() - 1);
           Object obj;
-          obj.cls = out_.str(cls);
-          out_.objects.push_back(std::move(obj));
+          obj.cls = cls;
+          out_.objects.push_back(obj);
           const NodeId o = add(Kind::Object, static_cast<uint32_t>(out_.objects.size() - 1));
           stack_.resize(stack_.size() - 2);
           push(o);
@@ -194,25 +200,46 @@ class Unpickler {
     out_.nodes.push_back(nd);
     return static_cast<NodeId>(out_.nodes.size() - 1);
   }
-  NodeId add_int(Kind kind, int64_t v) {
-    const NodeId id = add(kind);
-    out_.nodes[id].i = v;
+  NodeId add_int(int64_t v) {
+    out_.ints.push_back(v);
+    return add(Kind::Int, static_cast<uint32_t>(out_.ints.size() - 1));
+  }
+  NodeId add_bool(bool v) {
+    const NodeId id = add(Kind::Bool);
+    out_.nodes[id].aux = v;
     return id;
   }
   NodeId add_string(std::string s) {
     out_.strings.push_back(std::move(s));
     return add(Kind::String, static_cast<uint32_t>(out_.strings.size() - 1));
   }
+  // Indices stay below 2^32: every container and pool slot takes a byte of
+  // data.pkl at least (a list that grows takes at most four slots per item).
   uint32_t new_items() {
-    out_.items.emplace_back();
-    return static_cast<uint32_t>(out_.items.size() - 1);
+    Container c;
+    c.begin = static_cast<uint32_t>(out_.pool.size());
+    out_.containers.push_back(c);
+    return static_cast<uint32_t>(out_.containers.size() - 1);
+  }
+  // A new container holding the stack from `start` on.
+  uint32_t items_from(size_t start) {
+    const uint32_t ref = new_items();
+    out_.pool.insert(out_.pool.end(), stack_.begin() + static_cast<ptrdiff_t>(start), stack_.end());
+    Container& c = out_.containers[ref];
+    c.size = c.cap = static_cast<uint32_t>(stack_.size() - start);
+    return ref;
+  }
+  uint32_t depth(NodeId id) const {
+    const Node& nd = out_.nodes[id];
+    const bool container = nd.kind == Kind::Tuple || nd.kind == Kind::List || nd.kind == Kind::Dict;
+    return container ? out_.containers[nd.ref].depth : 1;
   }
   void push(NodeId id) { stack_.push_back(id); }
   void pop_n(size_t k, const char* what) const {
     if (stack_.size() < k) throw Error(std::string(what) + " finds too few values");
   }
   bool is_global(NodeId id, Global g) const {
-    return out_.node(id).kind == Kind::Global && out_.node(id).i == g;
+    return out_.node(id).kind == Kind::Global && out_.node(id).aux == g;
   }
   size_t mark_start() {
     if (marks_.empty()) throw Error("a container has no MARK");
@@ -226,18 +253,16 @@ class Unpickler {
   uint32_t deepest(size_t from) {
     uint32_t d = 0;
     for (size_t i = from; i < stack_.size(); ++i) {
-      Node& nd = out_.nodes[stack_[i]];
-      d = std::max(d, nd.depth);
-      nd.used = true;
+      d = std::max(d, depth(stack_[i]));
+      out_.nodes[stack_[i]].used = true;
     }
     if (d + 1 > kMaxNesting) throw Error("values nested more than " + std::to_string(kMaxNesting) + " deep");
     return d + 1;
   }
   void push_tuple(size_t start) {
     const uint32_t d = deepest(start);
-    const NodeId t = add(Kind::Tuple, new_items());
-    out_.items[out_.nodes[t].ref].assign(stack_.begin() + static_cast<ptrdiff_t>(start), stack_.end());
-    out_.nodes[t].depth = d;
+    const NodeId t = add(Kind::Tuple, items_from(start));
+    out_.containers[out_.nodes[t].ref].depth = d;
     stack_.resize(start);
     push(t);
   }
@@ -252,9 +277,26 @@ class Unpickler {
     }
     if (target.used) throw Error("a container is changed after it was used");
     const uint32_t d = deepest(start);
-    target.depth = std::max(target.depth, d);
-    auto& items = out_.items[target.ref];
-    items.insert(items.end(), stack_.begin() + static_cast<ptrdiff_t>(start), stack_.end());
+    Container& c = out_.containers[target.ref];
+    c.depth = std::max(c.depth, d);
+    const size_t k = stack_.size() - start;
+    auto& pool = out_.pool;
+    if (c.begin + c.cap == pool.size()) {
+      pool.insert(pool.end(), stack_.begin() + static_cast<ptrdiff_t>(start), stack_.end());
+      c.cap = c.size = static_cast<uint32_t>(c.size + k);  // last in the pool: grows in place
+    } else if (c.size + k <= c.cap) {
+      std::copy(stack_.begin() + static_cast<ptrdiff_t>(start), stack_.end(), pool.begin() + c.begin + c.size);
+      c.size = static_cast<uint32_t>(c.size + k);
+    } else {  // moves to the end with room to grow: linear however items come
+      const size_t at = pool.size(), size = c.size + k;
+      pool.resize(at + 2 * size, kNoNode);
+      std::copy(pool.begin() + c.begin, pool.begin() + c.begin + c.size, pool.begin() + static_cast<ptrdiff_t>(at));
+      std::copy(stack_.begin() + static_cast<ptrdiff_t>(start), stack_.end(),
+                pool.begin() + static_cast<ptrdiff_t>(at + c.size));
+      c.begin = static_cast<uint32_t>(at);
+      c.size = static_cast<uint32_t>(size);
+      c.cap = static_cast<uint32_t>(2 * size);
+    }
     stack_.resize(start);
   }
 
@@ -269,12 +311,13 @@ class Unpickler {
     const int64_t g = classify(parts[0], parts[1]);
     if (g < 0) throw Error("unsupported global " + parts[0] + "." + parts[1]);
     out_.strings.push_back(parts[0] + "." + parts[1]);
-    push(add_int(Kind::Global, g));
-    out_.nodes.back().ref = static_cast<uint32_t>(out_.strings.size() - 1);
+    push(add(Kind::Global, static_cast<uint32_t>(out_.strings.size() - 1)));
+    out_.nodes.back().aux = static_cast<uint8_t>(g);
   }
 
   // The elements of a tuple argument, or an error naming what takes it.
-  const std::vector<NodeId>& args(NodeId id, size_t min, size_t max, const std::string& what) const {
+  // Valid until the pool grows: read it before making containers.
+  Span<NodeId> args(NodeId id, size_t min, size_t max, const std::string& what) const {
     if (out_.node(id).kind != Kind::Tuple || out_.elems(id).size() < min || out_.elems(id).size() > max) {
       throw Error(what + " gets the wrong arguments");
     }
@@ -289,7 +332,7 @@ class Unpickler {
     const std::string& name = out_.str(fn);
     (void)deepest(stack_.size() - 1);
     NodeId result = kNoNode;
-    switch (out_.node(fn).i) {
+    switch (out_.node(fn).aux) {
       case kRebuildTensor: case kRebuildQTensor: result = tensor(fn, arg); break;
       case kOrderedDict: args(arg, 0, 0, name); result = add(Kind::Dict, new_items()); break;
       case kBuildList: {
@@ -298,12 +341,12 @@ class Unpickler {
         result = list;
       } break;
       case kRestoreTypeTag: {
-        const auto& a = args(arg, 2, 2, name);
+        const auto a = args(arg, 2, 2, name);
         if (kind(a[1]) != Kind::String) throw Error(name + " gets the wrong arguments");
         result = a[0];
       } break;
       case kDevice: {
-        const auto& a = args(arg, 1, 2, name);
+        const auto a = args(arg, 1, 2, name);
         if (kind(a[0]) != Kind::String || (a.size() == 2 && kind(a[1]) != Kind::Int)) {
           throw Error(name + " gets the wrong arguments");
         }
@@ -322,52 +365,52 @@ class Unpickler {
     push(result);
   }
 
-  std::vector<int64_t> ints(NodeId id, const std::string& what) const {
+  // Appends a tuple of integers to dims; returns how many.
+  uint32_t ints(NodeId id, const std::string& what) {
     if (kind(id) != Kind::Tuple) throw Error("a tensor's " + what + " is not a tuple of integers");
-    std::vector<int64_t> v;
-    v.reserve(out_.elems(id).size());
     for (NodeId x : out_.elems(id)) {
       if (kind(x) != Kind::Int) throw Error("a tensor's " + what + " is not a tuple of integers");
-      v.push_back(out_.node(x).i);
+      out_.dims.push_back(out_.integer(x));
     }
-    return v;
+    return static_cast<uint32_t>(out_.elems(id).size());
   }
 
   // _rebuild_tensor_v2(storage, offset, size, stride, requires_grad, hooks[, metadata])
   // _rebuild_qtensor(storage, offset, size, stride, qparams, requires_grad, hooks)
   NodeId tensor(NodeId fn, NodeId arg) {
-    const bool q = out_.node(fn).i == kRebuildQTensor;
-    const auto& a = args(arg, q ? 7 : 6, 7, out_.str(fn));
+    const bool q = out_.node(fn).aux == kRebuildQTensor;
+    const auto a = args(arg, q ? 7 : 6, 7, out_.str(fn));
     const NodeId grad = a[q ? 5 : 4];
     if (kind(a[0]) != Kind::Storage || kind(a[1]) != Kind::Int || kind(grad) != Kind::Bool) {
       throw Error(out_.str(fn) + " gets the wrong arguments");
     }
     Tensor t;
     t.storage = a[0];
-    t.offset = out_.node(a[1]).i;
-    t.shape = ints(a[2], "shape");
-    t.stride = ints(a[3], "stride");
-    if (t.shape.size() != t.stride.size()) throw Error("a tensor's shape and stride differ in length");
-    t.requires_grad = out_.node(grad).i != 0;
+    t.offset = out_.integer(a[1]);
+    if (out_.dims.size() >= kNoNode / 2) throw Error("too many values");
+    t.dims = static_cast<uint32_t>(out_.dims.size());
+    t.ndim = ints(a[2], "shape");
+    if (ints(a[3], "stride") != t.ndim) throw Error("a tensor's shape and stride differ in length");
+    t.requires_grad = out_.integer(grad) != 0;
     t.quantized = q;
-    out_.tensors.push_back(std::move(t));
+    out_.tensors.push_back(t);
     return add(Kind::Tensor, static_cast<uint32_t>(out_.tensors.size() - 1));
   }
 
   // ('storage', torch.FloatStorage, key, location, numel)
   NodeId storage(NodeId pid) {
-    const auto& a = args(pid, 5, 5, "a persistent id");
+    const auto a = args(pid, 5, 5, "a persistent id");
     if (kind(a[0]) != Kind::String || out_.str(a[0]) != "storage" || !is_global(a[1], kStorageType) ||
         kind(a[2]) != Kind::String || kind(a[3]) != Kind::String || kind(a[4]) != Kind::Int) {
       throw Error("a persistent id is not a storage");
     }
     Storage s;
     const std::string& type = out_.str(a[1]);  // "torch.FloatStorage"
-    s.dtype_stem = type.substr(6, type.size() - 6 - 7);
-    s.key = out_.str(a[2]);
-    s.location = out_.str(a[3]);
-    s.numel = out_.node(a[4]).i;
-    out_.storages.push_back(std::move(s));
+    s.dtype = dtype_from_stem(type.substr(6, type.size() - 6 - 7));  // classify() found it
+    s.key = a[2];
+    s.location = a[3];
+    s.numel = out_.integer(a[4]);
+    out_.storages.push_back(s);
     return add(Kind::Storage, static_cast<uint32_t>(out_.storages.size() - 1));
   }
 

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <functional>
 
 namespace fsdp_plan::zip {
 
@@ -114,17 +115,29 @@ void Reader::read_entries() {
       throw Error(Error::kDamaged, zip_strerror(archive_));
     }
     Entry e;
-    e.name = st.name ? st.name : "";
+    e.name = st.name ? std::string_view(st.name) : std::string_view();
     e.method = static_cast<uint16_t>(st.comp_method);
     e.crc = st.crc;
     e.comp_size = st.comp_size;
     e.uncomp_size = st.size;
     e.index = static_cast<uint64_t>(i);
     if ((st.valid & ZIP_STAT_ENCRYPTION_METHOD) && st.encryption_method != ZIP_EM_NONE) {
-      throw Error(Error::kDamaged, "record " + e.name + " is encrypted");
+      throw Error(Error::kDamaged, "record " + std::string(e.name) + " is encrypted");
     }
-    index_.emplace(e.name, entries_.size());  // first wins
-    entries_.push_back(std::move(e));
+    entries_.push_back(e);
+  }
+  if (entries_.size() >= 0x7fffffffu) throw Error(Error::kDamaged, "too many records");
+  size_t cap = 16;
+  while (cap < 2 * entries_.size()) cap *= 2;
+  slots_.assign(cap, 0);
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    for (size_t at = std::hash<std::string_view>()(entries_[i].name) & (cap - 1);; at = (at + 1) & (cap - 1)) {
+      if (slots_[at] == 0) {
+        slots_[at] = static_cast<uint32_t>(i + 1);
+        break;
+      }
+      if (entries_[slots_[at] - 1].name == entries_[i].name) break;  // first wins
+    }
   }
 }
 
@@ -164,9 +177,14 @@ std::unique_ptr<Reader> Reader::open_memory(const void* data, size_t size) {
   return std::unique_ptr<Reader>(new Reader(std::move(s)));
 }
 
-const Entry* Reader::find(const std::string& name) const {
-  auto it = index_.find(name);
-  return it == index_.end() ? nullptr : &entries_[it->second];
+const Entry* Reader::find(std::string_view name) const {
+  if (slots_.empty()) return nullptr;
+  const size_t mask = slots_.size() - 1;
+  for (size_t at = std::hash<std::string_view>()(name) & mask; slots_[at] != 0; at = (at + 1) & mask) {
+    const Entry& e = entries_[slots_[at] - 1];
+    if (e.name == name) return &e;
+  }
+  return nullptr;
 }
 
 uint64_t Reader::file_size() const { return source_->size; }

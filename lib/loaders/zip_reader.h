@@ -8,7 +8,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
-#include <unordered_map>
+#include <string_view>
 #include <vector>
 
 struct zip;  // libzip's archive
@@ -16,7 +16,9 @@ struct zip;  // libzip's archive
 namespace fsdp_plan::zip {
 
 struct Entry {
-  std::string name;
+  // Points into libzip's copy of the directory: valid while the Reader lives
+  // (150,000 names copied and freed one by one cost more than planning).
+  std::string_view name;
   uint16_t method = 0;  // 0 stored, 8 deflated
   uint32_t crc = 0;
   uint64_t comp_size = 0;
@@ -46,7 +48,7 @@ class Reader {
 
   const std::vector<Entry>& entries() const { return entries_; }
   // The first entry of that name, or nullptr.
-  const Entry* find(const std::string& name) const;
+  const Entry* find(std::string_view name) const;
   uint64_t file_size() const;
   // Bytes pulled from the file so far, central directory included.
   uint64_t bytes_read() const;
@@ -65,7 +67,9 @@ class Reader {
   std::unique_ptr<Source> source_;
   ::zip* archive_ = nullptr;
   std::vector<Entry> entries_;
-  std::unordered_map<std::string, size_t> index_;
+  // Open addressing over entries_: slot = index + 1, 0 empty. No allocation
+  // per entry, unlike a std::unordered_map.
+  std::vector<uint32_t> slots_;
 };
 
 }  // namespace fsdp_plan::zip

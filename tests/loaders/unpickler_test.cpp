@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <string>
+#include <vector>
 
 #include "loaders/unpickler.h"
 
@@ -36,15 +37,17 @@ std::string tied_module(bool requires_grad) {
 TEST_CASE("a module with a tied bfloat16 tensor") {
   const Pickle p = unpickle(tied_module(false));
   REQUIRE(p.node(p.root).kind == Kind::Object);
-  CHECK(p.object(p.root).cls == "__torch__.M");
-  const auto& items = p.elems(p.object(p.root).state);
+  CHECK(p.class_name(p.root) == "__torch__.M");
+  const auto items = p.elems(p.object(p.root).state);
   REQUIRE(items.size() == 4);
   CHECK(items[1] == items[3]);  // one tensor, two names
   const Tensor& t = p.tensor(items[1]);
-  CHECK(t.shape == std::vector<int64_t>{2, 3});
-  CHECK(t.stride == std::vector<int64_t>{3, 1});
+  CHECK(std::vector<int64_t>(p.shape(t).begin(), p.shape(t).end()) == std::vector<int64_t>{2, 3});
+  CHECK(std::vector<int64_t>(p.stride(t).begin(), p.stride(t).end()) == std::vector<int64_t>{3, 1});
   CHECK(!t.requires_grad);
-  CHECK(p.storage(t.storage).dtype_stem == "BFloat16");
+  CHECK(std::string(p.storage(t.storage).dtype->stem) == "BFloat16");
+  CHECK(p.str(p.storage(t.storage).key) == "0");
+  CHECK(p.str(p.storage(t.storage).location) == "cpu");
   CHECK(p.storage(t.storage).numel == 6);
   CHECK(unpickle(tied_module(true)).tensors[0].requires_grad);
 }
@@ -57,13 +60,32 @@ TEST_CASE("typed lists, devices, complex numbers and big integers") {
   p += "\x8a\x08\xff\xff\xff\xff\xff\xff\xff\x7f"s;
   p += "t.";
   const Pickle r = unpickle(p);
-  const auto& t = r.elems(r.root);
+  const auto t = r.elems(r.root);
   REQUIRE(t.size() == 5);
   CHECK(r.node(t[0]).kind == Kind::List);
   CHECK(r.elems(t[0]).size() == 2);
   CHECK(r.node(t[1]).kind == Kind::Dict);
   CHECK(r.node(t[2]).kind == Kind::Other);
-  CHECK(r.node(t[4]).i == INT64_MAX);
+  CHECK(r.integer(t[4]) == INT64_MAX);
+}
+
+TEST_CASE("lists that grow in turns keep their items in order") {
+  // Items share one pool: a list grown after another container was made
+  // moves to the end of the pool (twice here), one at the end grows in place.
+  std::string p = "\x80\x02(]q\x00]q\x01"s;
+  p += "h\x00(K\x01K\x02" "e" "h\x01(K\x09" "e" "h\x00(K\x03K\x04K\x05" "e"s;
+  p += "h\x01(K\x0aK\x0b" "e" "h\x00(K\x06" "e" "t."s;
+  const Pickle r = unpickle(p);
+  const auto t = r.elems(r.root);
+  REQUIRE(t.size() == 7);
+  auto values = [&](NodeId list) {
+    std::vector<int64_t> out;
+    for (NodeId x : r.elems(list)) out.push_back(r.integer(x));
+    return out;
+  };
+  CHECK(values(t[0]) == std::vector<int64_t>{1, 2, 3, 4, 5, 6});
+  CHECK(values(t[1]) == std::vector<int64_t>{9, 10, 11});
+  CHECK(t[0] == t[6]);
 }
 
 TEST_CASE("refusals name what is wrong") {
