@@ -57,12 +57,16 @@ int64_t classify(const std::string& mod, const std::string& name) {
 class Unpickler {
  public:
   explicit Unpickler(const std::string& p) : p_(p), n_(p.size()) {
-    // TorchScript's data.pkl makes about one value per 3 bytes and one item
-    // per 4 (measured on a 50,000-module model): reserve that much, not more
-    // than a hostile size could make us hold.
+    // Reserved from data.pkl's size so that nothing is copied as it grows:
+    // a 50,000-module model's (10 MB) makes 0.24 values, 0.32 container
+    // items, 0.07 integers and 0.015 strings per byte. Pages never written
+    // cost no memory; the cap bounds what a hostile size could reserve.
     const size_t guess = std::min<size_t>(n_, size_t{1} << 26);
     out_.nodes.reserve(guess / 3);
-    out_.pool.reserve(guess / 4);
+    out_.pool.reserve(guess / 3);
+    out_.ints.reserve(guess / 8);
+    out_.containers.reserve(guess / 8);
+    out_.strings.reserve(guess / 32);
   }
 
   Pickle run() {
