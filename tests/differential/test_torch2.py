@@ -196,7 +196,7 @@ def compare_fsdp(real: List[Dict[str, Any]], plan: Dict[str, Any]) -> List[str]:
                 msgs.append(f"{tag}: memory.{key} {mem.get(key)}, FSDP has {ru[key]}")
         if pu.get("mixed_precision") != ru["mixed_precision"]:
             msgs.append(f"{tag}: mixed_precision {pu.get('mixed_precision')}, FSDP has {ru['mixed_precision']}")
-        if "trains" in ru and ((pu.get("trainable_numel") or 0) > 0) != ru["trains"] and not tied_here:
+        if "trains" in ru and ((pu.get("trainable_numel") or 0) > 0) != ru["trains"]:
             msgs.append(f"{tag}: trainable_numel {pu.get('trainable_numel')}, FSDP's flat parameter has "
                         f"requires_grad={ru['trains']}")
         if (pu.get("class") or "").rsplit(".", 1)[-1] != ru["class"]:
