@@ -9,6 +9,7 @@
 #include <algorithm>
 
 #include "accelerate_config.h"
+#include "accelerate_yaml.h"
 #include "class_names.h"
 #include "emit.h"
 #include "emit_text.h"
@@ -19,10 +20,7 @@
 namespace fsdp_plan {
 namespace {
 
-[[noreturn]] void cannot(const std::string& why) {
-  throw EmitError("Accelerate's config cannot say this plan: " + why +
-                  "; --emit torch writes PyTorch code for this plan");
-}
+[[noreturn]] void cannot(const std::string& why) { cannot_say_in_accelerate(why); }
 
 std::string bare(const ModuleTree& tree, ModuleId m) { return std::string(short_name(demangle(tree.module(m).type_name))); }
 
@@ -78,33 +76,18 @@ struct Wrap {
 
 std::string yaml_for(const Plan& plan, const Wrap& wrap, const std::string& mixed_precision, bool reshard) {
   const MemorySettings& s = plan.memory.settings;
-  std::string y;
-  y += "# Accelerate " + std::string(kAccelerateVersion) + " config (FSDP2) for the fsdp-plan plan of " +
-       plan.model.path + " (" + std::to_string(plan.units.size()) + " fully_shard groups)\n";
-  y += "compute_environment: LOCAL_MACHINE\n";
-  y += "debug: false\n";
-  y += "distributed_type: FSDP\n";
-  y += "downcast_bf16: 'no'\n";
-  y += "enable_cpu_affinity: false\n";
-  y += "fsdp_config:\n";
-  y += "  fsdp_activation_checkpointing: false\n";
+  std::string y = accelerate_yaml_head("Accelerate " + std::string(kAccelerateVersion) +
+                                       " config (FSDP2) for the fsdp-plan plan of " + plan.model.path + " (" +
+                                       std::to_string(plan.units.size()) + " fully_shard groups)");
   y += "  fsdp_auto_wrap_policy: " + wrap.policy + "\n";
   y += "  fsdp_cpu_ram_efficient_loading: true\n";
   if (wrap.min_num_params) y += "  fsdp_min_num_params: " + std::to_string(*wrap.min_num_params) + "\n";
   y += std::string("  fsdp_offload_params: ") + (s.cpu_offload ? "true" : "false") + "\n";
   y += std::string("  fsdp_reshard_after_forward: ") + (reshard ? "true" : "false") + "\n";
   y += "  fsdp_state_dict_type: SHARDED_STATE_DICT\n";
-  if (!wrap.classes.empty()) {
-    std::string list;
-    for (const auto& c : wrap.classes) list += (list.empty() ? "" : ",") + c;
-    y += "  fsdp_transformer_layer_cls_to_wrap: " + list + "\n";
-  }
+  y += accelerate_yaml_classes(wrap.classes);
   y += "  fsdp_version: 2\n";
-  y += "machine_rank: 0\n";
-  y += "main_training_function: main\n";
-  y += "mixed_precision: " + mixed_precision + "\n";
-  y += "num_machines: 1\n";
-  y += "num_processes: " + std::to_string(s.world_size) + "\n";
+  y += accelerate_yaml_launch(mixed_precision, 1, s.world_size);
   if (s.strategy == ShardingStrategy::HybridShard) {
     y += "parallelism_config:\n";
     y += "  parallelism_config_cp_size: 1\n";
@@ -112,12 +95,7 @@ std::string yaml_for(const Plan& plan, const Wrap& wrap, const std::string& mixe
     y += "  parallelism_config_dp_shard_size: " + std::to_string(plan.memory.shard_group_size) + "\n";
     y += "  parallelism_config_tp_size: 1\n";
   }
-  y += "rdzv_backend: static\n";
-  y += "same_network: true\n";
-  y += "tpu_env: []\n";
-  y += "tpu_use_cluster: false\n";
-  y += "tpu_use_sudo: false\n";
-  y += "use_cpu: false\n";
+  y += accelerate_yaml_tail();
   return y;
 }
 
@@ -157,9 +135,7 @@ std::string plan_to_accelerate_fsdp2(const Plan& plan) {
     if (!mp.param_dtype || mp.param_dtype != mp.reduce_dtype)
       cannot("mixed precision with param and reduce dtypes that differ (or are unset); Accelerate's mixed_precision "
              "sets both to one dtype");
-    if (*mp.param_dtype == "bfloat16") mixed_precision = "bf16";
-    else if (*mp.param_dtype == "float16") mixed_precision = "fp16";
-    else cannot("mixed precision in " + *mp.param_dtype + "; Accelerate's mixed_precision is bf16 or fp16");
+    mixed_precision = accelerate_mixed_precision(*mp.param_dtype);
   }
   const bool reshard = p.fsdp.reshard_after_forward.kind != ReshardAfterForward::Kind::False;
 
@@ -167,12 +143,7 @@ std::string plan_to_accelerate_fsdp2(const Plan& plan) {
   // the plan's one-module groups (smallest first), then no auto-wrap.
   std::vector<Wrap> wraps;
   if (p.module_classes) {
-    std::vector<std::string> classes;
-    for (const auto& c : *p.module_classes) {
-      std::string b(short_name(c));
-      if (std::find(classes.begin(), classes.end(), b) == classes.end()) classes.push_back(b);
-    }
-    wraps.push_back(class_wrap(classes));
+    wraps.push_back(class_wrap(bare_class_names(p)));
   } else if (p.min_num_params) {
     wraps.push_back(size_wrap(*p.min_num_params));
   }

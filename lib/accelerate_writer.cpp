@@ -6,6 +6,7 @@
 #include <set>
 
 #include "accelerate_config.h"
+#include "accelerate_yaml.h"
 #include "class_names.h"
 #include "emit.h"
 #include "emit_text.h"
@@ -15,9 +16,7 @@
 namespace fsdp_plan {
 namespace {
 
-constexpr const char* kUseTorch = "; --emit torch writes PyTorch code for this plan";
-
-[[noreturn]] void cannot(const std::string& why) { throw EmitError("Accelerate's config cannot say this plan: " + why + kUseTorch); }
+[[noreturn]] void cannot(const std::string& why) { cannot_say_in_accelerate(why); }
 
 std::string mixed_precision_key(const Policy& p) {
   if (!p.mixed_precision) return "'no'";
@@ -27,9 +26,7 @@ std::string mixed_precision_key(const Policy& p) {
   if (!mp.param_dtype || mp.param_dtype != mp.reduce_dtype || mp.param_dtype != mp.buffer_dtype)
     cannot("mixed precision with param, reduce and buffer dtypes that differ (or are unset); Accelerate's "
            "mixed_precision sets all three to one dtype");
-  if (*mp.param_dtype == "bfloat16") return "bf16";
-  if (*mp.param_dtype == "float16") return "fp16";
-  cannot("mixed precision in " + *mp.param_dtype + "; Accelerate's mixed_precision is bf16 or fp16");
+  return accelerate_mixed_precision(*mp.param_dtype);
 }
 
 std::string unit_list(const Plan& plan) {
@@ -75,13 +72,7 @@ std::string plan_to_accelerate(const Plan& plan) {
   const MemorySettings& s = plan.memory.settings;
   const std::string mixed_precision = mixed_precision_key(p);
 
-  // Class names as Accelerate looks them up: bare, comma-separated.
-  std::vector<std::string> classes;
-  if (p.module_classes)
-    for (const auto& c : *p.module_classes) {
-      std::string bare(short_name(c));
-      if (std::find(classes.begin(), classes.end(), bare) == classes.end()) classes.push_back(bare);
-    }
+  const std::vector<std::string> classes = bare_class_names(p);
   Ignored ignored = resolve_ignored(tree, p);
   std::vector<std::string> ignored_paths = top_ignored_modules(tree, ignored);
   if (!ignored_paths.empty() && ignored_paths.front().empty())
@@ -93,16 +84,9 @@ std::string plan_to_accelerate(const Plan& plan) {
   const char* strategy = strategy_name(s.strategy);
   int64_t machines = hybrid ? s.world_size / hybrid_group_size(s) : 1;
 
-  std::string y;
-  y += "# Accelerate " + std::string(kAccelerateVersion) + " config for the fsdp-plan plan of " + plan.model.path +
-       " (" + std::to_string(plan.units.size()) + " FSDP units)\n";
-  y += "compute_environment: LOCAL_MACHINE\n";
-  y += "debug: false\n";
-  y += "distributed_type: FSDP\n";
-  y += "downcast_bf16: 'no'\n";
-  y += "enable_cpu_affinity: false\n";
-  y += "fsdp_config:\n";
-  y += "  fsdp_activation_checkpointing: false\n";
+  std::string y = accelerate_yaml_head("Accelerate " + std::string(kAccelerateVersion) +
+                                       " config for the fsdp-plan plan of " + plan.model.path + " (" +
+                                       std::to_string(plan.units.size()) + " FSDP units)");
   y += std::string("  fsdp_auto_wrap_policy: ") +
        (p.module_classes ? "TRANSFORMER_BASED_WRAP" : p.min_num_params ? "SIZE_BASED_WRAP" : "NO_WRAP") + "\n";
   y += "  fsdp_backward_prefetch: BACKWARD_PRE\n";
@@ -121,25 +105,12 @@ std::string plan_to_accelerate(const Plan& plan) {
   y += std::string("  fsdp_sharding_strategy: ") + strategy + "\n";
   y += "  fsdp_state_dict_type: SHARDED_STATE_DICT\n";
   y += "  fsdp_sync_module_states: true\n";
-  if (p.module_classes) {
-    if (classes.empty()) cannot("an empty class list");
-    std::string list;
-    for (const auto& c : classes) list += (list.empty() ? "" : ",") + c;
-    y += "  fsdp_transformer_layer_cls_to_wrap: " + list + "\n";
-  }
+  if (p.module_classes && classes.empty()) cannot("an empty class list");
+  y += accelerate_yaml_classes(classes);
   y += std::string("  fsdp_use_orig_params: ") + (s.use_orig_params ? "true" : "false") + "\n";
   y += "  fsdp_version: 1\n";
-  y += "machine_rank: 0\n";
-  y += "main_training_function: main\n";
-  y += "mixed_precision: " + mixed_precision + "\n";
-  y += "num_machines: " + std::to_string(machines) + "\n";
-  y += "num_processes: " + std::to_string(s.world_size) + "\n";
-  y += "rdzv_backend: static\n";
-  y += "same_network: true\n";
-  y += "tpu_env: []\n";
-  y += "tpu_use_cluster: false\n";
-  y += "tpu_use_sudo: false\n";
-  y += "use_cpu: false\n";
+  y += accelerate_yaml_launch(mixed_precision, machines, s.world_size);
+  y += accelerate_yaml_tail();
 
   // Read it back as Accelerate would, on this model: the plan must come back.
   AccelerateConfig back = parse_accelerate_config(y, "(emitted config)");
