@@ -211,12 +211,17 @@ def accelerate_fsdp_units(config_path, model_name):
     return plugin, args, units
 
 
-class AccelerateConfigs(unittest.TestCase):
+class SavedModels(unittest.TestCase):
+    """Saves the models of MODEL_NAMES as TorchScript once per class, in a
+    temporary directory: self.models maps a name to its file."""
+
+    MODEL_NAMES = ()
+
     @classmethod
     def setUpClass(cls):
         cls.tmp = tempfile.TemporaryDirectory()
         cls.models = {}
-        for name in sorted({m for m, _ in CASES.values()}):
+        for name in sorted(cls.MODEL_NAMES):
             path = os.path.join(cls.tmp.name, name + ".pt")
             save_torchscript(name, path)
             cls.models[name] = path
@@ -224,6 +229,10 @@ class AccelerateConfigs(unittest.TestCase):
     @classmethod
     def tearDownClass(cls):
         cls.tmp.cleanup()
+
+
+class AccelerateConfigs(SavedModels):
+    MODEL_NAMES = {m for m, _ in CASES.values()}
 
     def test_at_least_eight_configs(self):
         self.assertEqual(sorted(CASES), sorted(os.listdir(CONFIGS)))
@@ -494,21 +503,10 @@ FSDP2_POLICIES = {
 }
 
 
-class EmitFsdp2(unittest.TestCase):
+class EmitFsdp2(SavedModels):
     """--emit torch|accelerate of FSDP2 plans made from fsdp-plan policies."""
 
-    @classmethod
-    def setUpClass(cls):
-        cls.tmp = tempfile.TemporaryDirectory()
-        cls.models = {}
-        for name in sorted({m for m, _, _ in FSDP2_POLICIES.values()}):
-            path = os.path.join(cls.tmp.name, name + ".pt")
-            save_torchscript(name, path)
-            cls.models[name] = path
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.tmp.cleanup()
+    MODEL_NAMES = {m for m, _, _ in FSDP2_POLICIES.values()}
 
     def plan(self, label):
         model_name, policy, _ = FSDP2_POLICIES[label]

@@ -207,6 +207,25 @@ def non_activation_tracker(base, categories):
 PeakTracker = non_activation_tracker(FSDPMemTracker, NON_ACTIVATION)
 
 
+def two_tracked_steps(tracker, model, optim, inputs):
+    """Two training steps under `tracker`, whose statistics (non_act_peak too)
+    are then those of the second; the snapshots after its backward and after
+    its optimizer step."""
+    with tracker:
+        for it in range(2):
+            if it == 1:
+                tracker.reset_mod_stats()
+                tracker.non_act_peak = 0
+            out = model(*inputs)
+            out = out.logits if hasattr(out, "logits") else out
+            out.float().sum().backward()
+            after_backward = tracker.get_tracker_snapshot()
+            optim.step()
+            after_step = tracker.get_tracker_snapshot()
+            optim.zero_grad()
+    return after_backward, after_step
+
+
 def category(snap, name):
     for dev_snap in snap.values():
         for k, v in dev_snap.items():
@@ -297,18 +316,7 @@ def check_against_torch(plan, builder, make_input, world, group, bf16, verbose):
         inputs = make_input()
         tracker = PeakTracker(model, optim)
         tracker.track_inputs(inputs)
-        with tracker:
-            for it in range(2):
-                if it == 1:
-                    tracker.reset_mod_stats()
-                    tracker.non_act_peak = 0
-                out = model(*inputs)
-                out = out.logits if hasattr(out, "logits") else out
-                out.float().sum().backward()
-                after_backward = tracker.get_tracker_snapshot()
-                optim.step()
-                after_step = tracker.get_tracker_snapshot()
-                optim.zero_grad()
+        after_backward, after_step = two_tracked_steps(tracker, model, optim, inputs)
 
     mem = plan["memory"]["per_rank"]
     measured = {

@@ -124,16 +124,7 @@ def check_fsdp1(plan, policy, name, verbose):
     optim = torch.optim.AdamW(fsdp.parameters(), lr=1e-3, foreach=False)
     tracker = Fsdp1Tracker()
     tracker.track_external(fsdp, optim)
-    with tracker:
-        for it in range(2):
-            if it == 1:
-                tracker.reset_mod_stats()
-                tracker.non_act_peak = 0
-            out = fsdp(*inputs)
-            out = out.logits if hasattr(out, "logits") else out
-            out.float().sum().backward()
-            optim.step()
-            optim.zero_grad()
+    test_fsdp2.two_tracked_steps(tracker, fsdp, optim, inputs)
     peak_t, peak_p = tracker.non_act_peak, plan["memory"]["per_rank"]["peak_bytes"]
     off = (peak_p - peak_t) / peak_t
     if abs(off) > test_fsdp2.TOLERANCE:
