@@ -19,10 +19,9 @@ std::vector<std::string> labels(const std::vector<Candidate>& cs) {
   return out;
 }
 
-// Net: emb (Embedding 100x8, tied with head), blocks (ModuleList) of four
-// Blocks with fc Linear(8, 8) (72 each), norm LayerNorm(8), head Linear(8, 100, no bias).
-TreeBuilder tied_lm() {
-  TreeBuilder b("__torch__.Net");
+// Net's trunk: emb (Embedding 100x8), blocks (ModuleList) of four Blocks with
+// fc Linear(8, 8) (72 each), norm LayerNorm(8). Returns emb's weight.
+TensorId lm_trunk(TreeBuilder& b) {
   b.add("emb", "Embedding");
   TensorId w = b.param("emb", "weight", {100, 8});
   b.add("blocks", "ModuleList");
@@ -33,6 +32,13 @@ TreeBuilder tied_lm() {
   }
   b.add("norm", "LayerNorm");
   b.param("norm", "weight", {8});
+  return w;
+}
+
+// The trunk, then head Linear(8, 100, no bias) tied with emb.
+TreeBuilder tied_lm() {
+  TreeBuilder b("__torch__.Net");
+  TensorId w = lm_trunk(b);
   b.add("head", "Linear");
   b.tie("head", "weight", w);
   return b;
@@ -200,16 +206,7 @@ Policy fsdp2(int64_t w) {
 // tied_lm without the tie: head has its own weight.
 TreeBuilder untied_lm() {
   TreeBuilder b("__torch__.Net");
-  b.add("emb", "Embedding");
-  b.param("emb", "weight", {100, 8});
-  b.add("blocks", "ModuleList");
-  for (int i = 0; i < 4; ++i) {
-    std::string p = "blocks." + std::to_string(i);
-    b.add(p, "Block");
-    b.linear(p + ".fc", 8, 8);
-  }
-  b.add("norm", "LayerNorm");
-  b.param("norm", "weight", {8});
+  lm_trunk(b);
   b.add("rope", "Rotary");  // no parameters: in no group
   b.add("head", "Linear");
   b.param("head", "weight", {100, 8});
