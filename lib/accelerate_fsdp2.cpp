@@ -9,7 +9,6 @@
 namespace fsdp_plan {
 namespace {
 
-std::string cls(const ModuleTree& tree, ModuleId m) { return std::string(short_name(demangle(tree.module(m).type_name))); }
 
 ModuleId child(const ModuleTree& tree, ModuleId parent, const std::string& name) {
   if (parent < 0) return -1;
@@ -62,7 +61,7 @@ std::vector<ShardCall> accelerate_fsdp2_calls(const AccelerateConfig& config, co
   // 2. Embeddings and the tail, found the way Transformers' methods find them.
   ModuleId base = 0;
   for (ModuleId c : tree.module(0).children) {
-    std::string k = cls(tree, c);
+    std::string k = bare_class(tree, c);
     if (k.size() > 5 && k.compare(k.size() - 5, 5, "Model") == 0) {
       base = c;
       break;
@@ -83,7 +82,7 @@ std::vector<ShardCall> accelerate_fsdp2_calls(const AccelerateConfig& config, co
   if (!tied && input >= 0 && !sharded[static_cast<size_t>(input)]) shard({input}, config.reshard_after_forward, "input embedding");
   ModuleId norm = -1;  // _find_final_norm: the last direct child of the base model with "Norm" in its class name
   for (ModuleId c : tree.module(base).children)
-    if (cls(tree, c).find("Norm") != std::string::npos) norm = c;
+    if (bare_class(tree, c).find("Norm") != std::string::npos) norm = c;
   std::vector<ModuleId> tail;
   for (ModuleId m : tied ? std::vector<ModuleId>{norm, input, output} : std::vector<ModuleId>{norm, output})
     if (m >= 0 && !sharded[static_cast<size_t>(m)]) tail.push_back(m);

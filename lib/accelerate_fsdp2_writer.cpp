@@ -22,8 +22,6 @@ namespace {
 
 [[noreturn]] void cannot(const std::string& why) { cannot_say_in_accelerate(why); }
 
-std::string bare(const ModuleTree& tree, ModuleId m) { return std::string(short_name(demangle(tree.module(m).type_name))); }
-
 std::string group_text(const Plan& plan, const Unit& u) {
   std::string out;
   for (ModuleId m : u.modules) out += (out.empty() ? "" : ", ") + (m == 0 ? std::string("(root)") : plan.tree->path(m));
@@ -152,7 +150,7 @@ std::string plan_to_accelerate_fsdp2(const Plan& plan) {
   for (const Unit& u : plan.units)
     if (u.modules.size() == 1 && u.modules.front() != 0) {
       singles.push_back(u.modules.front());
-      std::string c = bare(tree, u.modules.front());
+      std::string c = bare_class(tree, u.modules.front());
       if (std::find(seen.begin(), seen.end(), c) == seen.end()) seen.push_back(c);
     }
   if (seen.size() <= 4) {

@@ -127,4 +127,8 @@ bool ClassMatcher::is_instance(const std::string& qualified, const std::vector<s
   return false;
 }
 
+std::string bare_class(const ModuleTree& tree, int32_t module) {
+  return std::string(short_name(demangle(tree.module(module).type_name)));
+}
+
 }  // namespace fsdp_plan

@@ -32,6 +32,9 @@ bool name_matches(std::string_view pattern, std::string_view qualified);
 
 class ModuleTree;
 
+// A module's class as people say it: "Linear" for any mangled Linear.
+std::string bare_class(const ModuleTree& tree, int32_t module);
+
 // The demangled classes of a tree's modules, each computed once. A traced
 // model stores a distinct mangled name per module (49,541 names for 49,541
 // modules), so questions asked per stored name cost a demangle per module.

@@ -31,7 +31,7 @@ class FlatParamChecks {
   const TensorInfo& info(const Owned& o) const { return tree_.tensor(o.tensor); }
   std::string unit_name(const Unit& u) const { return quoted_path(tree_.path(u.module)); }
   std::string unit_class(const Unit& u) const {
-    return std::string(short_name(demangle(tree_.module(u.module).type_name)));
+    return bare_class(tree_, u.module);
   }
   // The parameter's name as FSDP's messages give it: relative to the unit's module.
   std::string local_name(const Unit& u, const Owned& o) const {

@@ -87,7 +87,7 @@ class RootChecks {
  private:
   std::string describe(const Held& h) const {
     std::string path = tree_.path(h.module);
-    std::string cls(short_name(demangle(tree_.module(h.module).type_name)));
+    std::string cls = bare_class(tree_, h.module);
     return (path.empty() ? "(root)" : path) + " (" + cls + (h.whole ? "" : ", own parameters") + ") " +
            format_count(h.numel);
   }

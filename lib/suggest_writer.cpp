@@ -56,7 +56,7 @@ std::string suggestion_to_text(const Suggestion& s, const SuggestContext& ctx) {
   const SuggestOptions& o = ctx.options;
   int64_t total = model_param_numel(tree);
   std::string out;
-  out += "model   " + ctx.model_path + "  (" + std::string(short_name(demangle(tree.module(0).type_name))) + ", " +
+  out += "model   " + ctx.model_path + "  (" + bare_class(tree, 0) + ", " +
          std::to_string(tree.num_modules()) + " modules, " + format_count(total) + " params)\n";
   out += "budget  " + format_bytes(o.budget_bytes) + " per rank for the memory model's peak + activations " +
          format_bytes(o.activation_bytes) + " (--activation-bytes)\n";
@@ -129,7 +129,7 @@ nlohmann::ordered_json suggestion_to_json(const Suggestion& s, const SuggestCont
   json out;
   out["schema_version"] = 1;
   out["model"] = {{"path", ctx.model_path},
-                  {"root_class", std::string(short_name(demangle(tree.module(0).type_name)))},
+                  {"root_class", bare_class(tree, 0)},
                   {"num_modules", tree.num_modules()},
                   {"param_numel", model_param_numel(tree)}};
   out["settings"] = {{"budget_bytes", ctx.options.budget_bytes},

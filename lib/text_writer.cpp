@@ -216,7 +216,7 @@ std::string plan_to_text(const Plan& plan, const TextOptions& options) {
     indents[i] = std::string(static_cast<size_t>(std::min(u.depth, 10)) * 2, ' ');
     paths[i] = tree.path(u.module);
     if (paths[i].empty()) paths[i] = "(root)";
-    classes[i] = std::string(short_name(demangle(tree.module(u.module).type_name)));
+    classes[i] = bare_class(tree, u.module);
     unit_width = std::max(unit_width, indents[i].size() + paths[i].size());
     class_width = std::max(class_width, classes[i].size() + 1);
   }
