@@ -20,8 +20,6 @@
 namespace fsdp_plan {
 namespace {
 
-[[noreturn]] void cannot(const std::string& why) { cannot_say_in_accelerate(why); }
-
 std::string group_text(const Plan& plan, const Unit& u) {
   std::string out;
   for (ModuleId m : u.modules) out += (out.empty() ? "" : ", ") + (m == 0 ? std::string("(root)") : plan.tree->path(m));
@@ -39,7 +37,7 @@ bool same_reshard(const Unit& a, const Unit& b) {
 }
 
 // Where the plan Accelerate would make differs from the wanted one, or "".
-std::string difference(const Plan& want, const Plan& got) {
+std::string group_difference(const Plan& want, const Plan& got) {
   bool same = want.units.size() == got.units.size();
   for (size_t i = 0; same && i < want.units.size(); ++i)
     same = want.units[i].modules == got.units[i].modules && want.units[i].call == got.units[i].call;
@@ -117,21 +115,21 @@ std::string plan_to_accelerate_fsdp2(const Plan& plan) {
   const Policy& p = plan.policy;
   const ModuleTree& tree = *plan.tree;
   if (!p.ignored_params.empty())
-    cannot("ignored parameters by glob (ignored_params); Accelerate's fsdp_ignored_modules names modules only");
+    refuse_accelerate("ignored parameters by glob (ignored_params); Accelerate's fsdp_ignored_modules names modules only");
   if (!p.ignored_modules.empty())
-    cannot("ignored modules under FSDP2 (Accelerate turns fsdp_ignored_modules into ignored_params; fsdp-plan "
+    refuse_accelerate("ignored modules under FSDP2 (Accelerate turns fsdp_ignored_modules into ignored_params; fsdp-plan "
            "does not write that yet)");
   if (p.module_classes && p.min_num_params)
-    cannot("both module classes and a size threshold; Accelerate takes one fsdp_auto_wrap_policy");
+    refuse_accelerate("both module classes and a size threshold; Accelerate takes one fsdp_auto_wrap_policy");
   for (const Unit& u : plan.units)
     if (u.reshard_after_forward && u.reshard_after_forward->kind == ReshardAfterForward::Kind::Ranks)
-      cannot("group " + group_text(plan, u) + " has reshard_after_forward " + std::to_string(u.reshard_after_forward->ranks) +
+      refuse_accelerate("group " + group_text(plan, u) + " has reshard_after_forward " + std::to_string(u.reshard_after_forward->ranks) +
              " (a number of ranks); Accelerate's fsdp_reshard_after_forward is true or false");
   std::string mixed_precision = "'no'";
   if (p.mixed_precision) {
     const MixedPrecision& mp = *p.mixed_precision;
     if (!mp.param_dtype || mp.param_dtype != mp.reduce_dtype)
-      cannot("mixed precision with param and reduce dtypes that differ (or are unset); Accelerate's mixed_precision "
+      refuse_accelerate("mixed precision with param and reduce dtypes that differ (or are unset); Accelerate's mixed_precision "
              "sets both to one dtype");
     mixed_precision = accelerate_mixed_precision(*mp.param_dtype);
   }
@@ -185,12 +183,12 @@ std::string plan_to_accelerate_fsdp2(const Plan& plan) {
       apply_accelerate_fsdp2(back, tree);
       Policy replan = back.policy;
       replan.fsdp.optimizer = plan.memory.settings.optimizer;
-      diff = difference(plan, make_plan(tree, replan, plan.model.path));
+      diff = group_difference(plan, make_plan(tree, replan, plan.model.path));
       if (diff.empty()) return y;
     }
     if (first_difference.empty()) first_difference = diff;
   }
-  cannot(first_difference.empty() ? "no class list or size threshold gives the plan's groups" : first_difference);
+  refuse_accelerate(first_difference.empty() ? "no class list or size threshold gives the plan's groups" : first_difference);
 }
 
 }  // namespace fsdp_plan

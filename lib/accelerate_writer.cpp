@@ -16,15 +16,13 @@
 namespace fsdp_plan {
 namespace {
 
-[[noreturn]] void cannot(const std::string& why) { cannot_say_in_accelerate(why); }
-
 std::string mixed_precision_key(const Policy& p) {
   if (!p.mixed_precision) return "'no'";
   const MixedPrecision& mp = *p.mixed_precision;
   if (mp.ignore_classes_given)
-    cannot("mixed_precision.ignore_classes is set; Accelerate keeps FSDP's default (_BatchNorm)");
+    refuse_accelerate("mixed_precision.ignore_classes is set; Accelerate keeps FSDP's default (_BatchNorm)");
   if (!mp.param_dtype || mp.param_dtype != mp.reduce_dtype || mp.param_dtype != mp.buffer_dtype)
-    cannot("mixed precision with param, reduce and buffer dtypes that differ (or are unset); Accelerate's "
+    refuse_accelerate("mixed precision with param, reduce and buffer dtypes that differ (or are unset); Accelerate's "
            "mixed_precision sets all three to one dtype");
   return accelerate_mixed_precision(*mp.param_dtype);
 }
@@ -39,7 +37,7 @@ std::string unit_list(const Plan& plan) {
 }
 
 // Where two plans of one tree differ, or "".
-std::string difference(const Plan& want, const Plan& got) {
+std::string unit_difference(const Plan& want, const Plan& got) {
   if (want.units.size() != got.units.size() ||
       !std::equal(want.units.begin(), want.units.end(), got.units.begin(),
                   [](const Unit& a, const Unit& b) { return a.module == b.module; }))
@@ -61,13 +59,13 @@ std::string plan_to_accelerate(const Plan& plan) {
   const Policy& p = plan.policy;
   const ModuleTree& tree = *plan.tree;
   if (!p.ignored_params.empty())
-    cannot("ignored parameters by glob (ignored_params); Accelerate's fsdp_ignored_modules names modules only");
+    refuse_accelerate("ignored parameters by glob (ignored_params); Accelerate's fsdp_ignored_modules names modules only");
   if (p.force_leaf_given || p.exclude_wrap_given)
-    cannot("force_leaf_modules / exclude_wrap_modules are set; Accelerate's size policy keeps PyTorch's defaults");
+    refuse_accelerate("force_leaf_modules / exclude_wrap_modules are set; Accelerate's size policy keeps PyTorch's defaults");
   if (p.module_classes && p.min_num_params)
-    cannot("both module classes and a size threshold; Accelerate takes one fsdp_auto_wrap_policy");
+    refuse_accelerate("both module classes and a size threshold; Accelerate takes one fsdp_auto_wrap_policy");
   if (p.min_num_params && *p.min_num_params == 0)
-    cannot("min_num_params 0 wraps every module in PyTorch, but Accelerate reads fsdp_min_num_params: 0 as no "
+    refuse_accelerate("min_num_params 0 wraps every module in PyTorch, but Accelerate reads fsdp_min_num_params: 0 as no "
            "auto-wrap at all");
   const MemorySettings& s = plan.memory.settings;
   const std::string mixed_precision = mixed_precision_key(p);
@@ -76,7 +74,7 @@ std::string plan_to_accelerate(const Plan& plan) {
   Ignored ignored = resolve_ignored(tree, p);
   std::vector<std::string> ignored_paths = top_ignored_modules(tree, ignored);
   if (!ignored_paths.empty() && ignored_paths.front().empty())
-    cannot("the root module is ignored");
+    refuse_accelerate("the root module is ignored");
 
   // The strategy asked for: FSDP itself falls back to NO_SHARD on one rank.
   // HYBRID_SHARD shards within a machine: one machine per shard group.
@@ -105,7 +103,7 @@ std::string plan_to_accelerate(const Plan& plan) {
   y += std::string("  fsdp_sharding_strategy: ") + strategy + "\n";
   y += "  fsdp_state_dict_type: SHARDED_STATE_DICT\n";
   y += "  fsdp_sync_module_states: true\n";
-  if (p.module_classes && classes.empty()) cannot("an empty class list");
+  if (p.module_classes && classes.empty()) refuse_accelerate("an empty class list");
   y += accelerate_yaml_classes(classes);
   y += std::string("  fsdp_use_orig_params: ") + (s.use_orig_params ? "true" : "false") + "\n";
   y += "  fsdp_version: 1\n";
@@ -116,12 +114,12 @@ std::string plan_to_accelerate(const Plan& plan) {
   AccelerateConfig back = parse_accelerate_config(y, "(emitted config)");
   resolve_accelerate_config(back, tree);
   for (const auto& w : back.warnings)
-    if (w.severity == Severity::Error) cannot(w.message);
+    if (w.severity == Severity::Error) refuse_accelerate(w.message);
   Policy replan = back.policy;
   replan.fsdp.optimizer = s.optimizer;
   Plan again = make_plan(tree, replan, plan.model.path);
-  if (std::string diff = difference(plan, again); !diff.empty())
-    cannot(diff + (p.module_classes ? " (Accelerate matches exact bare class names of modules in the model)" : ""));
+  if (std::string diff = unit_difference(plan, again); !diff.empty())
+    refuse_accelerate(diff + (p.module_classes ? " (Accelerate matches exact bare class names of modules in the model)" : ""));
   return y;
 }
 

@@ -7,7 +7,7 @@
 
 namespace fsdp_plan {
 
-void cannot_say_in_accelerate(const std::string& why) {
+void refuse_accelerate(const std::string& why) {
   throw EmitError("Accelerate's config cannot say this plan: " + why +
                   "; --emit torch writes PyTorch code for this plan");
 }
@@ -25,7 +25,7 @@ std::vector<std::string> bare_class_names(const Policy& p) {
 std::string accelerate_mixed_precision(const std::string& dtype) {
   if (dtype == "bfloat16") return "bf16";
   if (dtype == "float16") return "fp16";
-  cannot_say_in_accelerate("mixed precision in " + dtype + "; Accelerate's mixed_precision is bf16 or fp16");
+  refuse_accelerate("mixed precision in " + dtype + "; Accelerate's mixed_precision is bf16 or fp16");
 }
 
 std::string accelerate_yaml_head(const std::string& comment) {

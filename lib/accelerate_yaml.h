@@ -11,7 +11,7 @@
 namespace fsdp_plan {
 
 // Throws EmitError: "Accelerate's config cannot say this plan: WHY; --emit torch ...".
-[[noreturn]] void cannot_say_in_accelerate(const std::string& why);
+[[noreturn]] void refuse_accelerate(const std::string& why);
 
 // The policy's classes as Accelerate matches them: bare names, each once.
 std::vector<std::string> bare_class_names(const Policy& p);

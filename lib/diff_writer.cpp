@@ -19,8 +19,6 @@ std::string plural(size_t n, const std::string& word) {
   return std::to_string(n) + " " + word + (n == 1 ? "" : "s");
 }
 
-std::string pad(const std::string& s, size_t width) { return s.size() >= width ? s : s + std::string(width - s.size(), ' '); }
-
 std::string signed_count(int64_t delta) { return (delta >= 0 ? "+" : "-") + format_count(delta >= 0 ? delta : -delta); }
 
 // "34.94K -> 40.00K (+5.06K)" for counts, bytes likewise, JSON otherwise.

@@ -6,15 +6,13 @@
 #include <set>
 
 #include "class_names.h"
+#include "memory.h"
 #include "policy_fix.h"
 #include "refusals.h"
 #include "string_util.h"
 
 namespace fsdp_plan {
 namespace {
-
-// torch.Tensor.is_floating_point: float16/32/64, bfloat16, the float8 kinds.
-bool is_floating(const std::string& dtype) { return dtype.rfind("float", 0) == 0 || dtype.rfind("bfloat", 0) == 0; }
 
 class FlatParamChecks {
  public:
@@ -103,7 +101,7 @@ class FlatParamChecks {
       if (u.params.empty()) continue;
       std::vector<std::string> here;
       for (const auto& o : u.params)
-        if (!is_floating(info(o).dtype)) here.push_back(plan_.param_name(o));
+        if (!is_floating_dtype(info(o).dtype)) here.push_back(plan_.param_name(o));
       if (here.empty()) continue;
       units.push_back(tree_.path(u.module));
       params.insert(params.end(), here.begin(), here.end());
@@ -123,7 +121,7 @@ class FlatParamChecks {
     const std::string* prev = nullptr;
     for (const auto& o : u.params) {
       const std::string& d = info(o).dtype;
-      if (!prev && !is_floating(d)) return "Cannot flatten integer dtype tensors";
+      if (!prev && !is_floating_dtype(d)) return "Cannot flatten integer dtype tensors";
       if (prev && d != *prev) return "Must flatten tensors with uniform dtype but got torch." + *prev + " and torch." + d;
       prev = &d;
     }
@@ -136,7 +134,7 @@ class FlatParamChecks {
     for (const Unit& u : plan_.units) {
       std::map<std::string, int64_t> numel;  // floating dtypes only: integers are integer_param's
       for (const auto& o : u.params)
-        if (is_floating(info(o).dtype)) numel[info(o).dtype] += info(o).numel();
+        if (is_floating_dtype(info(o).dtype)) numel[info(o).dtype] += info(o).numel();
       if (numel.size() < 2) continue;
       // The dtype most of the unit is in stays; the others are the odd ones.
       std::string main_dtype =
@@ -146,7 +144,7 @@ class FlatParamChecks {
       units.push_back(tree_.path(u.module));
       quotes.push_back(unit_name(u) + " (" + listing(counts, counts.size()) + ")");
       for (const auto& o : u.params) {
-        if (!is_floating(info(o).dtype)) continue;
+        if (!is_floating_dtype(info(o).dtype)) continue;
         if (info(o).dtype == main_dtype) {
           majority_owners.push_back(o.module);
         } else {

@@ -9,22 +9,6 @@
 namespace fsdp_plan {
 namespace {
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-// Adam keeps exp_avg and exp_avg_sq of the local shard plus a 0-dim float32
-// step per parameter; SGD with momentum a momentum buffer; plain SGD nothing.
-int optimizer_states(Optimizer o) {
-  switch (o) {
-    case Optimizer::Adam: return 2;
-    case Optimizer::SgdMomentum: return 1;
-    case Optimizer::Sgd:
-    case Optimizer::None: return 0;
-  }
-  return 0;
-}
-
-bool is_floating(const std::string& dtype) { return dtype_itemsize(dtype) > 0; }
-
 // What one group holds and moves, in bytes (FSDP2.md sections 2 and 4).
 struct Group {
   int64_t sharded = 0;          // padded shards, original dtype
@@ -87,9 +71,10 @@ MemoryPlan estimate_memory_fsdp2(const Plan& plan, const MemorySettings& setting
       int64_t padded = t.shape.empty() ? 1 : ceil_div(t.shape[0], S);
       for (size_t d = 1; d < t.shape.size(); ++d) padded *= t.shape[d];
       const int64_t orig = t.itemsize;
-      // MixedPrecisionPolicy: param_dtype applies to floating parameters of another dtype.
+      // MixedPrecisionPolicy: param_dtype applies to floating parameters of another dtype
+      // (the float8 kinds, whose size this model does not know, are left as they are).
       int64_t pe = orig;
-      if (mp && mp->param_dtype && is_floating(t.dtype) && *mp->param_dtype != t.dtype)
+      if (mp && mp->param_dtype && dtype_itemsize(t.dtype) > 0 && *mp->param_dtype != t.dtype)
         pe = dtype_itemsize(*mp->param_dtype);
       const int64_t rd = mp && mp->reduce_dtype ? dtype_itemsize(*mp->reduce_dtype) : pe;
       um.sharded_numel += padded;

@@ -8,11 +8,6 @@
 namespace fsdp_plan {
 namespace {
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-// torch.is_floating_point: the buffers FSDP casts to buffer_dtype.
-bool is_floating(const std::string& dtype) { return dtype.rfind("float", 0) == 0 || dtype.rfind("bfloat", 0) == 0; }
-
 // Bytes per element the unit's parameters have; FSDP requires one dtype per
 // flat parameter, so the largest stands for all when a model mixes them.
 int64_t param_itemsize(const Plan& plan, const Unit& u) {
@@ -52,6 +47,8 @@ int64_t trainable_in_first_shard(const Plan& plan, const Unit& u, int64_t itemsi
   return trainable;
 }
 
+}  // namespace
+
 int optimizer_states(Optimizer o) {
   switch (o) {
     case Optimizer::Adam: return 2;  // exp_avg, exp_avg_sq
@@ -61,8 +58,6 @@ int optimizer_states(Optimizer o) {
   }
   return 0;
 }
-
-}  // namespace
 
 const char* strategy_name(ShardingStrategy s) {
   switch (s) {
@@ -96,6 +91,10 @@ std::optional<Optimizer> parse_optimizer(const std::string& name) {
   for (auto o : {Optimizer::Adam, Optimizer::Sgd, Optimizer::SgdMomentum, Optimizer::None})
     if (name == optimizer_name(o)) return o;
   return std::nullopt;
+}
+
+bool is_floating_dtype(const std::string& dtype) {
+  return dtype.rfind("float", 0) == 0 || dtype.rfind("bfloat", 0) == 0;
 }
 
 int64_t dtype_itemsize(const std::string& dtype) {
@@ -194,7 +193,7 @@ MemoryPlan estimate_memory(const Plan& plan, const MemorySettings& settings, boo
     for (const auto& o : u.buffers) {
       const TensorInfo& t = plan.tree->tensor(o.tensor);
       // FSDP casts floating-point buffers only (_cast_buffers_to_dtype_and_device).
-      const bool cast = u.mixed_precision.value_or(false) && mp_buffer > 0 && is_floating(t.dtype);
+      const bool cast = u.mixed_precision.value_or(false) && mp_buffer > 0 && is_floating_dtype(t.dtype);
       r.buffers_bytes += t.numel() * (cast ? mp_buffer : t.itemsize);
     }
     mem.units.push_back(um);

@@ -23,6 +23,12 @@ const char* optimizer_name(Optimizer o);
 std::optional<Optimizer> parse_optimizer(const std::string& name);
 // Bytes per element of a floating dtype name ("bfloat16" -> 2); 0 if unknown.
 int64_t dtype_itemsize(const std::string& dtype);
+// Full-size optimizer states per trainable element: Adam's exp_avg and
+// exp_avg_sq, SGD's momentum buffer. (Adam's 0-dim step is not counted here.)
+int optimizer_states(Optimizer o);
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+// torch.is_floating_point by dtype name: float16/32/64, bfloat16, the float8 kinds.
+bool is_floating_dtype(const std::string& dtype);
 
 // Far beyond any real job; keeps every byte count well inside int64.
 constexpr int64_t kMaxWorldSize = int64_t{1} << 24;

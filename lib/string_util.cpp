@@ -84,6 +84,12 @@ std::string scaled(int64_t n, double base, const std::vector<const char*>& units
 
 }  // namespace
 
+std::string pad(const std::string& s, size_t width, bool right_align) {
+  if (s.size() >= width) return s;
+  std::string fill(width - s.size(), ' ');
+  return right_align ? fill + s : s + fill;
+}
+
 std::string format_bytes(int64_t bytes) {
   return scaled(bytes, 1024.0, {" B", " KiB", " MiB", " GiB", " TiB", " PiB"}, 1);
 }

@@ -32,6 +32,10 @@ std::string format_bytes(int64_t bytes);
 // 1234567 -> "1.23M"; 999 -> "999"
 std::string format_count(int64_t n);
 
+// `s` filled with spaces to `width` columns (one per byte), on the left when
+// right-aligned; a longer `s` is left as it is.
+std::string pad(const std::string& s, size_t width, bool right_align = false);
+
 // Word-wraps `text` to `width` columns; lines after the first start with
 // `indent`. Ends with a newline.
 std::string wrap_words(const std::string& text, size_t width, const std::string& indent);

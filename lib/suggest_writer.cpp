@@ -37,11 +37,6 @@ const Candidate* best_fit(const Suggestion& s) {
   return !s.ranked.empty() && s.ranked.front().fits ? &s.ranked.front() : nullptr;
 }
 
-std::string pad(std::string s, size_t width, bool right = false) {
-  if (s.size() >= width) return s;
-  return right ? std::string(width - s.size(), ' ') + s : s + std::string(width - s.size(), ' ');
-}
-
 std::map<std::string, int> drop_reasons(const Suggestion& s) {
   std::map<std::string, int> out;
   for (const auto& c : s.dropped) ++out[c.dropped];

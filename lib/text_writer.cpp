@@ -20,12 +20,6 @@ bool is_index(const std::string& s) {
   return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
 }
 
-std::string pad(const std::string& s, size_t width, bool right_align = false) {
-  if (s.size() >= width) return s;
-  std::string fill(width - s.size(), ' ');
-  return right_align ? fill + s : s + fill;
-}
-
 std::string join(const std::vector<std::string>& v) {
   std::string out;
   for (const auto& s : v) out += (out.empty() ? "" : ", ") + s;

@@ -36,8 +36,6 @@ const char kHowToExport[] =
 // No record that describes structure (data.pkl, a code/ file, the version)
 // comes anywhere near this; a bigger claim means a damaged or hostile file.
 constexpr uint64_t kMaxStructureRecord = uint64_t{1} << 30;
-// deflate cannot expand data more than about 1032 times.
-constexpr uint64_t kMaxDeflateRatio = 1032;
 
 const char kCopyAgain[] = "copy or save it again";
 
@@ -140,7 +138,7 @@ class ArchiveLoader {
     // allocates whatever a record declares: check every entry first.
     for (const zip::Entry& e : dir_->entries()) {
       const bool stored = e.method == 0;
-      const uint64_t limit = stored ? dir_->file_size() : e.comp_size * kMaxDeflateRatio + 64;
+      const uint64_t limit = dir_->max_honest_size(e);
       const bool fits = e.comp_size <= dir_->file_size();
       if (!fits || e.uncomp_size > limit || (stored && e.comp_size != e.uncomp_size)) {
         const std::string name(e.name.rfind(prefix_, 0) == 0 ? e.name.substr(prefix_.size()) : e.name);
@@ -185,8 +183,7 @@ class ArchiveLoader {
     const std::string damaged = "record " + name + " is damaged (";
     const std::string again = "); " + std::string(kCopyAgain);
     const uint64_t limit = e->method == 0 ? dir_->file_size()
-                                          : std::min(kMaxStructureRecord,
-                                                     e->comp_size * kMaxDeflateRatio + 64);
+                                          : std::min(kMaxStructureRecord, dir_->max_honest_size(*e));
     if (e->uncomp_size > kMaxStructureRecord || e->uncomp_size > limit) {
       throw InputError(path_, "record " + name + " claims to be " + std::to_string(e->uncomp_size) +
                                   " bytes, more than " +

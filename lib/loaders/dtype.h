@@ -1,6 +1,6 @@
 // Element types by the name PyTorch gives their storage class ("Float" in
 // torch.FloatStorage, also c10::toString(ScalarType)): our dtype name and
-// itemsize. One table for both loaders, torch-free.
+// itemsize, and torch.export's code for it. One table for all loaders, torch-free.
 #pragma once
 
 #include <cstdint>
@@ -13,10 +13,13 @@ struct DtypeInfo {
   const char* stem;      // "Float"
   const char* name;      // "float32", as torch prints it without "torch."
   int64_t itemsize = 0;  // bytes per element
+  int export_code = 0;   // ScalarType in torch.export's schema; 0: it has none
 };
 
 // nullptr for a name PyTorch does not have.
 const DtypeInfo* dtype_from_stem(const std::string& stem);
+// nullptr for a code torch.export's schema does not have (or 0, UNKNOWN).
+const DtypeInfo* dtype_from_export_code(int code);
 std::vector<std::string> dtype_stems();
 
 }  // namespace fsdp_plan

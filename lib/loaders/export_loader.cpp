@@ -17,11 +17,8 @@
 namespace fsdp_plan {
 namespace {
 
-const char kSaveAgain[] = "save the model again with torch.export.save";
 // No JSON record comes near this; a bigger claim means a damaged or hostile file.
 constexpr uint64_t kMaxRecord = uint64_t{1} << 30;
-// deflate cannot expand data more than about 1032 times.
-constexpr uint64_t kMaxDeflateRatio = 1032;
 
 // The folder all records live in ("model/": torch names it after the file),
 // or "" when the first record is in none.
@@ -98,7 +95,7 @@ class Archive {
       if (version != "0") {
         throw InputError(name_, "torch.export archive version \"" + version +
                                     "\", but fsdp-plan reads version 0, as torch 2.13 writes it; " +
-                                    kSaveAgain + " under torch 2.13");
+                                    kSaveExportAgain + " under torch 2.13");
       }
     }
     ExportRecords rec;
@@ -115,7 +112,7 @@ class Archive {
  private:
   [[noreturn]] void missing(const std::string& record) const {
     throw InputError(name_, "record " + record + " is missing: the file is incomplete or damaged; " +
-                                kSaveAgain);
+                                kSaveExportAgain);
   }
 
   bool has(const std::string& record) const { return dir_->find(prefix_ + record) != nullptr; }
@@ -163,8 +160,8 @@ class Archive {
     const zip::Entry* e = dir_->find(prefix_ + record);
     if (!e) missing(record);
     const std::string damaged = "record " + record + " is damaged (";
-    const std::string again = "); " + std::string(kSaveAgain);
-    const uint64_t limit = e->method == 0 ? dir_->file_size() : e->comp_size * kMaxDeflateRatio + 64;
+    const std::string again = "); " + std::string(kSaveExportAgain);
+    const uint64_t limit = dir_->max_honest_size(*e);
     if (e->uncomp_size > max_size || e->uncomp_size > limit) {
       throw InputError(name_, "record " + record + " claims to be " + std::to_string(e->uncomp_size) +
                                   " bytes, more than " +
@@ -172,7 +169,7 @@ class Archive {
                                    : e->method == 0
                                        ? "the file holds (" + std::to_string(dir_->file_size()) + " bytes)"
                                        : std::string("its compressed data can give")) +
-                                  ": the file is damaged; " + kSaveAgain);
+                                  ": the file is damaged; " + kSaveExportAgain);
     }
     std::string out;
     try {

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../errors.h"
+#include "dtype.h"
 
 namespace fsdp_plan {
 namespace {
@@ -15,25 +16,6 @@ namespace {
 // std::map objects: an ordered_json object checks every insertion against
 // all its keys, quadratic in the thousands of tensor_values of a big model.
 using Json = nlohmann::json;
-
-const char kSaveAgain[] = "save the model again with torch.export.save";
-
-// Python's dtype names and sizes for the schema's ScalarType codes
-// (torch/_export/serde/schema.py).
-struct DtypeCode {
-  int code;
-  const char* name;
-  int64_t itemsize;
-};
-constexpr DtypeCode kDtypes[] = {
-    {1, "uint8", 1},           {2, "int8", 1},           {3, "int16", 2},
-    {4, "int32", 4},           {5, "int64", 8},          {6, "float16", 2},
-    {7, "float32", 4},         {8, "float64", 8},        {9, "complex32", 4},
-    {10, "complex64", 8},      {11, "complex128", 16},   {12, "bool", 1},
-    {13, "bfloat16", 2},       {28, "uint16", 2},        {29, "float8_e4m3fn", 1},
-    {30, "float8_e5m2", 1},    {31, "float8_e4m3fnuz", 1}, {32, "float8_e5m2fnuz", 1},
-    {33, "float8_e8m0fnu", 1}, {34, "uint32", 4},        {35, "uint64", 8},
-};
 
 const Json* member(const Json& obj, const char* key) {
   if (!obj.is_object()) return nullptr;
@@ -119,7 +101,7 @@ class ProgramReader {
 
  private:
   [[noreturn]] void damaged(const std::string& record, const std::string& what) const {
-    throw InputError(file_, "record " + record + " is damaged (" + what + "); " + kSaveAgain);
+    throw InputError(file_, "record " + record + " is damaged (" + what + "); " + kSaveExportAgain);
   }
 
   // `config_keys`, if given, gets the keys of the "config" object (depth 2)
@@ -156,7 +138,7 @@ class ProgramReader {
                                   (torch_version ? " (torch " + *torch_version + ")" : std::string()) +
                                   ", but fsdp-plan reads version " +
                                   std::to_string(kExportSchemaMajor) +
-                                  ".x, as torch 2.13 writes it; " + kSaveAgain + " under torch 2.13");
+                                  ".x, as torch 2.13 writes it; " + kSaveExportAgain + " under torch 2.13");
     }
   }
 
@@ -224,8 +206,7 @@ class ProgramReader {
     Meta out;
     int64_t code = 0;
     if (!get_int(member(meta, "dtype"), code)) damaged(record, what + " has no dtype");
-    const DtypeCode* dt = nullptr;
-    for (const auto& d : kDtypes) dt = d.code == code ? &d : dt;
+    const DtypeInfo* dt = code > 0 && code <= 255 ? dtype_from_export_code(static_cast<int>(code)) : nullptr;
     if (!dt) damaged(record, what + " has unknown dtype code " + std::to_string(code));
     out.info.dtype = dt->name;
     out.info.itemsize = dt->itemsize;
@@ -237,7 +218,7 @@ class ProgramReader {
       if (member(s, "as_expr")) {
         throw InputError(file_, what + " has a symbolic shape; parameters and buffers of an exported "
                                        "program have fixed shapes, so the file is damaged; " +
-                                    std::string(kSaveAgain));
+                                    std::string(kSaveExportAgain));
       }
       // The planner multiplies these out: refuse shapes no storage could have.
       if (!get_int(member(s, "as_int"), d) || d < 0 || __builtin_mul_overflow(bytes, d, &bytes) ||

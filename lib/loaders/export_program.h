@@ -12,6 +12,9 @@
 
 namespace fsdp_plan {
 
+// What every message about a damaged .pt2 file advises.
+inline constexpr char kSaveExportAgain[] = "save the model again with torch.export.save";
+
 // The records' texts; `file` names the archive in InputErrors. An empty
 // constants text means the archive has no constants config.
 struct ExportRecords {

@@ -190,6 +190,11 @@ const Entry* Reader::find(std::string_view name) const {
 uint64_t Reader::file_size() const { return source_->size; }
 uint64_t Reader::bytes_read() const { return source_->bytes_read; }
 
+uint64_t Reader::max_honest_size(const Entry& e) const {
+  constexpr uint64_t kMaxDeflateRatio = 1032;
+  return e.method == 0 ? file_size() : e.comp_size * kMaxDeflateRatio + 64;
+}
+
 namespace {
 
 // Raw deflate into exactly `out`; false if the stream is damaged or gives

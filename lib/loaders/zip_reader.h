@@ -50,6 +50,10 @@ class Reader {
   // The first entry of that name, or nullptr.
   const Entry* find(std::string_view name) const;
   uint64_t file_size() const;
+  // The most bytes e can honestly hold: the file's size if stored, else what
+  // deflate can expand its compressed bytes to (about 1032 times). A bigger
+  // uncomp_size means a damaged or hostile archive.
+  uint64_t max_honest_size(const Entry& e) const;
   // Bytes pulled from the file so far, central directory included.
   uint64_t bytes_read() const;
 
