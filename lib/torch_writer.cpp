@@ -8,21 +8,9 @@
 #include "emit.h"
 #include "emit_text.h"
 #include "ignored.h"
+#include "memory.h"
 
 namespace fsdp_plan {
-namespace {
-
-const char* torch_strategy(ShardingStrategy s) {
-  switch (s) {
-    case ShardingStrategy::FullShard: return "FULL_SHARD";
-    case ShardingStrategy::ShardGradOp: return "SHARD_GRAD_OP";
-    case ShardingStrategy::NoShard: return "NO_SHARD";
-    case ShardingStrategy::HybridShard: return "HYBRID_SHARD";
-  }
-  return "FULL_SHARD";
-}
-
-}  // namespace
 
 std::string plan_to_torch(const Plan& plan) {
   if (plan.fsdp_version == 2) return plan_to_torch_fsdp2(plan);
@@ -100,7 +88,7 @@ std::string plan_to_torch(const Plan& plan) {
        "    wrapped = FSDP(\n"
        "        model,\n"
        "        auto_wrap_policy=policy,\n"
-    << "        sharding_strategy=ShardingStrategy." << torch_strategy(s.strategy) << ",\n"
+    << "        sharding_strategy=ShardingStrategy." << strategy_name(s.strategy) << ",\n"
     << "        mixed_precision=mixed_precision,\n"
     << "        use_orig_params=" << (s.use_orig_params ? "True" : "False") << ",\n"
     << "        **fsdp_kwargs,\n"
