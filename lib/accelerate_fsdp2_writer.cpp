@@ -20,18 +20,6 @@
 namespace fsdp_plan {
 namespace {
 
-std::string group_text(const Plan& plan, const Unit& u) {
-  std::string out;
-  for (ModuleId m : u.modules) out += (out.empty() ? "" : ", ") + (m == 0 ? std::string("(root)") : plan.tree->path(m));
-  return u.modules.size() > 1 ? "[" + out + "]" : out;
-}
-
-std::string groups_text(const Plan& plan) {
-  std::string out;
-  for (const Unit& u : plan.units) out += (out.empty() ? "" : ", ") + group_text(plan, u);
-  return "[" + out + "]";
-}
-
 bool same_reshard(const Unit& a, const Unit& b) {
   return a.reshard_after_forward.value_or(ReshardAfterForward{}) == b.reshard_after_forward.value_or(ReshardAfterForward{});
 }
@@ -46,15 +34,15 @@ std::string group_difference(const Plan& want, const Plan& got) {
       if (u.modules.size() < 2) continue;
       bool made = std::any_of(got.units.begin(), got.units.end(), [&](const Unit& g) { return g.modules == u.modules; });
       if (!made)
-        return "the group " + group_text(want, u) + " (several modules in one fully_shard call) is not one "
+        return "the group " + unit_text(want, u) + " (several modules in one fully_shard call) is not one "
                "Accelerate makes (it groups only [final norm, (tied input embedding,) output embedding]); "
-               "Accelerate would make " + groups_text(got) + ", the plan has " + groups_text(want);
+               "Accelerate would make " + units_text(got) + ", the plan has " + units_text(want);
     }
-    return "Accelerate would make the groups " + groups_text(got) + ", the plan has " + groups_text(want);
+    return "Accelerate would make the groups " + units_text(got) + ", the plan has " + units_text(want);
   }
   for (size_t i = 0; i < want.units.size(); ++i)
     if (!same_reshard(want.units[i], got.units[i]))
-      return "reshard_after_forward differs on group " + group_text(want, want.units[i]) +
+      return "reshard_after_forward differs on group " + unit_text(want, want.units[i]) +
              " (Accelerate sets one fsdp_reshard_after_forward for all groups, false for its tail group)";
   const MemorySettings &a = want.memory.settings, &b = got.memory.settings;
   if (a.world_size != b.world_size || a.strategy != b.strategy || a.cpu_offload != b.cpu_offload ||
@@ -123,7 +111,7 @@ std::string plan_to_accelerate_fsdp2(const Plan& plan) {
     refuse_accelerate("both module classes and a size threshold; Accelerate takes one fsdp_auto_wrap_policy");
   for (const Unit& u : plan.units)
     if (u.reshard_after_forward && u.reshard_after_forward->kind == ReshardAfterForward::Kind::Ranks)
-      refuse_accelerate("group " + group_text(plan, u) + " has reshard_after_forward " + std::to_string(u.reshard_after_forward->ranks) +
+      refuse_accelerate("group " + unit_text(plan, u) + " has reshard_after_forward " + std::to_string(u.reshard_after_forward->ranks) +
              " (a number of ranks); Accelerate's fsdp_reshard_after_forward is true or false");
   std::string mixed_precision = "'no'";
   if (p.mixed_precision) {

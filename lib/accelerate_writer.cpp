@@ -27,21 +27,12 @@ std::string mixed_precision_key(const Policy& p) {
   return accelerate_mixed_precision(*mp.param_dtype);
 }
 
-std::string unit_list(const Plan& plan) {
-  std::string out;
-  for (const Unit& u : plan.units) {
-    std::string p = plan.tree->path(u.module);
-    out += (out.empty() ? "" : ", ") + (p.empty() ? std::string("(root)") : p);
-  }
-  return out;
-}
-
 // Where two plans of one tree differ, or "".
 std::string unit_difference(const Plan& want, const Plan& got) {
   if (want.units.size() != got.units.size() ||
       !std::equal(want.units.begin(), want.units.end(), got.units.begin(),
                   [](const Unit& a, const Unit& b) { return a.module == b.module; }))
-    return "Accelerate would make the units [" + unit_list(got) + "], the plan has [" + unit_list(want) + "]";
+    return "Accelerate would make the units " + units_text(got) + ", the plan has " + units_text(want);
   for (size_t i = 0; i < want.units.size(); ++i)
     if (want.units[i].mixed_precision != got.units[i].mixed_precision)
       return "mixed precision differs on unit " + want.tree->path(want.units[i].module);

@@ -12,6 +12,20 @@ void refuse_accelerate(const std::string& why) {
                   "; --emit torch writes PyTorch code for this plan");
 }
 
+std::string unit_text(const Plan& plan, const Unit& u) {
+  auto path = [&](ModuleId m) { return m == 0 ? std::string("(root)") : plan.tree->path(m); };
+  if (u.modules.size() < 2) return path(u.module);
+  std::string out;
+  for (ModuleId m : u.modules) out += (out.empty() ? "" : ", ") + path(m);
+  return "[" + out + "]";
+}
+
+std::string units_text(const Plan& plan) {
+  std::string out;
+  for (const Unit& u : plan.units) out += (out.empty() ? "" : ", ") + unit_text(plan, u);
+  return "[" + out + "]";
+}
+
 std::vector<std::string> bare_class_names(const Policy& p) {
   std::vector<std::string> out;
   if (p.module_classes)

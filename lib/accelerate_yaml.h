@@ -6,12 +6,18 @@
 #include <string>
 #include <vector>
 
+#include "plan.h"
 #include "policy.h"
 
 namespace fsdp_plan {
 
 // Throws EmitError: "Accelerate's config cannot say this plan: WHY; --emit torch ...".
 [[noreturn]] void refuse_accelerate(const std::string& why);
+
+// A unit as the refusals name it: its module's path or "(root)", and an FSDP2
+// call on several modules as "[a, b]"; units_text: all of them, as "[...]".
+std::string unit_text(const Plan& plan, const Unit& u);
+std::string units_text(const Plan& plan);
 
 // The policy's classes as Accelerate matches them: bare names, each once.
 std::vector<std::string> bare_class_names(const Policy& p);
