@@ -433,25 +433,6 @@ def check_synthetic_format(binary, workdir, policy):
           f"torch.jit.save's (but for .debug_pkl) and plans the same with both loaders")
 
 
-def fresh_build():
-    """Seconds for cmake configure + build of the LibTorch-free binary from a
-    clean directory, whether it worked, and the libraries it links."""
-    build = tempfile.mkdtemp(prefix="fsdp_plan_fresh_")
-    try:
-        t0 = time.perf_counter()
-        ok = subprocess.run(["cmake", "-S", REPO, "-B", build, "-G", "Ninja", "-DFSDP_PLAN_LIBTORCH=OFF",
-                             "-DFSDP_PLAN_TESTS=OFF", "-DCMAKE_BUILD_TYPE=Release"],
-                            capture_output=True).returncode == 0
-        ok = ok and subprocess.run(["cmake", "--build", build, "-j", str(os.cpu_count())],
-                                   capture_output=True).returncode == 0
-        seconds = time.perf_counter() - t0
-        ldd = sh(["ldd", os.path.join(build, "app", "fsdp-plan")])
-        libs = [line.split()[0] for line in ldd.splitlines() if "=>" in line]
-        return seconds, ok and os.path.exists(os.path.join(build, "app", "fsdp-plan")), libs
-    finally:
-        shutil.rmtree(build, ignore_errors=True)
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -460,7 +441,7 @@ def main():
     ap.add_argument("--workdir", default="/tmp/fsdp_plan_bench",
                     help="where models are made and reused (default %(default)s)")
     ap.add_argument("--build-check", action="store_true",
-                    help="also time a fresh configure + build without LibTorch in a temporary directory")
+                    help="also time a fresh build without LibTorch (bench/build_bench.py, default variant)")
     ap.add_argument("--quick", action="store_true",
                     help="smoke run: vit_b_16 (~350 MB) instead of vit_h_14, 2 reps")
     args = ap.parse_args()
@@ -582,10 +563,11 @@ def main():
     print(f"  {verdict(ratio_syn <= 11)}  10x the modules costs at most 11x the time: "
           f"{ratio_syn:.1f}x ({med(large.walls):.3f} s / {med(small.walls):.3f} s, end to end)")
     if args.build_check:
-        build_s, build_ok, libs = fresh_build()
-        print(f"  {verdict(build_ok and build_s < 60)}  fresh build without LibTorch "
-              f"(-DFSDP_PLAN_LIBTORCH=OFF -DFSDP_PLAN_TESTS=OFF, {os.cpu_count()} jobs) under a minute: "
-              f"{build_s:.1f} s")
+        sys.path.insert(0, HERE)
+        import build_bench
+        head, [(_, build_s, build_cpu, *_, libs)] = build_bench.measure([build_bench.DEFAULT], os.cpu_count() or 2)
+        print(f"  {verdict(build_s < 60)}  fresh Release build of {head} without LibTorch "
+              f"({os.cpu_count()} jobs, ccache off) under a minute: {build_s:.1f} s ({build_cpu:.0f} s of CPU)")
         print(f"  info  the LibTorch-free fsdp-plan links: {', '.join(libs)}")
     print(f"  info  50,000/5,000 ratio without the fixed start-up cost: {ratio_syn_net:.1f}x; "
           f"fsdp-plan --version alone takes {floor:.3f} s and {med(startup.rss) / MB:.0f} MB")
