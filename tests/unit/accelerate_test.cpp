@@ -195,6 +195,19 @@ TEST_CASE("emit accelerate: a class plan round-trips, an inexpressible one says 
   CHECK_THROWS_AS(plan_to_accelerate(fp32_reduce), EmitError);
 }
 
+TEST_CASE("emit accelerate: units Accelerate would choose differently are named, both lists") {
+  TreeBuilder b;
+  b.add("a", "__torch__.pkg_a.Block");
+  b.param("a", "w", {4});
+  b.add("b", "__torch__.pkg_b.Block");
+  b.param("b", "w", {4});
+  Plan plan = plan_of(b, R"({"module_classes": ["pkg_a.Block", "pkg_b.Block"]})");
+  REQUIRE(unit_paths(plan) == Names{"", "a", "b"});
+  CHECK_THROWS_WITH_AS(plan_to_accelerate(plan),
+                       doctest::Contains("Accelerate would make the units [(root), a], the plan has [(root), a, b]"),
+                       EmitError);
+}
+
 TEST_CASE("emit torch spells out the units and checks them") {
   TreeBuilder b = two_blocks_and_a_head();
   Plan plan = plan_of(b, R"({"module_classes": ["Block"]})");
