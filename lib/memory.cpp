@@ -163,7 +163,7 @@ MemoryPlan estimate_memory(const Plan& plan, const MemorySettings& settings, boo
 
   // Per unit: what it holds for good, and what it adds while gathered.
   const size_t n = plan.units.size();
-  std::vector<int64_t> gathered(n), grad_unsharded(n), grad_sharded(n);
+  std::vector<int64_t> gathered(n), grad_unsharded(n), grad_sharded(n), view_grads(n);
   RankMemory& r = mem.per_rank;
   for (size_t i = 0; i < n; ++i) {
     const Unit& u = plan.units[i];
@@ -184,6 +184,11 @@ MemoryPlan estimate_memory(const Plan& plan, const MemorySettings& settings, boo
     const bool trains = u.trainable_numel > 0;
     grad_unsharded[i] = trains ? gathered[i] : 0;
     grad_sharded[i] = trains ? um.sharded_bytes : 0;
+    // The original parameters are views of the flat one: in the unit's
+    // backward, autograd holds each one's gradient until it concatenates them
+    // into the flat gradient (SplitWithSizesBackward), so for that moment the
+    // unit's gradient exists twice.
+    view_grads[i] = trains ? u.param_numel * um.compute_itemsize : 0;
     r.params_bytes += um.sharded_bytes;
     r.grads_bytes += grad_sharded[i];
     int64_t state_numel = trains ? um.sharded_numel : 0;
@@ -275,8 +280,11 @@ MemoryPlan estimate_memory(const Plan& plan, const MemorySettings& settings, boo
       const bool prefetch = j > 0 && !parent_is_previous(j);
       live = ancestors_gathered[j] + gathered[j] + (prefetch ? gathered[j - 1] : 0);
     }
-    // Ignored parameters' gradients are whole and counted from the start of backward.
-    record("backward", j, live, ancestors_grad[j] + grad_unsharded[j], ignored + sharded_grads_done);
+    // Ignored parameters' gradients are whole and counted from the start of
+    // backward. The unit's flat gradient is the unsharded one, or under
+    // NO_SHARD the gradient it keeps; its parameters' own gradients beside it.
+    const int64_t flat_grad = grad_unsharded[j] > 0 ? grad_unsharded[j] : grad_sharded[j];
+    record("backward", j, live, ancestors_grad[j] + flat_grad + view_grads[j], ignored + sharded_grads_done);
     sharded_grads_done += grad_sharded[j];
   }
   MemoryStep step;  // the optimizer step: the steady state, nothing gathered

@@ -119,7 +119,7 @@ class Suggest(Scratch):
     def test_emit_hands_off_the_best_policy(self):
         # stdout carries only the hand-off; the ranking goes to stderr.
         best = os.path.join(self.tmp, "best.json")
-        r = self.suggest(GPT, "--world-size", "8", "--budget", "1MiB", "--emit", "accelerate", "-o", best)
+        r = self.suggest(GPT, "--world-size", "8", "--budget", "1.4MiB", "--emit", "accelerate", "-o", best)
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertIn("best    ", r.stderr)
         self.assertIn("distributed_type: FSDP", r.stdout)
@@ -128,7 +128,7 @@ class Suggest(Scratch):
         # Read back as Accelerate would, the config gives the suggested policy's units.
         units = [json.loads(run(GPT, "--policy", f, "-f", "json").stdout)["units"] for f in (yaml_file, best)]
         self.assertEqual([u["path"] for u in units[0]], [u["path"] for u in units[1]])
-        r = self.suggest(GPT, "--world-size", "8", "--budget", "1MiB", "--emit", "torch")
+        r = self.suggest(GPT, "--world-size", "8", "--budget", "1.4MiB", "--emit", "torch")
         self.assertEqual(r.returncode, 0, r.stderr)
         compile(r.stdout, "apply_fsdp.py", "exec")  # valid Python
         self.assertIn("def apply_fsdp(", r.stdout)

@@ -22,8 +22,10 @@ For a few corpus models (tests/corpus, ctest fixture 'corpus') and both FSDP ver
      comparison); and the generic torch.distributed._tools.mem_tracker.MemTracker follows two
      AdamW steps, whose peak of every category but Activation must agree with the plan's peak
      within the same 20%. MemTracker knows nothing of FSDP1: it files the flat parameters'
-     gradients, and the gradients of activations, under Temp, so Temp is counted (the latter
-     make the measured side slightly larger than what the plan models).
+     gradients, the original parameters' own gradients before autograd concatenates them
+     into the flat one (the plan's Vg, docs/memory-model.md), and the gradients of
+     activations under Temp, so Temp is counted (activation gradients make the measured
+     side slightly larger than what the plan models).
 
     $FSDP_PLAN_VENV/bin/python tests/differential/test_suggest_fsdp.py BINARY CORPUS_DIR [-k SUBSTR] [-v]
 

@@ -54,8 +54,9 @@ TEST_CASE("FULL_SHARD: shards padded to the world size, peak in backward") {
   CHECK(r.optimizer_bytes == 136);  // adam: two states
   CHECK(r.steady_bytes == 272);
   // Backward at b: root (48) + b (96) + prefetched a (128) gathered, unsharded grads of root
-  // and b (48 + 96), over params + optimizer (204).
-  CHECK(r.peak_bytes == 204 + 48 + 96 + 128 + 48 + 96);
+  // and b (48 + 96), and b's parameters' own gradients before autograd concatenates them
+  // into b's flat one (21 x 4), over params + optimizer (204).
+  CHECK(r.peak_bytes == 204 + 48 + 96 + 128 + 48 + 96 + 84);
   CHECK(r.peak_phase == "backward");
   CHECK(r.peak_unit == 2);
   CHECK(r.peak_gathered == std::vector<int>{0, 1, 2});
@@ -66,10 +67,11 @@ TEST_CASE("SHARD_GRAD_OP keeps units gathered after forward") {
   auto full = memory_of(b, R"({"module_classes": ["Block"]})", ranks(4));
   auto grad_op = memory_of(b, R"({"module_classes": ["Block"]})", ranks(4, ShardingStrategy::ShardGradOp));
   // c: ceil(40/4)=10 per rank, 160 B gathered. base = params 108 + adam 216 = 324.
-  // FULL_SHARD, backward at c: root 48 + c 160 + prefetched b 96; grads root 48 + c 160.
-  CHECK(full.per_rank.peak_bytes == 324 + 48 + 160 + 96 + 48 + 160);
+  // FULL_SHARD, backward at c: root 48 + c 160 + prefetched b 96; grads root 48 + c 160,
+  // c's parameters' own gradients 160.
+  CHECK(full.per_rank.peak_bytes == 324 + 48 + 160 + 96 + 48 + 160 + 160);
   // SHARD_GRAD_OP, backward at c: root, a, b, c all still gathered (48+128+96+160).
-  CHECK(grad_op.per_rank.peak_bytes == 324 + 432 + 48 + 160);
+  CHECK(grad_op.per_rank.peak_bytes == 324 + 432 + 48 + 160 + 160);
   CHECK(grad_op.per_rank.steady_bytes == full.per_rank.steady_bytes);
 }
 
@@ -79,7 +81,10 @@ TEST_CASE("mixed precision gathers in the low precision dtype, shards stay full 
   CHECK(m.units[1].sharded_bytes == 32);
   CHECK(m.units[1].unsharded_bytes == 8 * 4 * 2);
   CHECK(m.per_rank.steady_bytes == 272);
-  CHECK(m.per_rank.peak_bytes == 204 + (24 + 48 + 64) + (24 + 48));
+  // Backward at a: root 24 + a 64 gathered in bf16; unsharded grads root 24 + a 64 and a's
+  // parameters' own 30 x 2; b's sharded fp32 grad 24 already left.
+  CHECK(m.per_rank.peak_bytes == 204 + (24 + 64) + (24 + 64 + 60) + 24);
+  CHECK(m.per_rank.peak_unit == 1);
 }
 
 TEST_CASE("units of ignored classes keep full precision") {
@@ -113,15 +118,17 @@ TEST_CASE("world size 1 is NO_SHARD, as FSDP switches it") {
   CHECK(m.effective_strategy == ShardingStrategy::NoShard);
   CHECK(m.units[1].sharded_numel == 30);
   CHECK(m.per_rank.params_bytes == 244);
-  // Nothing to gather without mixed precision: the peak is the optimizer step.
-  CHECK(m.per_rank.peak_bytes == m.per_rank.steady_bytes);
-  CHECK(m.per_rank.peak_phase == "optimizer step");
+  // Nothing to gather without mixed precision, but in a's backward its gradient (120, which
+  // it keeps) and its parameters' own (120) exist together, b's (84) already made.
+  CHECK(m.per_rank.peak_bytes == 732 + 120 + 120 + 84);
+  CHECK(m.per_rank.peak_phase == "backward");
+  CHECK(m.per_rank.peak_unit == 1);
   auto mp = memory_of(b, R"({"module_classes": ["Block"], "mixed_precision": {"param_dtype": "bfloat16"}})", ranks(1));
   // With mixed precision NO_SHARD makes a low-precision copy to compute in (a: 30 x 2 B).
   CHECK(mp.units[1].unsharded_bytes == 60);
-  // Backward at the root: base 732 + root copy 20 + its bf16 grad 20 + a's and b's fp32 grads
-  // 204 = 976, which here equals the steady state (root's 40 B fp32 grad not yet made).
-  CHECK(mp.per_rank.peak_bytes == 976);
+  // Backward at a: base 732 + root and a copies (20 + 60) + their bf16 grads (20 + 60) + a's
+  // parameters' own bf16 grads 60 + b's fp32 grad 84.
+  CHECK(mp.per_rank.peak_bytes == 732 + (20 + 60) + (20 + 60 + 60) + 84);
 }
 
 TEST_CASE("HYBRID_SHARD shards within groups and replicates across them") {
@@ -196,9 +203,10 @@ TEST_CASE("the timeline walks forward, backward in reverse, then the optimizer s
   // Forward at root: root (48) and the prefetched a (128) gathered, no gradient yet.
   CHECK(t[0].gathered_bytes == 48 + 128);
   CHECK(t[0].grads_bytes + t[0].unsharded_grads_bytes == 0);
-  // Backward at b (the peak): root + b + prefetched a; unsharded grads of root and b.
+  // Backward at b (the peak): root + b + prefetched a; unsharded grads of root and b, and
+  // b's parameters' own.
   CHECK(t[3].gathered_bytes == 48 + 96 + 128);
-  CHECK(t[3].unsharded_grads_bytes == 48 + 96);
+  CHECK(t[3].unsharded_grads_bytes == 48 + 96 + 84);
   CHECK(t[3].total_bytes() == m.per_rank.peak_bytes);
   // Backward at root: b (24) and a (32) have left their sharded gradients.
   CHECK(t[5].grads_bytes == 24 + 32);
@@ -210,7 +218,11 @@ TEST_CASE("the timeline walks forward, backward in reverse, then the optimizer s
 }
 
 TEST_CASE("the timeline's optimizer step is the peak when nothing else exceeds it") {
-  auto b = blocks();
+  // Frozen and unsharded: nothing is gathered and no gradient is made.
+  TreeBuilder b;
+  frozen(b, "", "p", {10});
+  b.add("a", "Block");
+  frozen(b, "a", "w", {30});
   auto m = memory_of(b, R"({"module_classes": ["Block"]})", ranks(1));
   REQUIRE(m.per_rank.peak_phase == "optimizer step");
   CHECK(m.timeline.back().phase == "optimizer step");
