@@ -12,6 +12,7 @@
 #include "file_io.h"
 #include "loaders/loader.h"
 #include "memory.h"
+#include "planner.h"
 #include "policy.h"
 #include "string_util.h"
 #include "suggest.h"
@@ -120,8 +121,7 @@ int suggest_main(int argc, char** argv) {
         return 1;
       }
       const Candidate& best = s.ranked.front();
-      Plan plan = *best.plan;
-      plan.model.path = model;
+      Plan plan = make_plan(tree, best.policy, model);  // best.plan is for ranking: this one is whole
       std::string text;
       try {
         text = emit == "torch" ? plan_to_torch(plan) : plan_to_accelerate(plan);

@@ -60,14 +60,14 @@ class Analysis {
       for (const auto& p : m.params) {
         if (param_seen[static_cast<size_t>(p.tensor)]) continue;
         param_seen[static_cast<size_t>(p.tensor)] = true;
-        s.param_numel += tree_.tensor(p.tensor).numel();
-        s.param_bytes += tree_.tensor(p.tensor).bytes();
+        s.param_numel += tree_.numel(p.tensor);
+        s.param_bytes += tree_.bytes(p.tensor);
       }
       for (const auto& b : m.buffers) {
         if (buffer_seen[static_cast<size_t>(b.tensor)]) continue;
         buffer_seen[static_cast<size_t>(b.tensor)] = true;
-        s.buffer_numel += tree_.tensor(b.tensor).numel();
-        s.buffer_bytes += tree_.tensor(b.tensor).bytes();
+        s.buffer_numel += tree_.numel(b.tensor);
+        s.buffer_bytes += tree_.bytes(b.tensor);
       }
     }
   }
@@ -75,13 +75,13 @@ class Analysis {
   void size_units() {
     for (Unit& u : plan_.units) {
       for (const auto& o : u.params) {
-        u.param_numel += tree_.tensor(o.tensor).numel();
-        u.param_bytes += tree_.tensor(o.tensor).bytes();
-        (tree_.tensor(o.tensor).requires_grad ? u.trainable_numel : u.frozen_numel) += tree_.tensor(o.tensor).numel();
+        u.param_numel += tree_.numel(o.tensor);
+        u.param_bytes += tree_.bytes(o.tensor);
+        (tree_.tensor(o.tensor).requires_grad ? u.trainable_numel : u.frozen_numel) += tree_.numel(o.tensor);
       }
       for (const auto& o : u.buffers) {
-        u.buffer_numel += tree_.tensor(o.tensor).numel();
-        u.buffer_bytes += tree_.tensor(o.tensor).bytes();
+        u.buffer_numel += tree_.numel(o.tensor);
+        u.buffer_bytes += tree_.bytes(o.tensor);
       }
     }
     // The unit whose walk covers each module: its own, or its nearest unit ancestor's.

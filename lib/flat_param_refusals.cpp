@@ -132,9 +132,12 @@ class FlatParamChecks {
     std::vector<std::string> units, params, quotes;
     std::vector<ModuleId> minority_owners, majority_owners;
     for (const Unit& u : plan_.units) {
+      // Most units have one dtype: nothing to count.
+      const auto one_dtype = [&](const Owned& o) { return info(o).dtype == info(u.params[0]).dtype; };
+      if (std::all_of(u.params.begin(), u.params.end(), one_dtype)) continue;
       std::map<std::string, int64_t> numel;  // floating dtypes only: integers are integer_param's
       for (const auto& o : u.params)
-        if (is_floating_dtype(info(o).dtype)) numel[info(o).dtype] += info(o).numel();
+        if (is_floating_dtype(info(o).dtype)) numel[info(o).dtype] += tree_.numel(o.tensor);
       if (numel.size() < 2) continue;
       // The dtype most of the unit is in stays; the others are the odd ones.
       std::string main_dtype =

@@ -67,9 +67,9 @@ MemoryPlan estimate_memory_fsdp2(const Plan& plan, const MemorySettings& setting
     UnitMemory um;
     for (const auto& o : u.params) {
       const TensorInfo& t = tree.tensor(o.tensor);
-      // The product of fsdp2_sharded_shape(t.shape, S), without a vector per parameter.
-      int64_t padded = t.shape.empty() ? 1 : ceil_div(t.shape[0], S);
-      for (size_t d = 1; d < t.shape.size(); ++d) padded *= t.shape[d];
+      // The product of fsdp2_sharded_shape(t.shape, S): ceil(d0 / S) rows of numel / d0.
+      const int64_t numel = tree.numel(o.tensor), d0 = tree.dim0(o.tensor);
+      const int64_t padded = d0 == 0 ? 0 : ceil_div(d0, S) * (numel / d0);
       const int64_t orig = t.itemsize;
       // MixedPrecisionPolicy: param_dtype applies to floating parameters of another dtype
       // (the float8 kinds, whose size this model does not know, are left as they are).
@@ -83,7 +83,7 @@ MemoryPlan estimate_memory_fsdp2(const Plan& plan, const MemorySettings& setting
       g.sharded += padded * orig;
       g.unsharded += padded * S * pe;
       if (!t.requires_grad) continue;
-      g.grads_unsharded += t.numel() * pe;
+      g.grads_unsharded += numel * pe;
       g.rs_input += padded * S * rd;
       g.rs_output += padded * rd;
       g.rs_output_is_grad = g.rs_output_is_grad && rd == orig;
@@ -103,26 +103,23 @@ MemoryPlan estimate_memory_fsdp2(const Plan& plan, const MemorySettings& setting
     r.params_bytes += g.sharded;
     r.grads_bytes += g.grads_sharded;
     r.optimizer_bytes += g.optimizer;
-    for (const auto& o : u.buffers) r.buffers_bytes += tree.tensor(o.tensor).bytes();
+    for (const auto& o : u.buffers) r.buffers_bytes += tree.bytes(o.tensor);
     mem.units.push_back(um);
   }
   // Ignored parameters: whole on every rank, with whole gradients and state.
   {
-    std::vector<bool> owned(tree.num_tensors(), false), seen(tree.num_tensors(), false);
+    std::vector<bool> owned(tree.num_tensors(), false);
     for (const auto& u : plan.units)
       for (const auto& o : u.params) owned[static_cast<size_t>(o.tensor)] = true;
-    for (const auto& m : tree.modules())
-      for (const auto& p : m.params) {
-        const auto t = static_cast<size_t>(p.tensor);
-        if (owned[t] || seen[t]) continue;
-        seen[t] = true;
-        const TensorInfo& info = tree.tensor(p.tensor);
-        r.params_bytes += info.bytes();
-        if (!info.requires_grad) continue;
-        r.grads_bytes += info.bytes();
-        r.optimizer_bytes += states * info.bytes();
-        largest_trainable = std::max(largest_trainable, info.bytes());
-      }
+    for (TensorId t = 0; t < static_cast<TensorId>(tree.num_tensors()); ++t) {
+      if (!tree.is_param(t) || owned[static_cast<size_t>(t)]) continue;
+      const int64_t bytes = tree.bytes(t);
+      r.params_bytes += bytes;
+      if (!tree.tensor(t).requires_grad) continue;
+      r.grads_bytes += bytes;
+      r.optimizer_bytes += states * bytes;
+      largest_trainable = std::max(largest_trainable, bytes);
+    }
   }
   r.steady_bytes = r.params_bytes + r.grads_bytes + r.optimizer_bytes + r.buffers_bytes;
   if (settings.cpu_offload) r.host_bytes = r.params_bytes + r.grads_bytes + r.optimizer_bytes;

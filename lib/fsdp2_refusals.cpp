@@ -1,5 +1,6 @@
 #include "fsdp2_refusals.h"
 
+#include <algorithm>
 #include <map>
 #include <set>
 
@@ -67,10 +68,16 @@ class Refusals {
 
   void containers() {
     static const std::vector<std::string> kContainers = {"torch.nn.ModuleList", "torch.nn.ModuleDict"};
+    const TreeClasses& classes = matcher_.classes(tree_);
+    std::vector<int8_t> container(classes.size(), -1);  // per class, once asked
     for (const Unit& u : plan_.units)
       for (ModuleId m : u.modules) {
-        const std::string cls = demangle(tree_.module(m).type_name);
-        if (m == 0 || !matcher_.is_instance(cls, kContainers)) continue;
+        if (m == 0) continue;
+        const int32_t c = classes.of(static_cast<size_t>(m));
+        int8_t& known = container[static_cast<size_t>(c)];
+        if (known < 0) known = matcher_.is_instance(classes.qualified(c), kContainers);
+        if (!known) continue;
+        const std::string& cls = classes.qualified(c);
         add("fsdp2_container", Severity::Error,
             "fully_shard is called on " + quoted_path(tree_.path(m)) + " (" + std::string(short_name(cls)) +
                 "), and PyTorch refuses it: \"fully_shard does not support containers that do not implement "
@@ -95,8 +102,10 @@ class Refusals {
   // group's trainable parameters (2.8+; 2.6 and 2.7 check all parameters).
   void dtypes() {
     for (const Unit& u : plan_.units) {
+      // Most groups have one dtype: nothing to say.
+      const auto one_dtype = [&](const Owned& o) { return tree_.tensor(o.tensor).dtype == tree_.tensor(u.params[0].tensor).dtype; };
+      if (std::all_of(u.params.begin(), u.params.end(), one_dtype)) continue;
       std::set<std::string> trainable, frozen;
-      std::vector<std::string> names;
       for (const auto& o : u.params) {
         const TensorInfo& t = tree_.tensor(o.tensor);
         (t.requires_grad ? trainable : frozen).insert(t.dtype);
@@ -126,9 +135,13 @@ class Refusals {
 
   // The same tensor managed by two calls: two sharded copies.
   void shared() {
+    std::vector<int32_t> uses(tree_.num_tensors(), 0);  // most tensors have one: only the others are listed
+    for (const Unit& u : plan_.units)
+      for (const auto& o : u.params) ++uses[static_cast<size_t>(o.tensor)];
     std::map<TensorId, std::vector<size_t>> units_of;
     for (size_t i = 0; i < plan_.units.size(); ++i)
-      for (const auto& o : plan_.units[i].params) units_of[o.tensor].push_back(i);
+      for (const auto& o : plan_.units[i].params)
+        if (uses[static_cast<size_t>(o.tensor)] > 1) units_of[o.tensor].push_back(i);
     for (const auto& [t, list] : units_of) {
       if (list.size() < 2) continue;
       std::vector<std::string> names, modules, groups;

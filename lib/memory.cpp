@@ -24,7 +24,7 @@ int64_t flat_numel(const Plan& plan, const Unit& u, int64_t itemsize, bool align
   const int64_t aligned = std::max<int64_t>(1, 16 / itemsize);
   for (const auto& o : u.params) {
     if (align && total % aligned != 0) total += aligned - total % aligned;
-    total += plan.tree->tensor(o.tensor).numel();
+    total += plan.tree->numel(o.tensor);
   }
   if (align && total % group != 0) total += group - total % group;
   return total;
@@ -40,9 +40,9 @@ int64_t trainable_in_first_shard(const Plan& plan, const Unit& u, int64_t itemsi
   const int64_t aligned = std::max<int64_t>(1, 16 / itemsize);
   for (const auto& o : u.params) {
     if (align && offset % aligned != 0) offset += aligned - offset % aligned;
-    const TensorInfo& t = plan.tree->tensor(o.tensor);
-    if (t.requires_grad) trainable += std::max<int64_t>(0, std::min(offset + t.numel(), shard) - offset);
-    offset += t.numel();
+    const int64_t numel = plan.tree->numel(o.tensor);
+    if (plan.tree->tensor(o.tensor).requires_grad) trainable += std::max<int64_t>(0, std::min(offset + numel, shard) - offset);
+    offset += numel;
   }
   return trainable;
 }
@@ -199,24 +199,22 @@ MemoryPlan estimate_memory(const Plan& plan, const MemorySettings& settings, boo
       const TensorInfo& t = plan.tree->tensor(o.tensor);
       // FSDP casts floating-point buffers only (_cast_buffers_to_dtype_and_device).
       const bool cast = u.mixed_precision.value_or(false) && mp_buffer > 0 && is_floating_dtype(t.dtype);
-      r.buffers_bytes += t.numel() * (cast ? mp_buffer : t.itemsize);
+      r.buffers_bytes += plan.tree->numel(o.tensor) * (cast ? mp_buffer : t.itemsize);
     }
     mem.units.push_back(um);
   }
   // Ignored parameters stay whole on every rank, with whole gradients and
   // state when they train.
-  std::vector<bool> seen(plan.tree->num_tensors(), false);
+  std::vector<bool> owned(plan.tree->num_tensors(), false);
   for (const auto& u : plan.units)
-    for (const auto& o : u.params) seen[static_cast<size_t>(o.tensor)] = true;
+    for (const auto& o : u.params) owned[static_cast<size_t>(o.tensor)] = true;
   int64_t ignored_all = 0, ignored = 0;  // ignored: the trainable part
-  for (const auto& m : plan.tree->modules())
-    for (const auto& p : m.params) {
-      if (seen[static_cast<size_t>(p.tensor)]) continue;
-      seen[static_cast<size_t>(p.tensor)] = true;
-      const TensorInfo& t = plan.tree->tensor(p.tensor);
-      ignored_all += t.bytes();
-      if (t.requires_grad) ignored += t.bytes();
-    }
+  for (TensorId t = 0; t < static_cast<TensorId>(plan.tree->num_tensors()); ++t) {
+    if (!plan.tree->is_param(t) || owned[static_cast<size_t>(t)]) continue;
+    const int64_t bytes = plan.tree->bytes(t);
+    ignored_all += bytes;
+    if (plan.tree->tensor(t).requires_grad) ignored += bytes;
+  }
   r.params_bytes += ignored_all;
   r.grads_bytes += ignored;
   r.optimizer_bytes += states * ignored;

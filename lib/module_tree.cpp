@@ -25,12 +25,14 @@ ModuleId ModuleTree::add_module(ModuleId parent, std::string name, std::string t
 }
 
 TensorId ModuleTree::add_tensor(TensorInfo info) {
+  sizes_.push_back({info.numel(), info.shape.empty() ? 1 : info.shape[0], false});
   tensors_.push_back(std::move(info));
   return static_cast<TensorId>(tensors_.size() - 1);
 }
 
 void ModuleTree::add_param(ModuleId m, std::string name, TensorId t) {
   module(m).params.push_back({std::move(name), t});
+  sizes_[static_cast<size_t>(t)].param = true;
 }
 
 void ModuleTree::add_buffer(ModuleId m, std::string name, TensorId t) {

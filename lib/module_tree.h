@@ -64,6 +64,15 @@ class ModuleTree {
   const TensorInfo& tensor(TensorId t) const { return tensors_[static_cast<size_t>(t)]; }
   size_t num_modules() const { return modules_.size(); }
   size_t num_tensors() const { return tensors_.size(); }
+  // Sizes kept when a tensor is added (tensors do not change after): planning
+  // reads them for every parameter of every candidate suggest tries, and the
+  // shape behind TensorInfo::numel() is a pointer away.
+  int64_t numel(TensorId t) const { return sizes_[static_cast<size_t>(t)].numel; }
+  // shape[0], or 1 for a 0-dim tensor: FSDP2 shards parameters on dim 0.
+  int64_t dim0(TensorId t) const { return sizes_[static_cast<size_t>(t)].dim0; }
+  int64_t bytes(TensorId t) const { return numel(t) * tensor(t).itemsize; }
+  // Whether some module holds it as a parameter (add_param).
+  bool is_param(TensorId t) const { return sizes_[static_cast<size_t>(t)].param; }
   const std::vector<Module>& modules() const { return modules_; }
 
   // Dotted path from the root ("" for the root), built on demand: storing
@@ -80,6 +89,11 @@ class ModuleTree {
  private:
   std::vector<Module> modules_;
   std::vector<TensorInfo> tensors_;
+  struct Sizes {
+    int64_t numel, dim0;
+    bool param;
+  };
+  std::vector<Sizes> sizes_;  // parallel to tensors_
 };
 
 }  // namespace fsdp_plan

@@ -21,7 +21,8 @@ namespace {
 
 // With `search_fixes`, warnings try their fixes by planning again without.
 Plan plan_with(const ModuleTree& loaded, const Policy& policy, const std::string& model_path,
-               const ClassMatcher& shared_matcher, bool search_fixes) {
+               const ClassMatcher& shared_matcher, bool search_fixes, PlanPurpose purpose) {
+  const bool report = purpose == PlanPurpose::Report;
   // With --aliases, plan the tree Python's named_modules() walks: each module once.
   Dealiased dealiased = policy.module_aliases ? remove_aliases(loaded) : Dealiased{};
   std::shared_ptr<const ModuleTree> own(std::move(dealiased.tree));
@@ -38,15 +39,15 @@ Plan plan_with(const ModuleTree& loaded, const Policy& policy, const std::string
   plan.policy = policy;
   plan.model.path = model_path;
   plan.fsdp_version = policy.fsdp.fsdp_version;
-  const Replan replan = [&](const Policy& p) { return plan_with(tree, p, model_path, matcher, false); };
+  const Replan replan = [&](const Policy& p) { return plan_with(tree, p, model_path, matcher, false, purpose); };
   if (plan.fsdp_version == 2) {
     // FSDP2: fully_shard calls, bottom-up, then the root.
     Fsdp2Calls calls = fsdp2_calls(tree, policy, matcher, ignored);
     plan.units = group_units_fsdp2(tree, calls.calls, ignored.tensor);
     analyse(plan, ignored, matcher);
     analyse_fsdp2(plan, calls, matcher);
-    root_warnings(plan, search_fixes ? &replan : nullptr);  // the root group is never resharded either
-    plan.memory = estimate_memory_fsdp2(plan, policy.fsdp);
+    if (report) root_warnings(plan, search_fixes ? &replan : nullptr);  // the root group is never resharded either
+    plan.memory = estimate_memory_fsdp2(plan, policy.fsdp, report);
     return plan;
   }
   std::vector<bool> wrapped(tree.num_modules(), false);
@@ -71,8 +72,8 @@ Plan plan_with(const ModuleTree& loaded, const Policy& policy, const std::string
     plan.warnings.push_back(std::move(w));
   }
   flat_param_refusals(plan, search_fixes ? &replan : nullptr);
-  root_warnings(plan, search_fixes ? &replan : nullptr);
-  plan.memory = estimate_memory(plan, policy.fsdp);
+  if (report) root_warnings(plan, search_fixes ? &replan : nullptr);
+  plan.memory = estimate_memory(plan, policy.fsdp, report);
   return plan;
 }
 
@@ -80,12 +81,12 @@ Plan plan_with(const ModuleTree& loaded, const Policy& policy, const std::string
 
 Plan make_plan(const ModuleTree& tree, const Policy& policy, const std::string& model_path) {
   ClassMatcher matcher;
-  return plan_with(tree, policy, model_path, matcher, true);
+  return plan_with(tree, policy, model_path, matcher, true, PlanPurpose::Report);
 }
 
 Plan make_plan(const ModuleTree& tree, const Policy& policy, const std::string& model_path,
-               const ClassMatcher& matcher) {
-  return plan_with(tree, policy, model_path, matcher, true);
+               const ClassMatcher& matcher, PlanPurpose purpose) {
+  return plan_with(tree, policy, model_path, matcher, true, purpose);
 }
 
 }  // namespace fsdp_plan

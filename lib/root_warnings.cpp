@@ -38,7 +38,7 @@ std::vector<Held> held_by_root(const Plan& plan) {
     for (ModuleId m : u.modules) is_unit[static_cast<size_t>(m)] = m != 0;  // FSDP2: fully_shard([a, b])
   }
   std::vector<bool> has_unit = is_unit;
-  for (const auto& o : plan.units.front().params) own[static_cast<size_t>(o.module)] += tree.tensor(o.tensor).numel();
+  for (const auto& o : plan.units.front().params) own[static_cast<size_t>(o.module)] += tree.numel(o.tensor);
   for (size_t m = n; m-- > 0;) {  // children have larger ids than their parent
     sub[m] += own[m];
     if (m == 0) break;
@@ -154,7 +154,7 @@ class RootChecks {
     std::map<std::string, std::pair<int, int64_t>> seen;  // class -> instances, parameters
     std::vector<int64_t> sub(tree_.num_modules(), 0);
     for (size_t m = tree_.num_modules(); m-- > 0;) {
-      for (const auto& p : tree_.modules()[m].params) sub[m] += tree_.tensor(p.tensor).numel();
+      for (const auto& p : tree_.modules()[m].params) sub[m] += tree_.numel(p.tensor);
       if (m > 0) sub[static_cast<size_t>(tree_.modules()[m].parent)] += sub[m];
     }
     for (size_t m = 1; m < tree_.num_modules(); ++m) {

@@ -18,7 +18,7 @@ std::vector<int64_t> subtree_numel(const ModuleTree& tree, const std::vector<boo
   for (size_t i = 0; i < n; ++i)
     for (const auto& s : tree.modules()[i].params)
       if (!ignored_tensor[static_cast<size_t>(s.tensor)] && uses[static_cast<size_t>(s.tensor)] == 1)
-        own[i] += tree.tensor(s.tensor).numel();
+        own[i] += tree.numel(s.tensor);
   std::vector<int64_t> total = own;
   for (size_t i = n; i-- > 1;) total[static_cast<size_t>(tree.modules()[i].parent)] += total[i];
 
@@ -31,7 +31,7 @@ std::vector<int64_t> subtree_numel(const ModuleTree& tree, const std::vector<boo
         tied_uses[s.tensor].push_back(static_cast<ModuleId>(i));
   std::vector<TensorId> marked_by(n, -1);
   for (const auto& [t, mods] : tied_uses) {
-    const int64_t numel = tree.tensor(t).numel();
+    const int64_t numel = tree.numel(t);
     for (ModuleId m : mods) {
       for (ModuleId cur = m; cur >= 0 && marked_by[static_cast<size_t>(cur)] != t; cur = tree.module(cur).parent) {
         marked_by[static_cast<size_t>(cur)] = t;

@@ -47,7 +47,7 @@ void ShardedViews::built(ModuleId unit, const std::vector<bool>& wrapped) {
   for (TensorId t : params) {
     if (total % aligned != 0) total += aligned - total % aligned;
     offsets.push_back(total);
-    total += tree_.tensor(t).numel();
+    total += tree_.numel(t);
   }
   if (total % group_ != 0) total += group_ - total % group_;
   const int64_t shard = total / group_;  // rank r holds [r * shard, (r + 1) * shard)
@@ -55,7 +55,7 @@ void ShardedViews::built(ModuleId unit, const std::vector<bool>& wrapped) {
   for (size_t i = 0; i < params.size(); ++i) {
     const TensorId t = params[i];
     if (uses_[static_cast<size_t>(t)] < 2) continue;  // nobody outside this unit reaches it
-    const int64_t numel = tree_.tensor(t).numel();
+    const int64_t numel = tree_.numel(t);
     if (numel == 0) continue;
     // Ranks [lo, hi] hold part of it: first and last partly, those between whole.
     const int64_t lo = offsets[i] / shard, hi = (offsets[i] + numel - 1) / shard;

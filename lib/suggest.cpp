@@ -255,7 +255,7 @@ bool better(const Candidate& a, const Candidate& b) {
 }
 
 int64_t needed(const ModuleTree& tree, const Policy& p, const SuggestOptions& opt, const ClassMatcher& matcher) {
-  return make_plan(tree, p, "", matcher).memory.per_rank.peak_bytes + opt.activation_bytes;
+  return make_plan(tree, p, "", matcher, PlanPurpose::Ranking).memory.per_rank.peak_bytes + opt.activation_bytes;
 }
 
 // World size: the smallest number of ranks at which some candidate fits,
@@ -363,7 +363,7 @@ Suggestion suggest(const ModuleTree& tree, const Policy& base, const SuggestOpti
   const ClassMatcher matcher;  // one tree, many plans: its classes are worked out once
   for (size_t i = 0; i < candidates.size(); ++i) {
     Candidate c = std::move(candidates[i]);  // fixes below append to `candidates`
-    auto plan = std::make_shared<Plan>(make_plan(tree, c.policy, "", matcher));
+    auto plan = std::make_shared<Plan>(make_plan(tree, c.policy, "", matcher, PlanPurpose::Ranking));
     if (!seen.insert(unit_set(*plan)).second) {
       ++s.duplicates;
       continue;

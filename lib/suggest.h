@@ -40,6 +40,7 @@ struct Candidate {
   std::string peak_phase;
   int64_t regathered = 0;     // FSDP2: groups all-gathered again in backward (fewer is better at equal peak)
   // The plan, kept for ranked candidates: advice re-estimates memory on it.
+  // A ranking plan (PlanPurpose::Ranking): for a report, plan the policy again.
   std::shared_ptr<const Plan> plan;
 };
 

@@ -18,7 +18,7 @@ int64_t model_param_numel(const ModuleTree& tree) {
     for (const auto& p : m.params)
       if (!seen[static_cast<size_t>(p.tensor)]) {
         seen[static_cast<size_t>(p.tensor)] = true;
-        n += tree.tensor(p.tensor).numel();
+        n += tree.numel(p.tensor);
       }
   return n;
 }

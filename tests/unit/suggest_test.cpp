@@ -396,3 +396,29 @@ TEST_CASE("fix candidates: a tied weight split across units kept in one") {
   }
   for (const auto& c : s1.dropped) CHECK(c.origin != "fix");  // every FSDP1 tie fix works here
 }
+
+TEST_CASE("a ranking plan has the report's units, refusals and peak, without root warnings or a timeline") {
+  TreeBuilder b = tied_lm();
+  for (int version : {1, 2}) {
+    CAPTURE(version);
+    Policy p = policy(R"({"module_classes": ["LayerNorm"]})");  // the root keeps nearly everything
+    p.fsdp.world_size = 4;
+    p.fsdp.fsdp_version = version;
+    const ClassMatcher matcher;
+    Plan report = make_plan(b.tree, p, "m.pt", matcher);
+    Plan ranking = make_plan(b.tree, p, "m.pt", matcher, PlanPurpose::Ranking);
+    REQUIRE(find_warning(report, "root_too_large") != nullptr);
+    CHECK(find_warning(ranking, "root_too_large") == nullptr);
+    CHECK(unit_paths(ranking) == unit_paths(report));
+    std::vector<std::string> kinds;
+    for (const auto& w : report.warnings)
+      if (w.kind != "root_too_large") kinds.push_back(w.kind);
+    std::vector<std::string> ranking_kinds;
+    for (const auto& w : ranking.warnings) ranking_kinds.push_back(w.kind);
+    CHECK(ranking_kinds == kinds);
+    CHECK(ranking.memory.per_rank.peak_bytes == report.memory.per_rank.peak_bytes);
+    CHECK(ranking.memory.per_rank.peak_phase == report.memory.per_rank.peak_phase);
+    CHECK_FALSE(report.memory.timeline.empty());
+    CHECK(ranking.memory.timeline.empty());
+  }
+}
