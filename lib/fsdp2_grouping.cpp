@@ -1,6 +1,7 @@
 #include "fsdp2_grouping.h"
 
 #include <algorithm>
+#include <string_view>
 #include <unordered_map>
 
 #include "selection.h"
@@ -27,6 +28,36 @@ std::vector<size_t> postorder_index(const ModuleTree& tree) {
   return index;
 }
 
+// The module at a dotted path (-1 if there is none), walking down from the
+// root by child names: suggest plans many candidates with groups, and a map of
+// every module's path costs a string per module each time. Where the walk
+// cannot be sure (a child name repeated under one parent, a name with a dot;
+// never in PyTorch), the map decides, keeping the first module in pre-order.
+ModuleId module_at(const ModuleTree& tree, const std::string& path) {
+  auto by_map = [&] {
+    std::unordered_map<std::string, ModuleId> by_path;
+    for (ModuleId x : tree.preorder()) by_path.emplace(tree.path(x), x);
+    auto it = by_path.find(path);
+    return it == by_path.end() ? ModuleId{-1} : it->second;
+  };
+  ModuleId m = 0;
+  for (size_t begin = 0; !path.empty() && begin <= path.size();) {
+    size_t end = path.find('.', begin);
+    if (end == std::string::npos) end = path.size();
+    const std::string_view name(path.data() + begin, end - begin);
+    ModuleId next = -1;
+    for (ModuleId c : tree.module(m).children) {
+      if (tree.module(c).name != name) continue;
+      if (next >= 0) return by_map();
+      next = c;
+    }
+    if (next < 0) return by_map();
+    m = next;
+    begin = end + 1;
+  }
+  return m;
+}
+
 }  // namespace
 
 Fsdp2Calls fsdp2_calls(const ModuleTree& tree, const Policy& policy, const ClassMatcher& matcher,
@@ -34,9 +65,6 @@ Fsdp2Calls fsdp2_calls(const ModuleTree& tree, const Policy& policy, const Class
   const size_t n = tree.num_modules();
   Fsdp2Calls out;
   std::vector<bool> in_group(n, false);
-  std::unordered_map<std::string, ModuleId> by_path;
-  if (!policy.groups.empty())
-    for (ModuleId m : tree.preorder()) by_path.emplace(tree.path(m), m);
 
   struct Keyed {
     size_t key;
@@ -49,12 +77,11 @@ Fsdp2Calls fsdp2_calls(const ModuleTree& tree, const Policy& policy, const Class
     call.reshard_after_forward = g.reshard_after_forward.value_or(policy.fsdp.reshard_after_forward);
     size_t key = 0;
     for (const auto& path : g.modules) {
-      auto it = by_path.find(path);
-      if (it == by_path.end() || it->second == 0) {  // the root is always the last call of its own
+      const ModuleId m = module_at(tree, path);
+      if (m <= 0) {  // the root is always the last call of its own
         out.unknown_paths.push_back(path);
         continue;
       }
-      ModuleId m = it->second;
       if (in_group[static_cast<size_t>(m)]) out.named_twice.push_back(path);
       in_group[static_cast<size_t>(m)] = true;
       call.modules.push_back(m);

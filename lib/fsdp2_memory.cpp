@@ -1,7 +1,6 @@
 #include "fsdp2_memory.h"
 
 #include <algorithm>
-#include <set>
 #include <stdexcept>
 
 #include "plan.h"
@@ -137,16 +136,28 @@ MemoryPlan estimate_memory_fsdp2(const Plan& plan, const MemorySettings& setting
   const int64_t resident_opt = settings.cpu_offload ? 0 : r.optimizer_bytes;
   r.peak_bytes = -1;
   std::vector<int64_t> held(n, 0);  // unsharded bytes each group holds
-  std::set<int> holding;            // the groups with held > 0: a new peak copies it, not a scan of all
+  // The groups with held > 0, sorted: a new peak copies it, not a scan of all.
+  // Groups gather and free mostly at its end (forward in order, backward in reverse).
+  std::vector<int> holding;
   auto set_held = [&](size_t j, int64_t bytes) {
     if ((held[j] > 0) != (bytes > 0)) {
+      auto at = std::lower_bound(holding.begin(), holding.end(), static_cast<int>(j));
       if (bytes > 0)
-        holding.insert(static_cast<int>(j));
+        holding.insert(at, static_cast<int>(j));
       else
-        holding.erase(static_cast<int>(j));
+        holding.erase(at);
     }
     held[j] = bytes;
   };
+  auto categories = [&](const Live& l, int64_t grads, int64_t opt) -> std::vector<std::pair<std::string, int64_t>> {
+    return {{"sharded_params", resident_params}, {"unsharded_params", l.unsharded},
+            {"all_gather", l.all_gather},       {"reduce_scatter", l.reduce_scatter},
+            {"sharded_grads", grads},           {"unsharded_grads", l.grads_unsharded},
+            {"optimizer_state", opt},           {"buffers", r.buffers_bytes}};
+  };
+  // The peak's categories are built once, at the end, from what was live then.
+  Live peak_live;
+  int64_t peak_grads = 0, peak_opt = 0;
   // Each event is a point of the timeline; consecutive events of one phase
   // and unit make one step, holding its largest point (so the peak is a step).
   // A step is only built when the timeline or a new peak needs it.
@@ -164,10 +175,7 @@ MemoryPlan estimate_memory_fsdp2(const Plan& plan, const MemorySettings& setting
       s.gathered_bytes = live.unsharded + live.all_gather;
       s.unsharded_grads_bytes = live.grads_unsharded + live.reduce_scatter;
       s.grads_bytes = grads;
-      s.categories = {{"sharded_params", resident_params}, {"unsharded_params", live.unsharded},
-                      {"all_gather", live.all_gather},     {"reduce_scatter", live.reduce_scatter},
-                      {"sharded_grads", grads},            {"unsharded_grads", live.grads_unsharded},
-                      {"optimizer_state", opt},            {"buffers", r.buffers_bytes}};
+      s.categories = categories(live, grads, opt);
       return s;
     };
     const int64_t total = resident_params + opt + r.buffers_bytes + live.unsharded + live.all_gather +
@@ -183,7 +191,9 @@ MemoryPlan estimate_memory_fsdp2(const Plan& plan, const MemorySettings& setting
     r.peak_bytes = total;
     r.peak_phase = phase;
     r.peak_unit = unit_index;
-    r.peak_categories = step().categories;
+    peak_live = live;
+    peak_grads = grads;
+    peak_opt = opt;
     r.peak_gathered.assign(holding.begin(), holding.end());
   };
   auto is_ancestor = [&](size_t a, size_t j) {
@@ -310,6 +320,7 @@ MemoryPlan estimate_memory_fsdp2(const Plan& plan, const MemorySettings& setting
   live.grads_sharded += ignored_grads;
   if (settings.optimizer == Optimizer::Adam) live.optimizer_temp = 2 * largest_trainable;
   consider("optimizer step", n);
+  r.peak_categories = categories(peak_live, peak_grads, peak_opt);
 
   mem.notes.push_back("FSDP2 (fully_shard): mesh " +
                       (mesh.replicate > 1 ? "(" + std::to_string(mesh.replicate) + " replicate, " : std::string("(")) +

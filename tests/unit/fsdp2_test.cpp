@@ -188,3 +188,19 @@ TEST_CASE("fsdp2 memory: the timeline's largest step is the peak, with its categ
   for (size_t i = 1; i < m.timeline.size(); ++i)
     CHECK_FALSE((m.timeline[i].phase == m.timeline[i - 1].phase && m.timeline[i].unit == m.timeline[i - 1].unit));
 }
+
+TEST_CASE("fsdp2: groups name modules by dotted path at any depth; a path that is no module is unmatched") {
+  TreeBuilder b;
+  b.add("blocks", "ModuleList");
+  for (int i = 0; i < 2; ++i) {
+    const std::string p = "blocks." + std::to_string(i);
+    b.add(p, "Block");
+    b.linear(p + ".fc", 4, 4);
+  }
+  auto plan = plan_of(b, R"({"fsdp": {"version": 2}, "groups": [{"modules": ["blocks.1.fc", "blocks.0"]},
+      {"modules": ["blocks.9"]}, {"modules": ["blocks.1.fc.x"]}, {"modules": ["blocks..0"]}, {"modules": ["blocks"]}]})");
+  CHECK(unit_paths(plan) == Names{"", "blocks", "blocks.1.fc"});  // a group is named by its first module
+  REQUIRE(plan.units.size() == 3);
+  CHECK(plan.units[2].modules == std::vector<ModuleId>{b.id("blocks.1.fc"), b.id("blocks.0")});
+  CHECK(count_warnings(plan, "unmatched_group") == 3);
+}
