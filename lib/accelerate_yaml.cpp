@@ -4,6 +4,7 @@
 
 #include "class_names.h"
 #include "emit.h"
+#include "string_util.h"
 
 namespace fsdp_plan {
 
@@ -13,7 +14,7 @@ void refuse_accelerate(const std::string& why) {
 }
 
 std::string unit_text(const Plan& plan, const Unit& u) {
-  auto path = [&](ModuleId m) { return m == 0 ? std::string("(root)") : plan.tree->path(m); };
+  auto path = [&](ModuleId m) { return path_or_root(plan.tree->path(m)); };
   if (u.modules.size() < 2) return path(u.module);
   std::string out;
   for (ModuleId m : u.modules) out += (out.empty() ? "" : ", ") + path(m);

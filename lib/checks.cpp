@@ -18,7 +18,6 @@ std::string percent(double share) {
   return buf;
 }
 
-std::string unit_name(const std::string& path) { return path.empty() ? "(root)" : path; }
 
 // How a limit or an actual value reads in the text output.
 std::string show(const std::string& rule, const ojson& v) {
@@ -151,7 +150,7 @@ std::string checks_to_text(const CheckReport& report) {
       line += ": " + show(r.rule, r.actual) + (r.passed ? " <= " : " > ") + show(r.rule, r.limit);
     if (!r.units.empty()) {
       std::string names;
-      for (size_t i = 0; i < r.units.size() && i < 6; ++i) names += (i ? ", " : "") + unit_name(r.units[i]);
+      for (size_t i = 0; i < r.units.size() && i < 6; ++i) names += (i ? ", " : "") + path_or_root(r.units[i]);
       if (r.units.size() > 6) names += ", and " + std::to_string(r.units.size() - 6) + " more";
       line += "  (" + names + ")";
     }

@@ -13,7 +13,6 @@ using ojson = nlohmann::ordered_json;
 
 constexpr size_t kMaxNamesPerGroup = 8;
 
-std::string unit_name(const std::string& path) { return path.empty() ? "(root)" : path; }
 
 std::string plural(size_t n, const std::string& word) {
   return std::to_string(n) + " " + word + (n == 1 ? "" : "s");
@@ -32,7 +31,7 @@ std::string show_change(const FieldChange& c) {
       return format_bytes(a) + " -> " + format_bytes(b) + " (" + (b >= a ? "+" : "-") + format_bytes(b >= a ? b - a : a - b) + ")";
     return format_count(a) + " -> " + format_count(b) + " (" + signed_count(b - a) + ")";
   }
-  if (c.field == "parent") return unit_name(c.old_value.get<std::string>()) + " -> " + unit_name(c.new_value.get<std::string>());
+  if (c.field == "parent") return path_or_root(c.old_value.get<std::string>()) + " -> " + path_or_root(c.new_value.get<std::string>());
   return c.old_value.dump() + " -> " + c.new_value.dump();
 }
 
@@ -60,7 +59,7 @@ std::string warning_line(const char* mark, const json& w) {
 }
 
 std::string unit_line(const char* mark, const UnitSummary& u) {
-  return std::string("  ") + mark + " " + pad(unit_name(u.path), 38) + "  " + pad(u.cls, 20) +
+  return std::string("  ") + mark + " " + pad(path_or_root(u.path), 38) + "  " + pad(u.cls, 20) +
          pad(format_count(u.param_numel), 8) + "  " + format_bytes(u.param_bytes) + "\n";
 }
 
@@ -148,7 +147,7 @@ std::string diff_to_text(const PlanDiff& d, const DiffSide& old_side, const Diff
   if (!d.units_changed.empty()) {
     section("units changed (" + std::to_string(d.units_changed.size()) + ")");
     for (const auto& c : d.units_changed) {
-      out += "  ~ " + unit_name(c.path) + "\n";
+      out += "  ~ " + path_or_root(c.path) + "\n";
       auto fields = c.changes;
       std::stable_sort(fields.begin(), fields.end(), [](const FieldChange& x, const FieldChange& y) {
         return field_rank(x.field) < field_rank(y.field);
@@ -170,17 +169,17 @@ std::string diff_to_text(const PlanDiff& d, const DiffSide& old_side, const Diff
     }
     for (const auto& r : routes) {
       const auto& [names, numel] = groups[r];
-      out += "  " + unit_name(r.first) + " -> " + unit_name(r.second) + ": " + plural(names.size(), "parameter") +
+      out += "  " + path_or_root(r.first) + " -> " + path_or_root(r.second) + ": " + plural(names.size(), "parameter") +
              ", " + format_count(numel) + " elements\n" + names_line(names);
     }
   }
   if (!d.params_removed.empty()) {
     section("parameters no longer in any unit (" + std::to_string(d.params_removed.size()) + ")");
-    for (const auto& p : d.params_removed) out += "  - " + p.name + "  (was in " + unit_name(p.unit) + ")\n";
+    for (const auto& p : d.params_removed) out += "  - " + p.name + "  (was in " + path_or_root(p.unit) + ")\n";
   }
   if (!d.params_added.empty()) {
     section("parameters newly in a unit (" + std::to_string(d.params_added.size()) + ")");
-    for (const auto& p : d.params_added) out += "  + " + p.name + "  (in " + unit_name(p.unit) + ")\n";
+    for (const auto& p : d.params_added) out += "  + " + p.name + "  (in " + path_or_root(p.unit) + ")\n";
   }
   if (!d.params_changed.empty()) {
     section("parameters reshaped (" + std::to_string(d.params_changed.size()) + ")");

@@ -88,7 +88,7 @@ class RootChecks {
   std::string describe(const Held& h) const {
     std::string path = tree_.path(h.module);
     std::string cls = bare_class(tree_, h.module);
-    return (path.empty() ? "(root)" : path) + " (" + cls + (h.whole ? "" : ", own parameters") + ") " +
+    return path_or_root(path) + " (" + cls + (h.whole ? "" : ", own parameters") + ") " +
            format_count(h.numel);
   }
 

@@ -176,6 +176,7 @@ std::optional<int64_t> parse_count(std::string_view text) {
 }
 
 std::string quoted_path(const std::string& path) { return path.empty() ? "(root)" : "'" + path + "'"; }
+std::string path_or_root(const std::string& path) { return path.empty() ? "(root)" : path; }
 
 std::string listing(const std::vector<std::string>& items, size_t shown) {
   std::string out;

@@ -23,6 +23,8 @@ std::vector<std::string> closest(std::string_view word, const std::vector<std::s
 
 // A module path in a message: 'a.b', or (root) for the empty path.
 std::string quoted_path(const std::string& path);
+// A module path as the reports print it: "(root)" for the root's empty path.
+std::string path_or_root(const std::string& path);
 
 // A list for a message: "a, b, c and 4 more" (the first `shown` items).
 std::string listing(const std::vector<std::string>& items, size_t shown = 3);

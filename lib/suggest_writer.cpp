@@ -84,7 +84,7 @@ std::string suggestion_to_text(const Suggestion& s, const SuggestContext& ctx) {
          "   root   peak/rank      needed  fits\n";
   for (size_t i = 0; i < shown; ++i) {
     const Candidate& c = s.ranked[i];
-    std::string largest = (c.largest_unit_path.empty() ? "(root)" : c.largest_unit_path) + " " +
+    std::string largest = path_or_root(c.largest_unit_path) + " " +
                           percent(total ? static_cast<double>(c.largest_unit_numel) / static_cast<double>(total) : 0);
     out += pad(std::to_string(i + 1), 4, true) + "  " + pad(c.label, label_w) + "  " +
            pad(std::to_string(c.units), 5, true) + "  " + pad(largest, path_w) + "  " + pad(percent(c.root_share), 6, true) +

@@ -135,7 +135,7 @@ std::string fsdp2_memory_text(const Plan& plan) {
                      " in " + r.peak_phase;
   if (r.peak_unit >= 0) {
     std::string path = plan.tree->path(plan.units[static_cast<size_t>(r.peak_unit)].module);
-    peak += " at unit " + std::to_string(r.peak_unit) + " " + (path.empty() ? "(root)" : path);
+    peak += " at unit " + std::to_string(r.peak_unit) + " " + path_or_root(path);
   }
   std::vector<std::string> parts;
   for (const auto& [name, bytes] : r.peak_categories)
@@ -164,7 +164,7 @@ std::string memory_text(const Plan& plan) {
   std::string peak = "peak " + format_bytes(r.peak_bytes) + " in " + r.peak_phase;
   if (r.peak_unit >= 0) {
     std::string path = plan.tree->path(plan.units[static_cast<size_t>(r.peak_unit)].module);
-    peak += " at unit " + std::to_string(r.peak_unit) + " " + (path.empty() ? "(root)" : path) + ", " +
+    peak += " at unit " + std::to_string(r.peak_unit) + " " + path_or_root(path) + ", " +
             std::to_string(r.peak_gathered.size()) + " unit" + (r.peak_gathered.size() == 1 ? "" : "s") + " gathered";
   }
   return out + wrap(peak, 100, std::string(10, ' '), std::string(8, ' '));
@@ -187,7 +187,7 @@ std::string plan_to_text(const Plan& plan, const TextOptions& options) {
   }
   if (!plan.aliases.empty()) {
     std::vector<std::string> parts;
-    for (const auto& a : plan.aliases) parts.push_back(a.path + " = " + (a.alias_of.empty() ? "(root)" : a.alias_of));
+    for (const auto& a : plan.aliases) parts.push_back(a.path + " = " + path_or_root(a.alias_of));
     out += wrap("aliases " + join(parts) + " (one module under two names; FSDP visits the first)", 100,
                 std::string(8, ' '));
   }
@@ -274,7 +274,7 @@ std::string plan_to_text(const Plan& plan, const TextOptions& options) {
          format_count(owned_numel) + " params sharded";
   if (owned_numel < m.param_numel) out += " (" + format_count(m.param_numel - owned_numel) + " ignored)";
   if (owned_numel > m.param_numel) out += " (tied tensors counted in each group that holds them)";
-  out += "; largest unit " + (largest_path.empty() ? "(root)" : largest_path) + " " +
+  out += "; largest unit " + path_or_root(largest_path) + " " +
          percent(largest->param_numel, owned_numel) + "; root unit " +
          percent(plan.units.front().param_numel, owned_numel) + "\n";
 
