@@ -127,6 +127,18 @@ bool ClassMatcher::is_instance(const std::string& qualified, const std::vector<s
   return false;
 }
 
+const std::vector<std::string>& module_container_classes() {
+  static const std::vector<std::string> classes = {"torch.nn.ModuleList", "torch.nn.ModuleDict"};
+  return classes;
+}
+
+bool is_container(std::string_view qualified, bool parameters) {
+  const std::string_view s = short_name(qualified);
+  for (const auto& c : module_container_classes())
+    if (s == short_name(c)) return true;
+  return parameters && (s == "ParameterList" || s == "ParameterDict");
+}
+
 std::string bare_class(const ModuleTree& tree, int32_t module) {
   return std::string(short_name(demangle(tree.module(module).type_name)));
 }

@@ -30,6 +30,14 @@ std::vector<std::string> class_lineage(const std::string& qualified);
 // Python's re-exports allow (torch.nn.Linear is torch.nn.modules.linear.Linear).
 bool name_matches(std::string_view pattern, std::string_view qualified);
 
+// Containers without forward(): FSDP can wrap them, but the unit fails at its
+// first forward (FSDP1's size policy leaves them out by default, fully_shard
+// refuses them). The module containers as policy patterns, for isinstance:
+const std::vector<std::string>& module_container_classes();  // torch.nn.ModuleList, torch.nn.ModuleDict
+// By class name: the module containers, and with `parameters` ParameterList
+// and ParameterDict too (no forward either, and no children to wrap instead).
+bool is_container(std::string_view qualified, bool parameters);
+
 class ModuleTree;
 
 // A module's class as people say it: "Linear" for any mangled Linear.

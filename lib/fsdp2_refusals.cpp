@@ -67,7 +67,6 @@ class Refusals {
   }
 
   void containers() {
-    static const std::vector<std::string> kContainers = {"torch.nn.ModuleList", "torch.nn.ModuleDict"};
     const TreeClasses& classes = matcher_.classes(tree_);
     std::vector<int8_t> container(classes.size(), -1);  // per class, once asked
     for (const Unit& u : plan_.units)
@@ -75,7 +74,7 @@ class Refusals {
         if (m == 0) continue;
         const int32_t c = classes.of(static_cast<size_t>(m));
         int8_t& known = container[static_cast<size_t>(c)];
-        if (known < 0) known = matcher_.is_instance(classes.qualified(c), kContainers);
+        if (known < 0) known = matcher_.is_instance(classes.qualified(c), module_container_classes());
         if (!known) continue;
         const std::string& cls = classes.qualified(c);
         add("fsdp2_container", Severity::Error,

@@ -64,12 +64,10 @@ bool fix_works(const Plan& before, const Plan& after, const std::string& kind, S
 }
 
 std::vector<std::string> wrappable_classes(const ModuleTree& tree, const std::vector<ModuleId>& modules) {
-  static const std::vector<std::string> containers = {"ModuleList", "ModuleDict", "ParameterList", "ParameterDict"};
   std::vector<std::string> out;
   for (ModuleId m : modules) {
     std::string cls = demangle(tree.module(m).type_name);
-    std::string shortn(short_name(cls));
-    if (std::find(containers.begin(), containers.end(), shortn) != containers.end()) continue;
+    if (is_container(cls, true)) continue;
     if (std::find(out.begin(), out.end(), cls) == out.end()) out.push_back(cls);
   }
   return out;

@@ -20,13 +20,6 @@
 namespace fsdp_plan {
 namespace {
 
-// Containers without forward(): FSDP can wrap them, but the unit fails at the
-// first forward. FSDP's size policy excludes them by default for that reason.
-bool is_container(const std::string& qualified) {
-  auto s = short_name(qualified);
-  return s == "ModuleList" || s == "ModuleDict" || s == "ParameterList" || s == "ParameterDict";
-}
-
 // torch.nn and torchvision classes are library building blocks; the model's
 // own classes (transformers' LlamaDecoderLayer, a user's Block) come first.
 bool is_library_class(const std::string& qualified) {
@@ -58,7 +51,7 @@ std::vector<ClassInfo> wrappable_classes(const ModuleTree& tree, const std::vect
   const std::string root_class = demangle(tree.module(0).type_name);
   for (ModuleId m = 1; m < static_cast<ModuleId>(tree.num_modules()); ++m) {
     std::string q = demangle(tree.module(m).type_name);
-    if (q == root_class || is_container(q)) continue;
+    if (q == root_class || is_container(q, true)) continue;
     ClassInfo& c = by_name[q];
     c.qualified = q;
     c.count += 1;

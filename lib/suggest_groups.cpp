@@ -37,8 +37,7 @@ EdgeModules edge_modules(const ModuleTree& tree, const std::vector<bool>& block,
     // A largest block-free subtree: its parent leads to a block.
     if (m == 0 || in_block[i] || has_block[i] || !has_block[static_cast<size_t>(p)]) continue;
     if (numel[i] == 0 || skip[i]) continue;
-    const std::string cls = bare_class(tree, m);
-    if (cls == "ModuleList" || cls == "ModuleDict") continue;  // fully_shard refuses containers
+    if (is_container(bare_class(tree, m), false)) continue;  // fully_shard refuses containers
     (seen_block ? after : out.input).push_back(tree.path(m));
   }
   out.output = std::move(after);

@@ -53,3 +53,16 @@ TEST_CASE("every module is an nn.Module; a user class knows no other base") {
   CHECK(lineage[1] == "torch.nn.modules.batchnorm._BatchNorm");
   CHECK(lineage[3] == "torch.nn.modules.module.Module");
 }
+
+TEST_CASE("containers without forward: module containers by name and as isinstance patterns, parameter ones on request") {
+  CHECK(is_container("torch.nn.modules.container.ModuleList", false));
+  CHECK(is_container("torch.nn.modules.container.ModuleDict", false));
+  CHECK_FALSE(is_container("torch.nn.modules.container.ParameterList", false));
+  CHECK(is_container("torch.nn.modules.container.ParameterList", true));
+  CHECK(is_container("ParameterDict", true));
+  CHECK_FALSE(is_container("torch.nn.modules.container.Sequential", true));  // it has a forward
+  CHECK_FALSE(is_container("my.Block", true));
+  const ClassMatcher matcher;
+  CHECK(matcher.is_instance("torch.nn.modules.container.ModuleList", module_container_classes()));
+  CHECK_FALSE(matcher.is_instance("torch.nn.modules.container.Sequential", module_container_classes()));
+}
