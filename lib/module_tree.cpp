@@ -24,6 +24,11 @@ ModuleId ModuleTree::add_module(ModuleId parent, std::string name, std::string t
   return id;
 }
 
+void ModuleTree::reserve_tensors(size_t n) {
+  tensors_.reserve(n);
+  sizes_.reserve(n);
+}
+
 TensorId ModuleTree::add_tensor(TensorInfo info) {
   sizes_.push_back({info.numel(), info.shape.empty() ? 1 : info.shape[0], false});
   tensors_.push_back(std::move(info));

@@ -74,6 +74,9 @@ class ModuleTree {
   // Whether some module holds it as a parameter (add_param).
   bool is_param(TensorId t) const { return sizes_[static_cast<size_t>(t)].param; }
   const std::vector<Module>& modules() const { return modules_; }
+  // Room for n tensors, when a loader knows how many may come: 150,000
+  // TensorInfos grown by doubling hold up to twice their size, copied once more.
+  void reserve_tensors(size_t n);
 
   // Dotted path from the root ("" for the root), built on demand: storing
   // paths would cost memory quadratic in depth on deep chains.

@@ -314,6 +314,7 @@ class ArchiveLoader {
   // (slot) order exactly as the JIT loader's TreeBuilder does.
   ModuleTree build(NodeId root) {
     ModuleTree tree;
+    tree.reserve_tensors(pkl_.tensors.size());  // at most one tree tensor per pickled one
     tree.module(0).type_name = pkl_.class_name(root);
     std::vector<std::pair<NodeId, ModuleId>> stack{{root, 0}};
     std::vector<std::pair<NodeId, ModuleId>> children;
