@@ -37,6 +37,16 @@ Names plan_units(const TreeBuilder& b, AccelerateConfig c) {
   return unit_paths(make_plan(b.tree, c.policy, "m.pt"));
 }
 
+// a (pkg_a.Block) and b (pkg_b.Block): two classes Accelerate knows by one bare name.
+TreeBuilder two_packages_one_bare_name() {
+  TreeBuilder b;
+  b.add("a", "__torch__.pkg_a.Block");
+  b.param("a", "w", {4});
+  b.add("b", "__torch__.pkg_b.Block");
+  b.param("b", "w", {4});
+  return b;
+}
+
 }  // namespace
 
 TEST_CASE("an Accelerate config is recognised by content, a JSON policy is not") {
@@ -112,11 +122,7 @@ TEST_CASE("class names are exact bare names: a base class name matches no module
 }
 
 TEST_CASE("two classes with one bare name: Accelerate wraps the first it meets") {
-  TreeBuilder b;
-  b.add("a", "__torch__.pkg_a.Block");
-  b.param("a", "w", {4});
-  b.add("b", "__torch__.pkg_b.Block");
-  b.param("b", "w", {4});
+  TreeBuilder b = two_packages_one_bare_name();
   AccelerateConfig c = read("  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n"
                             "  fsdp_transformer_layer_cls_to_wrap: Block\n");
   CHECK(plan_units(b, c) == Names{"", "a"});
@@ -196,11 +202,7 @@ TEST_CASE("emit accelerate: a class plan round-trips, an inexpressible one says 
 }
 
 TEST_CASE("emit accelerate: units Accelerate would choose differently are named, both lists") {
-  TreeBuilder b;
-  b.add("a", "__torch__.pkg_a.Block");
-  b.param("a", "w", {4});
-  b.add("b", "__torch__.pkg_b.Block");
-  b.param("b", "w", {4});
+  TreeBuilder b = two_packages_one_bare_name();
   Plan plan = plan_of(b, R"({"module_classes": ["pkg_a.Block", "pkg_b.Block"]})");
   REQUIRE(unit_paths(plan) == Names{"", "a", "b"});
   CHECK_THROWS_WITH_AS(plan_to_accelerate(plan),
