@@ -182,9 +182,7 @@ class ArchiveLoader {
     }
     const std::string damaged = "record " + name + " is damaged (";
     const std::string again = "); " + std::string(kCopyAgain);
-    const uint64_t limit = e->method == 0 ? dir_->file_size()
-                                          : std::min(kMaxStructureRecord, dir_->max_honest_size(*e));
-    if (e->uncomp_size > kMaxStructureRecord || e->uncomp_size > limit) {
+    if (e->uncomp_size > kMaxStructureRecord || e->uncomp_size > dir_->max_honest_size(*e)) {
       throw InputError(path_, "record " + name + " claims to be " + std::to_string(e->uncomp_size) +
                                   " bytes, more than " +
                                   (e->method == 0 ? "the file holds (" + std::to_string(dir_->file_size()) +
