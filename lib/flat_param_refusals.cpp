@@ -132,9 +132,7 @@ class FlatParamChecks {
     std::vector<std::string> units, params, quotes;
     std::vector<ModuleId> minority_owners, majority_owners;
     for (const Unit& u : plan_.units) {
-      // Most units have one dtype: nothing to count.
-      const auto one_dtype = [&](const Owned& o) { return info(o).dtype == info(u.params[0]).dtype; };
-      if (std::all_of(u.params.begin(), u.params.end(), one_dtype)) continue;
+      if (one_dtype(tree_, u.params)) continue;
       std::map<std::string, int64_t> numel;  // floating dtypes only: integers are integer_param's
       for (const auto& o : u.params)
         if (is_floating_dtype(info(o).dtype)) numel[info(o).dtype] += tree_.numel(o.tensor);

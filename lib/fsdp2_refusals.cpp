@@ -1,6 +1,5 @@
 #include "fsdp2_refusals.h"
 
-#include <algorithm>
 #include <map>
 #include <set>
 
@@ -101,9 +100,7 @@ class Refusals {
   // group's trainable parameters (2.8+; 2.6 and 2.7 check all parameters).
   void dtypes() {
     for (const Unit& u : plan_.units) {
-      // Most groups have one dtype: nothing to say.
-      const auto one_dtype = [&](const Owned& o) { return tree_.tensor(o.tensor).dtype == tree_.tensor(u.params[0].tensor).dtype; };
-      if (std::all_of(u.params.begin(), u.params.end(), one_dtype)) continue;
+      if (one_dtype(tree_, u.params)) continue;
       std::set<std::string> trainable, frozen;
       for (const auto& o : u.params) {
         const TensorInfo& t = tree_.tensor(o.tensor);

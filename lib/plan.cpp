@@ -2,6 +2,12 @@
 
 namespace fsdp_plan {
 
+bool one_dtype(const ModuleTree& tree, const std::vector<Owned>& owned) {
+  for (const auto& o : owned)
+    if (tree.tensor(o.tensor).dtype != tree.tensor(owned.front().tensor).dtype) return false;
+  return true;
+}
+
 const char* severity_name(Severity s) {
   switch (s) {
     case Severity::Error: return "error";

@@ -40,6 +40,10 @@ struct Unit {
   std::optional<ReshardAfterForward> reshard_after_forward;
 };
 
+// Whether all of `owned` share one dtype, as most units' parameters do (true
+// when empty): the dtype checks have nothing to say about those.
+bool one_dtype(const ModuleTree& tree, const std::vector<Owned>& owned);
+
 enum class Severity { Error, Warning, Info };
 const char* severity_name(Severity s);
 
