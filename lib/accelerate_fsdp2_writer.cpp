@@ -106,19 +106,19 @@ std::string plan_to_accelerate_fsdp2(const Plan& plan) {
     refuse_accelerate("ignored parameters by glob (ignored_params); Accelerate's fsdp_ignored_modules names modules only");
   if (!p.ignored_modules.empty())
     refuse_accelerate("ignored modules under FSDP2 (Accelerate turns fsdp_ignored_modules into ignored_params; fsdp-plan "
-           "does not write that yet)");
+                      "does not write that yet)");
   if (p.module_classes && p.min_num_params)
     refuse_accelerate("both module classes and a size threshold; Accelerate takes one fsdp_auto_wrap_policy");
   for (const Unit& u : plan.units)
     if (u.reshard_after_forward && u.reshard_after_forward->kind == ReshardAfterForward::Kind::Ranks)
       refuse_accelerate("group " + unit_text(plan, u) + " has reshard_after_forward " + std::to_string(u.reshard_after_forward->ranks) +
-             " (a number of ranks); Accelerate's fsdp_reshard_after_forward is true or false");
+                        " (a number of ranks); Accelerate's fsdp_reshard_after_forward is true or false");
   std::string mixed_precision = "'no'";
   if (p.mixed_precision) {
     const MixedPrecision& mp = *p.mixed_precision;
     if (!mp.param_dtype || mp.param_dtype != mp.reduce_dtype)
       refuse_accelerate("mixed precision with param and reduce dtypes that differ (or are unset); Accelerate's mixed_precision "
-             "sets both to one dtype");
+                        "sets both to one dtype");
     mixed_precision = accelerate_mixed_precision(*mp.param_dtype);
   }
   const bool reshard = p.fsdp.reshard_after_forward.kind != ReshardAfterForward::Kind::False;

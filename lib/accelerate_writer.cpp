@@ -23,7 +23,7 @@ std::string mixed_precision_key(const Policy& p) {
     refuse_accelerate("mixed_precision.ignore_classes is set; Accelerate keeps FSDP's default (_BatchNorm)");
   if (!mp.param_dtype || mp.param_dtype != mp.reduce_dtype || mp.param_dtype != mp.buffer_dtype)
     refuse_accelerate("mixed precision with param, reduce and buffer dtypes that differ (or are unset); Accelerate's "
-           "mixed_precision sets all three to one dtype");
+                      "mixed_precision sets all three to one dtype");
   return accelerate_mixed_precision(*mp.param_dtype);
 }
 
@@ -57,7 +57,7 @@ std::string plan_to_accelerate(const Plan& plan) {
     refuse_accelerate("both module classes and a size threshold; Accelerate takes one fsdp_auto_wrap_policy");
   if (p.min_num_params && *p.min_num_params == 0)
     refuse_accelerate("min_num_params 0 wraps every module in PyTorch, but Accelerate reads fsdp_min_num_params: 0 as no "
-           "auto-wrap at all");
+                      "auto-wrap at all");
   const MemorySettings& s = plan.memory.settings;
   const std::string mixed_precision = mixed_precision_key(p);
 
