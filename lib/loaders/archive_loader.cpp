@@ -13,7 +13,6 @@
 #include <memory>
 #include <string_view>
 #include <unordered_map>
-#include <unordered_set>
 
 #include "../errors.h"
 #include "class_decls.h"
@@ -97,10 +96,7 @@ class ArchiveLoader {
         throw InputError(path_, e.what() + std::string("; ") + kCopyAgain);
       }
     }
-    std::unordered_set<std::string_view> keys;
-    keys.reserve(pkl_.storages.size());
-    for (const auto& s : pkl_.storages) keys.insert(pkl_.str(s.key));
-    stats_.storages_requested = static_cast<int64_t>(keys.size());
+    stats_.storages_requested = static_cast<int64_t>(pkl_.storages.size());
     const NodeId root = pkl_.root;
     if (kind(root) != Kind::Object || !decl_of(pkl_.class_name(root)).is_module) {
       throw InputError(path_, "data.pkl does not hold a module");
@@ -199,9 +195,13 @@ class ArchiveLoader {
 
   // Refuses files that are not TorchScript archives, saying what they are.
   void check_is_torchscript() {
+    const std::string code = prefix_ + "code/";
     bool has_code = false;
     for (const auto& e : dir_->entries()) {
-      if (e.name.rfind(prefix_ + "code/", 0) == 0) has_code = true;
+      if (e.name.rfind(code, 0) == 0) {
+        has_code = true;
+        break;
+      }
     }
     if (!has_record("data.pkl")) {
       if (has_code) {

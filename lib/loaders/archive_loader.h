@@ -15,7 +15,9 @@ namespace zip { class Reader; }
 struct ArchiveReadStats {
   uint64_t file_size = 0;
   uint64_t bytes_read = 0;         // through the zip reader, central directory included
-  int64_t storages_requested = 0;  // tensor storages the unpickler asked for (none is read)
+  // Persistent ids in data.pkl: the storages the unpickler asked for (none is
+  // read). PyTorch's pickler writes a storage once, however many tensors share it.
+  int64_t storages_requested = 0;
 };
 
 struct ArchiveOptions {
