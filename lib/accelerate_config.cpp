@@ -123,11 +123,6 @@ std::string upper(std::string s) {
 bool all_digits(const std::string& s) {
   return !s.empty() && std::all_of(s.begin(), s.end(), [](unsigned char c) { return std::isdigit(c); });
 }
-std::string join(const std::vector<std::string>& v, const std::string& sep = ", ") {
-  std::string out;
-  for (const auto& s : v) out += (out.empty() ? "" : sep) + s;
-  return out;
-}
 
 // ClusterConfig's dataclass fields (plus fp16 and dynamo_backend, which
 // process_config converts): any other top-level key is an error.

@@ -132,7 +132,7 @@ class Analysis {
     std::vector<std::string> cls(classes.begin(), classes.end());
     add("mixed_precision_override", Severity::Warning,
         "mixed precision and an auto-wrap policy are both set: " + std::to_string(modules.size()) +
-            " module(s) of class " + listing(cls, cls.size()) +
+            " module(s) of class " + join(cls) +
             " are wrapped as separate FSDP units with mixed precision disabled",
         modules, cls);
   }
@@ -217,7 +217,7 @@ class Analysis {
       const auto& held = holders[static_cast<size_t>(f.tensor)];
       const TensorInfo& t = tree_.tensor(f.tensor);
       std::string message = "one tensor (" + std::to_string(t.numel()) + " elements) is used as " +
-                            listing(names, names.size()) + " in units " + listing(units, units.size()) + ": ";
+                            join(names) + " in units " + join(units) + ": ";
       if (!orig) {
         message += "FSDP1 (use_orig_params=False) flattens a copy into each, so it is held " +
                    std::to_string(held.size()) +
@@ -238,7 +238,7 @@ class Analysis {
       std::vector<std::string> to_unwrap;
       for (int u : units_below_common(f.units)) to_unwrap.push_back(quoted_path(tree_.path(plan_.units[static_cast<size_t>(u)].module)));
       message += "; fix: let " + common_unit_name(f.units) + " hold every use by not wrapping " +
-                 listing(to_unwrap, to_unwrap.size());
+                 join(to_unwrap);
       Warning w;
       w.kind = "shared_param_across_units";
       w.severity = Severity::Warning;
@@ -335,7 +335,7 @@ class Analysis {
         w.message = "\"" + key + "\" names " + p + ", which matches no module in the model" +
                     (!exact.empty() ? "; did you mean " + exact + "?"
                      : near.empty() ? ""
-                                    : "; closest class names in the model: " + listing(near, near.size()));
+                                    : "; closest class names in the model: " + join(near));
         w.classes = {p};
         w.suggestions = std::move(near);
         plan_.warnings.push_back(std::move(w));
@@ -391,7 +391,7 @@ class Analysis {
           std::to_string(inferred.size()) + (inferred.size() == 1 ? " module has" : " modules have") +
               " no recorded class (never called during torch.export), taken from " +
               (inferred.size() == 1 ? "its" : "their") + " contents: " + shown(inferred) + " as " +
-              listing({classes.begin(), classes.end()}, classes.size()),
+              join({classes.begin(), classes.end()}),
           inferred, {classes.begin(), classes.end()});
     }
   }

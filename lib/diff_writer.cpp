@@ -107,9 +107,7 @@ std::string diff_summary(const PlanDiff& d) {
   if (!d.units_removed.empty()) units.push_back(std::to_string(d.units_removed.size()) + " removed");
   if (!d.units_changed.empty()) units.push_back(std::to_string(d.units_changed.size()) + " changed");
   if (!units.empty()) {
-    std::string s = "units: ";
-    for (size_t i = 0; i < units.size(); ++i) s += (i ? ", " : "") + units[i];
-    parts.push_back(s);
+    parts.push_back("units: " + join(units));
   }
   if (!d.params_moved.empty()) parts.push_back(plural(d.params_moved.size(), "parameter") + " moved");
   if (!d.params_added.empty() || !d.params_removed.empty())

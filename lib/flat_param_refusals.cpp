@@ -143,7 +143,7 @@ class FlatParamChecks {
       std::vector<std::string> counts;
       for (const auto& [d, n] : numel) counts.push_back(format_count(n) + " " + d);
       units.push_back(tree_.path(u.module));
-      quotes.push_back(unit_name(u) + " (" + listing(counts, counts.size()) + ")");
+      quotes.push_back(unit_name(u) + " (" + join(counts) + ")");
       for (const auto& o : u.params) {
         if (!is_floating_dtype(info(o).dtype)) continue;
         if (info(o).dtype == main_dtype) {

@@ -9,12 +9,6 @@
 namespace fsdp_plan {
 namespace {
 
-std::string joined(const std::vector<std::string>& v) {
-  std::string out;
-  for (const auto& s : v) out += (out.empty() ? "" : ", ") + s;
-  return out;
-}
-
 class Refusals {
  public:
   Refusals(Plan& plan, const Fsdp2Calls& calls, const ClassMatcher& matcher)
@@ -47,7 +41,7 @@ class Refusals {
   std::string unit_name(const Unit& u) const {
     std::vector<std::string> paths;
     for (ModuleId m : u.modules) paths.push_back(quoted_path(tree_.path(m)));
-    return paths.size() == 1 ? paths[0] : "[" + joined(paths) + "]";
+    return paths.size() == 1 ? paths[0] : "[" + join(paths) + "]";
   }
 
   void group_paths() {
@@ -109,7 +103,7 @@ class Refusals {
       const std::string where = "group " + unit_name(u);
       if (trainable.size() > 1) {
         add("fsdp2_mixed_dtype", Severity::Error,
-            where + " has trainable parameters of dtypes " + joined({trainable.begin(), trainable.end()}) +
+            where + " has trainable parameters of dtypes " + join({trainable.begin(), trainable.end()}) +
                 ", and PyTorch fails at the first forward: \"FSDP expects uniform original parameter dtype\"; "
                 "cast them to one dtype before fully_shard, or shard the modules of each dtype in groups of "
                 "their own",
@@ -121,7 +115,7 @@ class Refusals {
       if (all.size() > 1)
         add("fsdp2_frozen_dtype", Severity::Warning,
             where + " has frozen parameters of another dtype than its trainable ones (" +
-                joined({all.begin(), all.end()}) +
+                join({all.begin(), all.end()}) +
                 "): PyTorch 2.8 and later accept it (only trainable parameters must share a dtype, and the "
                 "all-gather runs in bytes), 2.6 and 2.7 refuse it at the first forward (\"FSDP expects uniform "
                 "original parameter dtype\"); with those, shard the frozen modules in a group of their own",
@@ -148,8 +142,8 @@ class Refusals {
         modules.push_back(tree_.path(plan_.units[i].module));
       }
       add("fsdp2_shared_param", Severity::Error,
-          "one tensor (" + joined(names) + ") is managed by " + std::to_string(list.size()) + " fully_shard groups (" +
-              joined(groups) + "): PyTorch 2.13 and later fail at the first forward (\"Parameter '" + names[0] +
+          "one tensor (" + join(names) + ") is managed by " + std::to_string(list.size()) + " fully_shard groups (" +
+              join(groups) + "): PyTorch 2.13 and later fail at the first forward (\"Parameter '" + names[0] +
               "' is shared with a parameter already managed by another FSDP group\"), 2.6 silently unties it "
               "into separately trained copies; put the modules that share it in one call, e.g. a \"groups\" "
               "entry (fully_shard([a, b]))",

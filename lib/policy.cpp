@@ -58,12 +58,6 @@ class Parser {
     }
   }
 
-  static std::string join(const std::vector<std::string>& v) {
-    std::string out;
-    for (const auto& s : v) out += (out.empty() ? "" : ", ") + s;
-    return out;
-  }
-
   std::vector<std::string> string_list(const json& v, const std::string& key, bool names_classes) const {
     if (!v.is_array()) fail("\"" + key + "\" must be a list of strings, not " + type_of(v));
     std::vector<std::string> out;
@@ -295,7 +289,7 @@ std::string fail_on_error(const std::string& kind) {
   if (std::find(valid.begin(), valid.end(), kind) != valid.end()) return "";
   auto near = closest(kind, valid, 1);
   return "names \"" + kind + "\", not a warning kind" +
-         (near.empty() ? " (one of " + Parser::join(valid) + ")" : "; did you mean \"" + near[0] + "\"?");
+         (near.empty() ? " (one of " + join(valid) + ")" : "; did you mean \"" + near[0] + "\"?");
 }
 
 Policy parse_policy(const std::string& text, const std::string& file) { return Parser(file).parse(text); }

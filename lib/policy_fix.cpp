@@ -4,15 +4,10 @@
 #include <map>
 
 #include "class_names.h"
+#include "string_util.h"
 
 namespace fsdp_plan {
 namespace {
-
-std::string join(const std::vector<std::string>& v) {
-  std::string out;
-  for (const auto& s : v) out += (out.empty() ? "" : ", ") + s;
-  return out;
-}
 
 }  // namespace
 

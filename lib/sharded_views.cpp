@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "selection.h"
+#include "string_util.h"
 
 namespace fsdp_plan {
 
@@ -96,16 +97,10 @@ std::string rank_disagreement(const ModuleTree& tree, const Ignored& ignored, co
       if (wrapped[i] && !other[i]) only0.push_back("'" + tree.path(m) + "'");
       if (!wrapped[i] && other[i]) onlyr.push_back("'" + tree.path(m) + "'");
     }
-    auto join = [](const std::vector<std::string>& v) {
-      std::string out;
-      for (size_t i = 0; i < v.size() && i < 3; ++i) out += (i ? ", " : "") + v[i];
-      if (v.size() > 3) out += " and " + std::to_string(v.size() - 3) + " more";
-      return out;
-    };
     std::string diff;
-    if (!only0.empty()) diff += "rank 0 wraps " + join(only0) + " and rank " + std::to_string(r) + " does not";
+    if (!only0.empty()) diff += "rank 0 wraps " + listing(only0) + " and rank " + std::to_string(r) + " does not";
     if (!onlyr.empty())
-      diff += std::string(diff.empty() ? "" : ", ") + "rank " + std::to_string(r) + " wraps " + join(onlyr) +
+      diff += std::string(diff.empty() ? "" : ", ") + "rank " + std::to_string(r) + " wraps " + listing(onlyr) +
               " and rank 0 does not";
     return diff;
   }

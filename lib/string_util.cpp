@@ -185,4 +185,13 @@ std::string listing(const std::vector<std::string>& items, size_t shown) {
   return out;
 }
 
+std::string join(const std::vector<std::string>& items, std::string_view sep) {
+  std::string out;
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (i) out += sep;
+    out += items[i];
+  }
+  return out;
+}
+
 }  // namespace fsdp_plan

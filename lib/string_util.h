@@ -28,6 +28,8 @@ std::string path_or_root(const std::string& path);
 
 // A list for a message: "a, b, c and 4 more" (the first `shown` items).
 std::string listing(const std::vector<std::string>& items, size_t shown = 3);
+// All of them: "a, b, c".
+std::string join(const std::vector<std::string>& items, std::string_view sep = ", ");
 
 // 1536 -> "1.5 KiB"; 12 -> "12 B"
 std::string format_bytes(int64_t bytes);

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "class_names.h"
+#include "string_util.h"
 
 namespace fsdp_plan {
 
@@ -45,9 +46,7 @@ EdgeModules edge_modules(const ModuleTree& tree, const std::vector<bool>& block,
 }
 
 std::string group_label(const Fsdp2Group& g) {
-  std::string out = "[";
-  for (size_t i = 0; i < g.modules.size(); ++i) out += (i ? ", " : "") + g.modules[i];
-  out += "]";
+  std::string out = "[" + join(g.modules) + "]";
   if (g.reshard_after_forward && g.reshard_after_forward->kind == ReshardAfterForward::Kind::False)
     out += " kept after forward";
   return out;

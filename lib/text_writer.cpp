@@ -20,12 +20,6 @@ bool is_index(const std::string& s) {
   return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
 }
 
-std::string join(const std::vector<std::string>& v) {
-  std::string out;
-  for (const auto& s : v) out += (out.empty() ? "" : ", ") + s;
-  return out;
-}
-
 std::string describe_policy(const Policy& p, int fsdp_version) {
   std::vector<std::string> parts;
   if (p.module_classes) parts.push_back("module_classes [" + join(*p.module_classes) + "]");

@@ -70,3 +70,15 @@ TEST_CASE("parse_size rejects what is not a size") {
   CHECK_FALSE(parse_size("100000PiB"));
   CHECK_FALSE(parse_size("123456789012345678901"));    // too many digits
 }
+
+TEST_CASE("listing shows the first few; join shows all") {
+  const std::vector<std::string> five = {"a", "b", "c", "d", "e"};
+  CHECK(listing(five) == "a, b, c and 2 more");
+  CHECK(listing(five, 5) == "a, b, c, d, e");
+  CHECK(join(five) == "a, b, c, d, e");
+  CHECK(join(five, "; ") == "a; b; c; d; e");
+  CHECK(join({}) == "");
+  CHECK(join({"only"}) == "only");
+  // An empty item keeps its place (the root's path is empty).
+  CHECK(join({"", "lm_head"}) == ", lm_head");
+}
