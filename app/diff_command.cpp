@@ -2,10 +2,9 @@
 
 #include <CLI/CLI.hpp>
 
-#include <iostream>
 
+#include "command.h"
 #include "diff_writer.h"
-#include "errors.h"
 #include "file_io.h"
 #include "json_input.h"
 #include "plan_diff.h"
@@ -22,29 +21,16 @@ int diff_main(int argc, char** argv) {
   app.add_option("-o,--output", output, "write the difference to FILE (atomically) instead of stdout");
   app.footer("Not differences: the model's path, key order, unit indices, warning wording.\n"
              "Exit codes: 0 same plan; 1 the plans differ; 2 usage, input or output error; 3 internal error.");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    std::cerr << "fsdp-plan: error: diff: " << e.what() << " (see fsdp-plan diff --help)\n";
-    return 2;
-  }
-  try {
+  if (auto done = parse_command(app, argc, argv, "diff")) return *done;
+  return run_guarded([&] {
     nlohmann::json a = load_plan_file(old_file), b = load_plan_file(new_file);
     PlanDiff d = diff_plans(a, b);
     DiffSide old_side{old_file, &a}, new_side{new_file, &b};
     std::string text = format == "json" ? diff_to_json(d, old_side, new_side).dump(1) + "\n"
                                         : diff_to_text(d, old_side, new_side);
     write_output(output, text, "difference");
-    return d.equal() ? 0 : 1;
-  } catch (const InputError& e) {
-    std::cerr << "fsdp-plan: error: " << e.file() << ": " << e.what() << "\n";
-    return 2;
-  } catch (const std::exception& e) {
-    std::cerr << "fsdp-plan: internal error: " << e.what() << "\n";
-    return 3;
-  }
+    return d.equal() ? kExitOk : kExitRefused;
+  });
 }
 
 }  // namespace fsdp_plan

@@ -20,6 +20,7 @@
 #include <optional>
 
 #include "accelerate_config.h"
+#include "command.h"
 #include "diff_command.h"
 #include "emit.h"
 #include "suggest_command.h"
@@ -39,10 +40,9 @@
 
 namespace {
 
-constexpr int kExitOk = 0;
-constexpr int kExitRefused = 1;
-constexpr int kExitInputError = 2;
-constexpr int kExitInternal = 3;
+using fsdp_plan::kExitInputError;
+using fsdp_plan::kExitOk;
+using fsdp_plan::kExitRefused;
 
 // A command line that parses but makes no sense (exit 2, no file to name).
 struct UsageError : std::runtime_error {
@@ -325,19 +325,15 @@ int main(int argc, char** argv) {
   opt.format_given = format->count() > 0;
   opt.dump_tree_text = opt.dump_tree && opt.format_given && opt.format == "text";
   setup_logging(opt);
-  try {
-    return run(opt);
-  } catch (const UsageError& e) {
-    std::cerr << "fsdp-plan: error: " << e.what() << "\n";
-    return kExitInputError;
-  } catch (const fsdp_plan::EmitError& e) {
-    std::cerr << "fsdp-plan: error: --emit " << opt.emit << ": " << e.what() << "\n";
-    return kExitInputError;
-  } catch (const fsdp_plan::InputError& e) {
-    std::cerr << "fsdp-plan: error: " << e.file() << ": " << e.what() << "\n";
-    return kExitInputError;
-  } catch (const std::exception& e) {
-    std::cerr << "fsdp-plan: internal error: " << e.what() << "\n";
-    return kExitInternal;
-  }
+  return fsdp_plan::run_guarded([&] {
+    try {
+      return run(opt);
+    } catch (const UsageError& e) {
+      std::cerr << "fsdp-plan: error: " << e.what() << "\n";
+      return kExitInputError;
+    } catch (const fsdp_plan::EmitError& e) {
+      std::cerr << "fsdp-plan: error: --emit " << opt.emit << ": " << e.what() << "\n";
+      return kExitInputError;
+    }
+  });
 }

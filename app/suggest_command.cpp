@@ -7,6 +7,7 @@
 #include <iostream>
 #include <optional>
 
+#include "command.h"
 #include "emit.h"
 #include "errors.h"
 #include "file_io.h"
@@ -70,15 +71,8 @@ int suggest_main(int argc, char** argv) {
              "split a tied weight; each comes back with the fix the refusal names (frozen parameters in units of their "
              "own, tied weights in one unit) as a candidate of its own. Ranked: fits the budget, then fewer units, then lower peak, then smaller root "
              "share.\nExit codes: 0 a policy fits; 1 none fits; 2 usage, input or output error; 3 internal error.");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    std::cerr << "fsdp-plan: error: suggest: " << e.what() << " (see fsdp-plan suggest --help)\n";
-    return 2;
-  }
-  try {
+  if (auto done = parse_command(app, argc, argv, "suggest")) return *done;
+  return run_guarded([&] {
     Policy base;
     if (!policy_file.empty()) base = load_policy_file(policy_file);
     if (world_size) base.fsdp.world_size = *world_size;
@@ -89,7 +83,7 @@ int suggest_main(int argc, char** argv) {
     if (why.empty()) why = base.combination_error();
     if (!why.empty()) {
       std::cerr << "fsdp-plan: error: suggest: " << why << "\n";
-      return 2;
+      return kExitInputError;
     }
     check_readable_file(model);
     ModuleTree tree = load_model(model, LoaderKind::Archive);
@@ -118,7 +112,7 @@ int suggest_main(int argc, char** argv) {
       std::cerr << report;
       if (!fits) {
         std::cerr << "fsdp-plan: error: suggest: --emit " << emit << ": nothing written: no policy fits the budget\n";
-        return 1;
+        return kExitRefused;
       }
       const Candidate& best = s.ranked.front();
       Plan plan = make_plan(tree, best.policy, model);  // best.plan is for ranking: this one is whole
@@ -127,23 +121,17 @@ int suggest_main(int argc, char** argv) {
         text = emit == "torch" ? plan_to_torch(plan) : plan_to_accelerate(plan);
       } catch (const EmitError& e) {
         std::cerr << "fsdp-plan: error: suggest: --emit " << emit << ": " << best.label << ": " << e.what() << "\n";
-        return 2;
+        return kExitInputError;
       }
       if (!output.empty()) write_output(output, policy_file_json(best.policy).dump(2) + "\n", "policy");
       write_output("", text, emit == "torch" ? "Python code" : "Accelerate config");
-      return 0;
+      return kExitOk;
     }
     // The policy file first: if it cannot be written, no report claims it was.
     if (!output.empty() && fits) write_output(output, policy_file_json(s.ranked.front().policy).dump(2) + "\n", "policy");
     write_output("", report, "report");
-    return fits ? 0 : 1;
-  } catch (const InputError& e) {
-    std::cerr << "fsdp-plan: error: " << e.file() << ": " << e.what() << "\n";
-    return 2;
-  } catch (const std::exception& e) {
-    std::cerr << "fsdp-plan: internal error: " << e.what() << "\n";
-    return 3;
-  }
+    return fits ? kExitOk : kExitRefused;
+  });
 }
 
 }  // namespace fsdp_plan
