@@ -73,7 +73,43 @@ struct Reader::Source {
   }
 };
 
-Reader::Reader(std::unique_ptr<Source> source) : source_(std::move(source)) {
+// zlib's inflate state and 32 KiB window, allocated once and reset per record.
+struct Reader::Inflater {
+  z_stream z{};
+  bool ready = false;
+  ~Inflater() {
+    if (ready) inflateEnd(&z);
+  }
+
+  // Raw deflate into exactly `out`; false if the stream is damaged or gives
+  // more or fewer bytes.
+  bool inflate_exact(const std::string& in, std::string& out) {
+    if (!ready) {
+      if (inflateInit2(&z, -MAX_WBITS) != Z_OK) return false;
+      ready = true;
+    } else if (inflateReset(&z) != Z_OK) {
+      return false;
+    }
+    z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(in.data()));
+    z.next_out = reinterpret_cast<Bytef*>(out.data());
+    size_t in_left = in.size(), out_left = out.size();
+    int rc = Z_OK;
+    while (rc == Z_OK) {
+      // uInt is 32 bits: feed big buffers in pieces.
+      const uInt in_chunk = static_cast<uInt>(std::min<size_t>(in_left, 1u << 30));
+      const uInt out_chunk = static_cast<uInt>(std::min<size_t>(out_left, 1u << 30));
+      z.avail_in = in_chunk;
+      z.avail_out = out_chunk;
+      rc = inflate(&z, Z_NO_FLUSH);
+      in_left -= in_chunk - z.avail_in;
+      out_left -= out_chunk - z.avail_out;
+      if (rc == Z_OK && in_chunk == z.avail_in && out_chunk == z.avail_out) rc = Z_BUF_ERROR;  // stuck
+    }
+    return rc == Z_STREAM_END && out_left == 0;
+  }
+};
+
+Reader::Reader(std::unique_ptr<Source> source) : source_(std::move(source)), inflater_(std::make_unique<Inflater>()) {
   // libzip turns each entry's DOS time into a time_t with mktime(), and with
   // TZ unset glibc stats /etc/localtime on every call: 150,000 stats for
   // 150,000 entries. TZ=:/etc/localtime names the zone glibc already uses.
@@ -195,34 +231,6 @@ uint64_t Reader::max_honest_size(const Entry& e) const {
   return e.method == 0 ? file_size() : e.comp_size * kMaxDeflateRatio + 64;
 }
 
-namespace {
-
-// Raw deflate into exactly `out`; false if the stream is damaged or gives
-// more or fewer bytes.
-bool inflate_exact(const std::string& in, std::string& out) {
-  z_stream z{};
-  if (inflateInit2(&z, -MAX_WBITS) != Z_OK) return false;
-  z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(in.data()));
-  z.next_out = reinterpret_cast<Bytef*>(out.data());
-  size_t in_left = in.size(), out_left = out.size();
-  int rc = Z_OK;
-  while (rc == Z_OK) {
-    // uInt is 32 bits: feed big buffers in pieces.
-    const uInt in_chunk = static_cast<uInt>(std::min<size_t>(in_left, 1u << 30));
-    const uInt out_chunk = static_cast<uInt>(std::min<size_t>(out_left, 1u << 30));
-    z.avail_in = in_chunk;
-    z.avail_out = out_chunk;
-    rc = inflate(&z, Z_NO_FLUSH);
-    in_left -= in_chunk - z.avail_in;
-    out_left -= out_chunk - z.avail_out;
-    if (rc == Z_OK && in_chunk == z.avail_in && out_chunk == z.avail_out) rc = Z_BUF_ERROR;  // stuck
-  }
-  inflateEnd(&z);
-  return rc == Z_STREAM_END && out_left == 0;
-}
-
-}  // namespace
-
 std::string Reader::read(const Entry& e, bool verify_crc) {
   if (e.method != 0 && e.method != 8) {
     throw Error(Error::kDamaged, "zip compression method " + std::to_string(e.method) +
@@ -246,7 +254,7 @@ std::string Reader::read(const Entry& e, bool verify_crc) {
     out = std::move(raw);
   } else {
     out.assign(static_cast<size_t>(e.uncomp_size), '\0');
-    if (!inflate_exact(raw, out)) throw Error(Error::kDamaged, "cannot decompress it");
+    if (!inflater_->inflate_exact(raw, out)) throw Error(Error::kDamaged, "cannot decompress it");
   }
   if (verify_crc) {
     uLong crc = crc32(0L, Z_NULL, 0);

@@ -69,6 +69,8 @@ class Reader {
   explicit Reader(std::unique_ptr<Source> source);
   void read_entries();  // the directory, after the archive is open
   std::unique_ptr<Source> source_;
+  struct Inflater;  // one zlib stream for every record: a TorchScript file can have 50,000 deflated ones
+  std::unique_ptr<Inflater> inflater_;
   ::zip* archive_ = nullptr;
   std::vector<Entry> entries_;
   // Open addressing over entries_: slot = index + 1, 0 empty. No allocation
