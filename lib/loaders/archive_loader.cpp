@@ -87,6 +87,7 @@ class ArchiveLoader {
     {
       std::string pkl = read_record("data.pkl");
       read_code();
+      decls_.reserve(code_.size());  // about a class per file; mangled ones make 50,000
       // libzip's directory (an entry per storage: 150,000 for 150,000
       // tensors) is not needed any more: free it before the pickle grows.
       close_zip();
@@ -98,7 +99,7 @@ class ArchiveLoader {
     }
     stats_.storages_requested = static_cast<int64_t>(pkl_.storages.size());
     const NodeId root = pkl_.root;
-    if (kind(root) != Kind::Object || !decl_of(pkl_.class_name(root)).is_module) {
+    if (kind(root) != Kind::Object || !class_of(root).is_module) {
       throw InputError(path_, "data.pkl does not hold a module");
     }
     return build(root);
@@ -151,12 +152,13 @@ class ArchiveLoader {
   bool has_record(const std::string& name) const { return dir_->find(prefix_ + name) != nullptr; }
 
   // The class declarations under code/, read while the zip is open.
+  // A file with mangled classes has one per module: 50,000 records.
   void read_code() {
     const std::string code = prefix_ + "code/";
     for (const zip::Entry& e : dir_->entries()) {
       if (e.name.rfind(code, 0) == 0 && e.name.size() > 3 && e.name.compare(e.name.size() - 3, 3, ".py") == 0) {
-        const std::string name(e.name.substr(prefix_.size()));
-        if (!code_.count(name)) code_.emplace(name, read_record(name));
+        auto [it, added] = code_.try_emplace(std::string(e.name.substr(prefix_.size())));
+        if (added) it->second = read_entry(e, it->first);  // entries in order: the first of a name, as find() gives
       }
     }
   }
@@ -176,20 +178,22 @@ class ArchiveLoader {
       throw InputError(path_, "record " + name + " is missing: the file is incomplete or damaged; " +
                                   kCopyAgain);
     }
-    const std::string damaged = "record " + name + " is damaged (";
-    const std::string again = "); " + std::string(kCopyAgain);
-    if (e->uncomp_size > kMaxStructureRecord || e->uncomp_size > dir_->max_honest_size(*e)) {
-      throw InputError(path_, "record " + name + " claims to be " + std::to_string(e->uncomp_size) +
+    return read_entry(*e, name);
+  }
+
+  std::string read_entry(const zip::Entry& e, const std::string& name) {
+    if (e.uncomp_size > kMaxStructureRecord || e.uncomp_size > dir_->max_honest_size(e)) {
+      throw InputError(path_, "record " + name + " claims to be " + std::to_string(e.uncomp_size) +
                                   " bytes, more than " +
-                                  (e->method == 0 ? "the file holds (" + std::to_string(dir_->file_size()) +
-                                                        " bytes)"
-                                                  : "its compressed data can give") +
+                                  (e.method == 0 ? "the file holds (" + std::to_string(dir_->file_size()) +
+                                                       " bytes)"
+                                                 : "its compressed data can give") +
                                   ": the file is damaged; " + kCopyAgain);
     }
     try {
-      return dir_->read(*e, options_.verify_crc);
+      return dir_->read(e, options_.verify_crc);
     } catch (const zip::Error& err) {
-      throw InputError(path_, damaged + err.what() + again);
+      throw InputError(path_, "record " + name + " is damaged (" + err.what() + "); " + kCopyAgain);
     }
   }
 
@@ -249,6 +253,15 @@ class ArchiveLoader {
     it = decls_.find(name);
     if (it == decls_.end()) throw InputError(path_, "class " + name + " is not declared in " + file);
     return it->second;
+  }
+
+  // The declaration of an object's class, remembered by the pickle's string
+  // for the class name: a hash of the name per module costs more than planning.
+  const ClassDecl& class_of(NodeId object) {
+    if (class_cache_.empty()) class_cache_.assign(pkl_.strings.size(), nullptr);
+    const ClassDecl*& decl = class_cache_[pkl_.node(pkl_.object(object).cls).ref];
+    if (!decl) decl = &decl_of(pkl_.class_name(object));  // unordered_map elements stay put
+    return *decl;
   }
 
   // Whether an attribute annotated `type` could hold a module: it names a
@@ -321,7 +334,7 @@ class ArchiveLoader {
       stack.pop_back();
       children.clear();
       const std::string& cls = pkl_.class_name(obj);
-      const ClassDecl& decl = decl_of(cls);
+      const ClassDecl& decl = class_of(obj);
       const State state(pkl_, pkl_.object(obj).state);
       if (!state.is_dict()) {
         // A __setstate__ class pickles whatever its __getstate__ returned and
@@ -349,7 +362,7 @@ class ArchiveLoader {
           if (kind(v) == Kind::Tensor) tree.add_param(id, attr.name, tensor_id(tree, v));
         } else if (attr.is_buffer) {
           if (kind(v) == Kind::Tensor) tree.add_buffer(id, attr.name, tensor_id(tree, v));
-        } else if (kind(v) == Kind::Object && decl_of(pkl_.class_name(v)).is_module) {
+        } else if (kind(v) == Kind::Object && class_of(v).is_module) {
           ModuleId cid = tree.add_module(id, attr.name, pkl_.class_name(v));
           children.emplace_back(v, cid);
         }
@@ -399,6 +412,7 @@ class ArchiveLoader {
   std::string prefix_;  // "archive/"
   pickle::Pickle pkl_;
   std::unordered_map<std::string, ClassDecl> decls_;
+  std::vector<const ClassDecl*> class_cache_;  // by pickle string index; see class_of
   std::unordered_map<std::string, std::string> code_;  // "code/__torch__/a.py" -> source
   std::vector<TensorId> tensor_ids_;  // by pickle tensor; -1 until added to the tree
   int64_t total_bytes_ = 0;

@@ -1,14 +1,16 @@
 #include "class_decls.h"
 
+#include <algorithm>
 #include <cctype>
 #include <stdexcept>
+#include <string_view>
 #include <unordered_set>
 
 namespace fsdp_plan {
 namespace {
 
-bool starts_with(const std::string& s, size_t pos, const char* prefix) {
-  return s.compare(pos, std::char_traits<char>::length(prefix), prefix) == 0;
+bool starts_with(std::string_view s, size_t pos, std::string_view prefix) {
+  return pos <= s.size() && s.substr(pos, prefix.size()) == prefix;
 }
 
 bool is_ident_char(char c) {
@@ -17,7 +19,7 @@ bool is_ident_char(char c) {
 
 // Reads the quoted string literal starting at line[pos] (a quote), as the
 // TorchScript printer writes it; advances pos past the closing quote.
-std::string read_string_literal(const std::string& line, size_t& pos) {
+std::string read_string_literal(std::string_view line, size_t& pos) {
   const char quote = line.at(pos++);
   std::string out;
   while (pos < line.size() && line[pos] != quote) {
@@ -30,7 +32,7 @@ std::string read_string_literal(const std::string& line, size_t& pos) {
         case 'r': c = '\r'; break;
         case 'x':
           if (pos + 2 > line.size()) throw std::runtime_error("bad escape in string literal");
-          c = static_cast<char>(std::stoi(line.substr(pos, 2), nullptr, 16));
+          c = static_cast<char>(std::stoi(std::string(line.substr(pos, 2)), nullptr, 16));
           pos += 2;
           break;
         default: c = e; break;  // \\ \" \'
@@ -38,16 +40,16 @@ std::string read_string_literal(const std::string& line, size_t& pos) {
     }
     out.push_back(c);
   }
-  if (pos >= line.size()) throw std::runtime_error("unterminated string literal: " + line);
+  if (pos >= line.size()) throw std::runtime_error("unterminated string literal: " + std::string(line));
   ++pos;  // closing quote
   return out;
 }
 
 // `["a", "b", ]` -> {a, b}
-std::unordered_set<std::string> read_name_list(const std::string& line, size_t pos) {
+std::unordered_set<std::string> read_name_list(std::string_view line, size_t pos) {
   std::unordered_set<std::string> names;
   pos = line.find('[', pos);
-  if (pos == std::string::npos) throw std::runtime_error("expected a list: " + line);
+  if (pos == std::string_view::npos) throw std::runtime_error("expected a list: " + std::string(line));
   ++pos;
   while (pos < line.size() && line[pos] != ']') {
     if (line[pos] == '"' || line[pos] == '\'') {
@@ -61,8 +63,14 @@ std::unordered_set<std::string> read_name_list(const std::string& line, size_t p
 
 }  // namespace
 
-std::unordered_map<std::string, ClassDecl> parse_class_decls(const std::string& source) {
-  std::unordered_map<std::string, ClassDecl> classes;
+const ClassDecl* find_class(const ClassDecls& decls, const std::string& name) {
+  for (const auto& [n, d] : decls)
+    if (n == name) return &d;
+  return nullptr;
+}
+
+ClassDecls parse_class_decls(const std::string& source) {
+  ClassDecls classes;
   ClassDecl* cur = nullptr;
   // Flags are given by name before or after the attribute lines; apply at the end.
   std::unordered_set<std::string> params, buffers;
@@ -78,13 +86,16 @@ std::unordered_map<std::string, ClassDecl> parse_class_decls(const std::string& 
     buffers.clear();
   };
 
+  // Lines are views: a mangled-class file has one class per module, and only
+  // names and types are kept.
+  const std::string_view text = source;
   size_t start = 0;
-  while (start < source.size()) {
-    size_t end = source.find('\n', start);
-    if (end == std::string::npos) end = source.size();
-    std::string line = source.substr(start, end - start);
+  while (start < text.size()) {
+    size_t end = text.find('\n', start);
+    if (end == std::string_view::npos) end = text.size();
+    std::string_view line = text.substr(start, end - start);
     start = end + 1;
-    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
     if (line.empty()) continue;
 
     if (line[0] != ' ') {  // top level: a class header ends the previous class
@@ -93,10 +104,12 @@ std::unordered_map<std::string, ClassDecl> parse_class_decls(const std::string& 
         size_t p = 6;
         size_t name_end = p;
         while (name_end < line.size() && is_ident_char(line[name_end])) ++name_end;
-        if (name_end == p) throw std::runtime_error("malformed class header: " + line);
-        std::string name = line.substr(p, name_end - p);
-        ClassDecl& decl = classes[name];
-        decl = ClassDecl{};
+        if (name_end == p) throw std::runtime_error("malformed class header: " + std::string(line));
+        std::string name(line.substr(p, name_end - p));
+        auto it = std::find_if(classes.begin(), classes.end(), [&](const auto& c) { return c.first == name; });
+        if (it == classes.end()) it = classes.emplace(classes.end(), std::move(name), ClassDecl{});
+        ClassDecl& decl = it->second;
+        decl = ClassDecl{};  // declared again: the later body wins
         decl.is_module = starts_with(line, name_end, "(Module)");
         cur = &decl;
       }
@@ -116,12 +129,12 @@ std::unordered_map<std::string, ClassDecl> parse_class_decls(const std::string& 
       // __annotations__["0"] = Type: an attribute whose name is not an identifier.
       size_t q = p + 16;
       if (q >= line.size() || (line[q] != '"' && line[q] != '\'')) {
-        throw std::runtime_error("malformed attribute: " + line);
+        throw std::runtime_error("malformed attribute: " + std::string(line));
       }
       std::string name = read_string_literal(line, q);
       const size_t eq = line.find(" = ", q);
-      if (eq == std::string::npos) throw std::runtime_error("malformed attribute: " + line);
-      cur->attributes.push_back({std::move(name), line.substr(eq + 3), false, false});
+      if (eq == std::string_view::npos) throw std::runtime_error("malformed attribute: " + std::string(line));
+      cur->attributes.push_back({std::move(name), std::string(line.substr(eq + 3)), false, false});
     } else if (is_ident_char(line[p])) {
       // `name : Type` is an attribute; `name : Final[T] = v` a constant;
       // `__forward_hooks__ = [...]` and friends have no annotation.
@@ -129,9 +142,9 @@ std::unordered_map<std::string, ClassDecl> parse_class_decls(const std::string& 
       while (name_end < line.size() && is_ident_char(line[name_end])) ++name_end;
       if (!starts_with(line, name_end, " : ")) continue;
       // Types never contain '=', so an '=' after the annotation means a value.
-      if (line.find('=', name_end) != std::string::npos) continue;
+      if (line.find('=', name_end) != std::string_view::npos) continue;
       cur->attributes.push_back(
-          {line.substr(p, name_end - p), line.substr(name_end + 3), false, false});
+          {std::string(line.substr(p, name_end - p)), std::string(line.substr(name_end + 3)), false, false});
     }
   }
   finish();

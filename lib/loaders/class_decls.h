@@ -7,7 +7,7 @@
 #pragma once
 
 #include <string>
-#include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace fsdp_plan {
@@ -25,8 +25,17 @@ struct ClassDecl {
   std::vector<AttributeDecl> attributes;  // declaration order
 };
 
-// Parses one `code/...py` file. Keys are the bare class names ("Linear").
-// Throws std::runtime_error with a one-line message on a malformed class header.
-std::unordered_map<std::string, ClassDecl> parse_class_decls(const std::string& source);
+// The classes of one `code/...py` file by bare name ("Linear"), in order of
+// first declaration; a name declared twice keeps the later body. A vector,
+// not a map: a file holds a class or two, and a file with mangled classes
+// comes once per module.
+using ClassDecls = std::vector<std::pair<std::string, ClassDecl>>;
+
+// Parses one file. Throws std::runtime_error with a one-line message on a
+// malformed class header.
+ClassDecls parse_class_decls(const std::string& source);
+
+// The class named `name` in `decls`, or nullptr.
+const ClassDecl* find_class(const ClassDecls& decls, const std::string& name);
 
 }  // namespace fsdp_plan

@@ -8,6 +8,12 @@ using fsdp_plan::parse_class_decls;
 
 namespace {
 
+const fsdp_plan::ClassDecl& at(const fsdp_plan::ClassDecls& decls, const std::string& name) {
+  const fsdp_plan::ClassDecl* d = fsdp_plan::find_class(decls, name);
+  REQUIRE(d);
+  return *d;
+}
+
 std::vector<std::string> names(const fsdp_plan::ClassDecl& d) {
   std::vector<std::string> out;
   for (const auto& a : d.attributes) out.push_back(a.name);
@@ -39,7 +45,7 @@ TEST_CASE("module header: attributes in order, flags by name, constants skipped"
       "  return x\n";
   auto classes = parse_class_decls(src);
   REQUIRE(classes.size() == 2);
-  const auto& lin = classes.at("Linear");
+  const auto& lin = at(classes, "Linear");
   CHECK(lin.is_module);
   CHECK_FALSE(lin.has_setstate);
   CHECK(names(lin) == std::vector<std::string>{"weight", "bias", "training", "0"});
@@ -49,7 +55,7 @@ TEST_CASE("module header: attributes in order, flags by name, constants skipped"
   CHECK(lin.attributes[1].is_param);
   CHECK_FALSE(lin.attributes[2].is_param);
   CHECK_FALSE(lin.attributes[3].is_buffer);
-  const auto& plain = classes.at("Plain");
+  const auto& plain = at(classes, "Plain");
   CHECK_FALSE(plain.is_module);
   CHECK(plain.has_setstate);
   CHECK(names(plain) == std::vector<std::string>{"t"});
@@ -62,11 +68,27 @@ TEST_CASE("buffers and escaped names") {
       "  __buffers__ = [\"running_mean\", \"a\\\"b\", ]\n"
       "  running_mean : Tensor\n"
       "  __annotations__[\"a\\\"b\"] = Tensor\n");
-  const auto& b = classes.at("B");
+  const auto& b = at(classes, "B");
   REQUIRE(b.attributes.size() == 2);
   CHECK(b.attributes[0].is_buffer);
   CHECK(b.attributes[1].name == "a\"b");
   CHECK(b.attributes[1].is_buffer);
+}
+
+TEST_CASE("classes in order of first declaration; a class declared again keeps the later body") {
+  auto classes = parse_class_decls(
+      "class A(Module):\n"
+      "  x : Tensor\n"
+      "class B:\n"
+      "  y : int\n"
+      "class A:\n"
+      "  z : Tensor\n");
+  REQUIRE(classes.size() == 2);
+  CHECK(classes[0].first == "A");
+  CHECK(classes[1].first == "B");
+  CHECK_FALSE(at(classes, "A").is_module);
+  CHECK(names(at(classes, "A")) == std::vector<std::string>{"z"});
+  CHECK(fsdp_plan::find_class(classes, "C") == nullptr);
 }
 
 TEST_CASE("malformed input throws") {
