@@ -119,6 +119,14 @@ std::string plan_to_accelerate_fsdp2(const Plan& plan) {
     if (!mp.param_dtype || mp.param_dtype != mp.reduce_dtype)
       refuse_accelerate("mixed precision with param and reduce dtypes that differ (or are unset); Accelerate's mixed_precision "
                         "sets both to one dtype");
+    // set_mixed_precision: MixedPrecisionPolicy(param_dtype=d, reduce_dtype=d, output_dtype=d), the
+    // default cast_forward_inputs. An unset output_dtype is let through: the plan does not model it.
+    if (mp.output_dtype && mp.output_dtype != mp.param_dtype)
+      refuse_accelerate("mixed_precision.output_dtype " + *mp.output_dtype + " differs from param_dtype " +
+                        *mp.param_dtype + "; Accelerate's MixedPrecisionPolicy sets output_dtype to the param dtype");
+    if (!mp.casts_forward_inputs(2))
+      refuse_accelerate("mixed_precision.cast_forward_inputs is false; Accelerate's MixedPrecisionPolicy keeps the "
+                        "default (true)");
     mixed_precision = accelerate_mixed_precision(*mp.param_dtype);
   }
   const bool reshard = p.fsdp.reshard_after_forward.kind != ReshardAfterForward::Kind::False;

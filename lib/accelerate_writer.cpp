@@ -24,6 +24,15 @@ std::string mixed_precision_key(const Policy& p) {
   if (!mp.param_dtype || mp.param_dtype != mp.reduce_dtype || mp.param_dtype != mp.buffer_dtype)
     refuse_accelerate("mixed precision with param, reduce and buffer dtypes that differ (or are unset); Accelerate's "
                       "mixed_precision sets all three to one dtype");
+  // set_mixed_precision passes the three dtypes only: the rest keep MixedPrecision's defaults.
+  if (mp.keep_low_grads())
+    refuse_accelerate("mixed_precision.keep_low_precision_grads is true; Accelerate's MixedPrecision keeps the default "
+                      "(false)");
+  if (mp.casts_forward_inputs(1))
+    refuse_accelerate("mixed_precision.cast_forward_inputs is true; Accelerate's MixedPrecision keeps the default (false)");
+  if (!mp.casts_root_forward_inputs())
+    refuse_accelerate("mixed_precision.cast_root_forward_inputs is false; Accelerate's MixedPrecision keeps the default "
+                      "(true)");
   return accelerate_mixed_precision(*mp.param_dtype);
 }
 

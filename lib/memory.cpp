@@ -159,11 +159,13 @@ MemoryPlan estimate_memory(const Plan& plan, const MemorySettings& settings, boo
   const auto& mp = plan.policy.mixed_precision;
   const int64_t mp_param = mp && mp->param_dtype ? dtype_itemsize(*mp->param_dtype) : 0;
   const int64_t mp_buffer = mp && mp->buffer_dtype ? dtype_itemsize(*mp->buffer_dtype) : 0;
+  const int64_t mp_reduce = mp && mp->reduce_dtype ? dtype_itemsize(*mp->reduce_dtype) : 0;
+  const bool keep_low_grads = mp && mp->keep_low_grads();
   const int states = optimizer_states(settings.optimizer);
 
   // Per unit: what it holds for good, and what it adds while gathered.
   const size_t n = plan.units.size();
-  std::vector<int64_t> gathered(n), grad_unsharded(n), grad_sharded(n), view_grads(n);
+  std::vector<int64_t> gathered(n), grad_unsharded(n), grad_sharded(n), grad_kept(n), view_grads(n);
   RankMemory& r = mem.per_rank;
   for (size_t i = 0; i < n; ++i) {
     const Unit& u = plan.units[i];
@@ -184,13 +186,24 @@ MemoryPlan estimate_memory(const Plan& plan, const MemorySettings& settings, boo
     const bool trains = u.trainable_numel > 0;
     grad_unsharded[i] = trains ? gathered[i] : 0;
     grad_sharded[i] = trains ? um.sharded_bytes : 0;
+    // keep_low_precision_grads, on units that run in mixed precision: sharded
+    // strategies still cast the reduce-scattered gradient to the parameter
+    // dtype and hold it so through backward (_accumulate_sharded_grad), then
+    // cast it to param_dtype for the optimizer (prepare_gradient_for_optim);
+    // NO_SHARD skips the cast and keeps the gradient in the reduce dtype.
+    grad_kept[i] = grad_sharded[i];
+    if (trains && keep_low_grads && u.mixed_precision.value_or(false)) {
+      const int64_t reduce = mp_reduce > 0 ? mp_reduce : mp_param > 0 ? mp_param : itemsize;
+      grad_kept[i] = um.sharded_numel * (sharded ? um.compute_itemsize : reduce);
+      if (!sharded) grad_sharded[i] = grad_kept[i];
+    }
     // The original parameters are views of the flat one: in the unit's
     // backward, autograd holds each one's gradient until it concatenates them
     // into the flat gradient (SplitWithSizesBackward), so for that moment the
     // unit's gradient exists twice.
     view_grads[i] = trains ? u.param_numel * um.compute_itemsize : 0;
     r.params_bytes += um.sharded_bytes;
-    r.grads_bytes += grad_sharded[i];
+    r.grads_bytes += grad_kept[i];
     int64_t state_numel = trains ? um.sharded_numel : 0;
     if (trains && u.frozen_numel > 0 && settings.use_orig_params)
       state_numel = trainable_in_first_shard(plan, u, itemsize, true, um.sharded_numel);

@@ -22,7 +22,9 @@ const std::vector<std::string> kTopKeys = {"$schema", "module_classes", "min_num
 const std::vector<std::string> kChecksKeys = {"max_unit_numel", "max_units", "max_root_share", "max_peak_bytes",
                                               "fail_on", "warn_root_share"};
 const std::vector<std::string> kMixedPrecisionKeys = {"param_dtype", "reduce_dtype", "buffer_dtype",
-                                                      "ignore_classes"};
+                                                      "ignore_classes", "keep_low_precision_grads",
+                                                      "cast_forward_inputs", "cast_root_forward_inputs",
+                                                      "output_dtype"};
 const std::vector<std::string> kFsdpKeys = {"world_size", "sharding_strategy", "shard_group_size",
                                             "use_orig_params", "optimizer", "version",
                                             "reshard_after_forward", "cpu_offload"};
@@ -253,13 +255,24 @@ class Parser {
       if (!it->is_object()) fail("\"mixed_precision\" must be an object or null, not " + type_of(*it));
       check_keys(*it, kMixedPrecisionKeys, " in \"mixed_precision\"");
       MixedPrecision mp;
-      for (const char* key : {"param_dtype", "reduce_dtype", "buffer_dtype"}) {
+      for (const char* key : {"param_dtype", "reduce_dtype", "buffer_dtype", "output_dtype"}) {
         auto f = it->find(key);
         if (f == it->end()) continue;
         auto d = dtype(*f, key);
         if (std::string(key) == "param_dtype") mp.param_dtype = d;
         if (std::string(key) == "reduce_dtype") mp.reduce_dtype = d;
         if (std::string(key) == "buffer_dtype") mp.buffer_dtype = d;
+        if (std::string(key) == "output_dtype") mp.output_dtype = d;
+      }
+      for (const char* key : {"keep_low_precision_grads", "cast_forward_inputs", "cast_root_forward_inputs"}) {
+        auto f = it->find(key);
+        if (f == it->end()) continue;
+        if (!f->is_boolean())
+          fail("\"mixed_precision." + std::string(key) + "\" must be true or false, not " + type_of(*f));
+        const bool b = f->get<bool>();
+        if (std::string(key) == "keep_low_precision_grads") mp.keep_low_precision_grads = b;
+        if (std::string(key) == "cast_forward_inputs") mp.cast_forward_inputs = b;
+        if (std::string(key) == "cast_root_forward_inputs") mp.cast_root_forward_inputs = b;
       }
       if (auto f = it->find("ignore_classes"); f != it->end() && !f->is_null()) {
         mp.ignore_classes = string_list(*f, "mixed_precision.ignore_classes", true);
@@ -309,7 +322,26 @@ Policy load_policy_file(const std::string& file) {
   return parse_policy(text, file);
 }
 
+std::string MixedPrecision::field_not_in(int fsdp_version) const {
+  if (fsdp_version == 2) {
+    if (keep_low_precision_grads) return "keep_low_precision_grads";
+    if (cast_root_forward_inputs) return "cast_root_forward_inputs";
+  } else if (output_dtype) {
+    return "output_dtype";
+  }
+  return "";
+}
+
 std::string Policy::combination_error() const {
+  if (mixed_precision) {
+    const std::string field = mixed_precision->field_not_in(fsdp.fsdp_version);
+    if (!field.empty())
+      return fsdp.fsdp_version == 2
+                 ? "FSDP2's MixedPrecisionPolicy has no " + field + " (FSDP1's MixedPrecision has): remove "
+                   "\"mixed_precision." + field + "\" or plan FSDP1"
+                 : "FSDP1's MixedPrecision has no " + field + " (FSDP2's MixedPrecisionPolicy has): remove "
+                   "\"mixed_precision." + field + "\" or plan FSDP2 (\"fsdp\": {\"version\": 2} or --fsdp-version 2)";
+  }
   if (!groups.empty() && fsdp.fsdp_version != 2)
     return "the policy's \"groups\" are fully_shard calls: they need FSDP2 (\"fsdp\": {\"version\": 2} or "
            "--fsdp-version 2)";
@@ -344,6 +376,16 @@ nlohmann::ordered_json policy_to_json(const Policy& p) {
                               {"reduce_dtype", opt(mp.reduce_dtype)},
                               {"buffer_dtype", opt(mp.buffer_dtype)},
                               {"ignore_classes", mp.ignore_classes}};
+    // The version's own fields, PyTorch's defaults filled in.
+    auto& j = out["mixed_precision"];
+    if (p.fsdp.fsdp_version == 2) {
+      j["output_dtype"] = opt(mp.output_dtype);
+      j["cast_forward_inputs"] = mp.casts_forward_inputs(2);
+    } else {
+      j["keep_low_precision_grads"] = mp.keep_low_grads();
+      j["cast_forward_inputs"] = mp.casts_forward_inputs(1);
+      j["cast_root_forward_inputs"] = mp.casts_root_forward_inputs();
+    }
   } else {
     out["mixed_precision"] = nullptr;
   }

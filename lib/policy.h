@@ -16,9 +16,20 @@ namespace fsdp_plan {
 
 struct MixedPrecision {
   std::optional<std::string> param_dtype, reduce_dtype, buffer_dtype;
+  std::optional<std::string> output_dtype;  // FSDP2's MixedPrecisionPolicy only
+  // nullopt: not given, so PyTorch's default for the FSDP version (the accessors below).
+  std::optional<bool> keep_low_precision_grads;  // FSDP1 only; default False
+  std::optional<bool> cast_forward_inputs;       // FSDP1 default False, FSDP2 default True
+  std::optional<bool> cast_root_forward_inputs;  // FSDP1 only; default True
   // Modules of these classes become their own unit and run in full precision.
   std::vector<std::string> ignore_classes{"torch.nn.modules.batchnorm._BatchNorm"};
   bool ignore_classes_given = false;
+
+  bool keep_low_grads() const { return keep_low_precision_grads.value_or(false); }
+  bool casts_forward_inputs(int fsdp_version) const { return cast_forward_inputs.value_or(fsdp_version == 2); }
+  bool casts_root_forward_inputs() const { return cast_root_forward_inputs.value_or(true); }
+  // The first field given that the FSDP version's class lacks, or "".
+  std::string field_not_in(int fsdp_version) const;
 };
 
 // FSDP2: one fully_shard([modules...]) call the user names ("groups").

@@ -29,6 +29,12 @@ std::string describe_policy(const Policy& p, int fsdp_version) {
     parts.push_back("mixed precision " + mp.param_dtype.value_or("(param dtype unchanged)") +
                     (p.auto_wrap() && fsdp_version == 1 ? ", full precision for [" + join(mp.ignore_classes) + "]"
                                                         : ""));
+    // PyTorch's defaults go unsaid; what differs from them is shown.
+    if (mp.output_dtype) parts.back() += ", output " + *mp.output_dtype;
+    if (mp.keep_low_grads()) parts.back() += ", keep_low_precision_grads";
+    if (mp.casts_forward_inputs(fsdp_version) != (fsdp_version == 2))
+      parts.back() += std::string(", cast_forward_inputs ") + (fsdp_version == 2 ? "false" : "true");
+    if (!mp.casts_root_forward_inputs()) parts.back() += ", cast_root_forward_inputs false";
   }
   if (!p.ignored_modules.empty()) parts.push_back("ignored modules [" + join(p.ignored_modules) + "]");
   if (!p.ignored_params.empty()) parts.push_back("ignored params [" + join(p.ignored_params) + "]");

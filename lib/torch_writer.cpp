@@ -65,6 +65,10 @@ std::string plan_to_torch(const Plan& plan) {
     const auto& mp = *p.mixed_precision;
     o << "    mixed_precision = MixedPrecision(param_dtype=" << py_dtype(mp.param_dtype)
       << ", reduce_dtype=" << py_dtype(mp.reduce_dtype) << ", buffer_dtype=" << py_dtype(mp.buffer_dtype);
+    // Only what differs from MixedPrecision's defaults.
+    if (mp.keep_low_grads()) o << ", keep_low_precision_grads=True";
+    if (mp.casts_forward_inputs(1)) o << ", cast_forward_inputs=True";
+    if (!mp.casts_root_forward_inputs()) o << ", cast_root_forward_inputs=False";
     if (mp.ignore_classes_given) {
       o << ",\n        _module_classes_to_ignore=tuple({type(m) for m in model.modules()\n"
            "            if any(c.__module__ + \".\" + c.__name__ == name or c.__name__ == name\n"

@@ -466,6 +466,8 @@ def check_torch_fsdp2(self, what, model_name, model_file, policy_path, plan):
                 self.assertEqual(group.post_forward_mesh_info.shard_mesh_size, raf, f"{what}: {u['modules']}")
             self.assertEqual((group.mp_policy.param_dtype, group.mp_policy.reduce_dtype),
                              (dtype(mp.get("param_dtype")), dtype(mp.get("reduce_dtype"))), f"{what}: mixed precision")
+            self.assertEqual((group.mp_policy.output_dtype, group.mp_policy.cast_forward_inputs),
+                             (dtype(mp.get("output_dtype")), mp.get("cast_forward_inputs", True)), f"{what}: mixed precision")
             self.assertEqual(isinstance(group.offload_policy, CPUOffloadPolicy), policy["fsdp"]["cpu_offload"], what)
         self.assertEqual(len(states), len(plan["units"]), f"{what}: one FSDP state per group")
 
@@ -497,6 +499,14 @@ FSDP2_POLICIES = {
                  "reshard_after_forward": False}}, "a number of ranks"),
     "multi_module": ("llama", {"groups": [{"modules": ["model.layers.0", "model.layers.1"]}] + LLAMA_ACCELERATE_GROUPS,
                                "fsdp": {"version": 2, "world_size": 2}}, "several modules in one fully_shard call"),
+    "output_dtype": ("llama", {"module_classes": ["LlamaDecoderLayer"], "groups": LLAMA_ACCELERATE_GROUPS,
+                               "mixed_precision": {"param_dtype": "bfloat16", "reduce_dtype": "bfloat16",
+                                                   "output_dtype": "float32"},
+                               "fsdp": {"version": 2, "world_size": 2}}, "output_dtype float32 differs"),
+    "no_input_cast": ("llama", {"module_classes": ["LlamaDecoderLayer"], "groups": LLAMA_ACCELERATE_GROUPS,
+                                "mixed_precision": {"param_dtype": "bfloat16", "reduce_dtype": "bfloat16",
+                                                    "cast_forward_inputs": False},
+                                "fsdp": {"version": 2, "world_size": 2}}, "cast_forward_inputs is false"),
     "ignored_offload": ("llama", {"module_classes": ["LlamaDecoderLayer"], "ignored_params": ["lm_head.*"],
                                   "fsdp": {"version": 2, "world_size": 2, "cpu_offload": True}},
                         "ignored parameters by glob"),
@@ -546,6 +556,60 @@ class EmitFsdp2(SavedModels):
         self.assertTrue(plans["ignored_offload"]["memory"]["cpu_offload"])
         ignored = [q["name"] for u in plans["ignored_offload"]["units"] for q in u["params"]]
         self.assertNotIn("lm_head.weight", ignored)
+
+
+class EmitFsdp1MixedPrecision(SavedModels):
+    """--emit torch of an FSDP1 plan whose MixedPrecision sets keep_low_precision_grads,
+    cast_forward_inputs and cast_root_forward_inputs away from PyTorch's defaults: the
+    generated code builds them into every mixed-precision unit (BatchNorm units have none),
+    and trains a step under the fake backend; defaults are not written. --emit accelerate
+    refuses, as Accelerate's MixedPrecision keeps the defaults."""
+
+    MODEL_NAMES = {"convnet"}
+    MP = {"param_dtype": "bfloat16", "reduce_dtype": "bfloat16", "buffer_dtype": "bfloat16"}
+    FLAGS = {"keep_low_precision_grads": True, "cast_forward_inputs": True, "cast_root_forward_inputs": False}
+
+    def emit(self, mp):
+        path = os.path.join(self.tmp.name, "mp.json")
+        with open(path, "w") as f:
+            json.dump({"module_classes": ["ConvBlock"], "mixed_precision": mp, "fsdp": {"world_size": 2}}, f)
+        out = os.path.join(self.tmp.name, "mp.py")
+        r = run_plan(self.models["convnet"], "--policy", path, "--emit", "torch", "-o", out)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        with open(out) as f:
+            return path, out, f.read()
+
+    def test_emit_torch_writes_the_flags_torch_builds_them(self):
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+        _, _, code = self.emit(self.MP)
+        for flag in self.FLAGS:
+            self.assertNotIn(flag, code)  # PyTorch's defaults go unsaid
+        path, out, code = self.emit(dict(self.MP, **self.FLAGS))
+        self.assertIn("keep_low_precision_grads=True, cast_forward_inputs=True, cast_root_forward_inputs=False", code)
+        code, plan = plan_json(self.models["convnet"], path)
+        self.assertEqual(plan["policy"]["mixed_precision"], dict(self.MP, ignore_classes=[
+            "torch.nn.modules.batchnorm._BatchNorm"], **self.FLAGS))
+        spec = importlib.util.spec_from_file_location("emitted_mp", out)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        with fake_world(2):
+            wrapped = module.apply_fsdp(build("convnet"), device_type="cpu", device_id=torch.device("cpu"))
+            seen = 0
+            for m in wrapped.modules():
+                if isinstance(m, FSDP) and m.mixed_precision.param_dtype is not None:
+                    seen += 1
+                    self.assertEqual({k: getattr(m.mixed_precision, k) for k in self.FLAGS}, self.FLAGS)
+            self.assertEqual(seen, sum(1 for u in plan["units"] if u["mixed_precision"]))
+            wrapped(torch.ones(2, 3, 8, 8)).float().sum().backward()
+            grads = {p.grad.dtype for p in wrapped.parameters() if p.grad is not None}
+        self.assertIn(torch.bfloat16, grads)  # kept low on the mixed-precision units
+
+    def test_emit_accelerate_refuses(self):
+        path, _, _ = self.emit(dict(self.MP, keep_low_precision_grads=True))
+        r = run_plan(self.models["convnet"], "--policy", path, "--emit", "accelerate")
+        self.assertEqual((r.returncode, r.stdout), (2, ""), r.stderr)
+        self.assertIn("keep_low_precision_grads is true", r.stderr)
 
 
 class EmitRules(unittest.TestCase):

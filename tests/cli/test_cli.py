@@ -105,6 +105,48 @@ class PlanOutput(Scratch):
         self.assertEqual(run("--version").returncode, 0)
 
 
+class MixedPrecisionFields(Scratch):
+    """FSDP1's and FSDP2's further MixedPrecision fields: echoed with PyTorch's defaults per
+    version in the JSON policy, shown in the text policy line only when away from them."""
+
+    def plan(self, mp, *args):
+        policy = self.write("mp.json", json.dumps({"module_classes": ["Block"], "mixed_precision": mp}))
+        text, js = run(GPT, "--policy", policy, *args), run(GPT, "--policy", policy, "-f", "json", *args)
+        self.assertEqual((text.returncode, js.returncode), (0, 0), text.stderr + js.stderr)
+        policy_line = text.stdout.split("\npolicy")[1].split("\nfsdp")[0]
+        return " ".join(policy_line.split()), json.loads(js.stdout)["policy"]["mixed_precision"]
+
+    def test_defaults_per_version(self):
+        line, mp = self.plan({"param_dtype": "bfloat16"})
+        self.assertEqual({k: mp[k] for k in ("keep_low_precision_grads", "cast_forward_inputs",
+                                             "cast_root_forward_inputs")}, {
+            "keep_low_precision_grads": False, "cast_forward_inputs": False, "cast_root_forward_inputs": True})
+        self.assertNotIn("output_dtype", mp)
+        self.assertNotIn("cast", line)
+        line, mp = self.plan({"param_dtype": "bfloat16"}, "--fsdp-version", "2")
+        self.assertEqual((mp["output_dtype"], mp["cast_forward_inputs"]), (None, True))
+        self.assertNotIn("keep_low_precision_grads", mp)
+        self.assertNotIn("cast", line)
+
+    def test_set_fields_are_echoed(self):
+        line, mp = self.plan({"param_dtype": "bfloat16", "keep_low_precision_grads": True,
+                              "cast_forward_inputs": True, "cast_root_forward_inputs": False})
+        self.assertEqual((mp["keep_low_precision_grads"], mp["cast_forward_inputs"], mp["cast_root_forward_inputs"]),
+                         (True, True, False))
+        self.assertIn("keep_low_precision_grads, cast_forward_inputs true, cast_root_forward_inputs false", line)
+        line, mp = self.plan({"param_dtype": "bfloat16", "output_dtype": "float32", "cast_forward_inputs": False},
+                             "--fsdp-version", "2")
+        self.assertEqual((mp["output_dtype"], mp["cast_forward_inputs"]), ("float32", False))
+        self.assertIn("mixed precision bfloat16, output float32, cast_forward_inputs false", line)
+
+    def test_a_field_the_version_lacks(self):
+        policy = self.write("p.json", '{"mixed_precision": {"cast_root_forward_inputs": true}}')
+        self.assert_input_error(run(GPT, "--policy", policy, "--fsdp-version", "2"),
+                                "FSDP2's MixedPrecisionPolicy has no cast_root_forward_inputs")
+        policy = self.write("p.json", '{"mixed_precision": {"output_dtype": "float16"}}')
+        self.assert_input_error(run(GPT, "--policy", policy), "FSDP1's MixedPrecision has no output_dtype")
+
+
 class BadInput(Scratch):
     def test_missing_model(self):
         self.assert_input_error(run(os.path.join(self.tmp, "nope.pt")), "nope.pt", "no such file")

@@ -260,6 +260,10 @@ CASES = {
     "policy-bad-root-share": lambda: policy('{"checks": {"warn_root_share": 1.5}}'),
     "policy-bad-fsdp-version": lambda: policy('{"fsdp": {"version": 3}}'),
     "policy-groups-fsdp1": lambda: policy('{"groups": [{"modules": ["tok_emb"]}]}'),
+    "policy-mp-bad-flag": lambda: policy('{"mixed_precision": {"keep_low_precision_grads": "yes"}}'),
+    "policy-mp-fsdp1-field-fsdp2": lambda: policy('{"mixed_precision": {"param_dtype": "bfloat16", '
+                                                  '"keep_low_precision_grads": true}, "fsdp": {"version": 2}}'),
+    "policy-mp-fsdp2-field-fsdp1": lambda: policy('{"mixed_precision": {"output_dtype": "bfloat16"}}'),
     "policy-glob-no-module": lambda: policy('{"ignored_modules": ["decoder.*"]}'),
     "policy-glob-no-param": lambda: policy('{"ignored_params": ["*.gamma"]}'),
     "policy-class-no-module": lambda: policy('{"module_classes": ["Blok"]}'),
@@ -296,6 +300,14 @@ CASES = {
                                                   '"fsdp": {"version": 2}}') + ["--emit", "accelerate"],
     "emit-accelerate-fsdp2-ignored-params": lambda: policy('{"module_classes": ["Block"], "ignored_params": '
                                                            '["lm_head.*"], "fsdp": {"version": 2}}')
+    + ["--emit", "accelerate"],
+    "emit-accelerate-keep-low-grads": lambda: policy('{"module_classes": ["Block"], "mixed_precision": '
+                                                     '{"param_dtype": "bfloat16", "reduce_dtype": "bfloat16", '
+                                                     '"buffer_dtype": "bfloat16", "keep_low_precision_grads": true}}')
+    + ["--emit", "accelerate"],
+    "emit-accelerate-fsdp2-cast-inputs": lambda: policy('{"module_classes": ["Block"], "mixed_precision": '
+                                                        '{"param_dtype": "bfloat16", "reduce_dtype": "bfloat16", '
+                                                        '"cast_forward_inputs": false}, "fsdp": {"version": 2}}')
     + ["--emit", "accelerate"],
     "usage-hybrid-group": lambda: [GPT, "--world-size", "12", "--sharding-strategy", "HYBRID_SHARD",
                                    "--shard-group-size", "8"],

@@ -241,3 +241,39 @@ TEST_CASE("only floating-point buffers are cast to buffer_dtype") {
                               "buffer_dtype": "bfloat16"}})", ranks(2));
   CHECK(mem.per_rank.buffers_bytes == 100 * 8 + 100 * 2);  // the int64 one stays int64
 }
+
+TEST_CASE("keep_low_precision_grads: sharded gradients are param_dtype for the optimizer, fp32 through backward") {
+  auto b = blocks();
+  const std::string mp = R"({"module_classes": ["Block"], "mixed_precision": {"param_dtype": "bfloat16")";
+  auto full = memory_of(b, mp + "}}", ranks(4));
+  auto low = memory_of(b, mp + R"(, "keep_low_precision_grads": true}})", ranks(4));
+  // 3 + 8 + 6 sharded elements: fp32 (68 B) by default, bf16 (34 B) kept low.
+  CHECK(full.per_rank.grads_bytes == 68);
+  CHECK(low.per_rank.grads_bytes == 34);
+  CHECK(low.per_rank.steady_bytes == full.per_rank.steady_bytes - 34);
+  // _accumulate_sharded_grad casts to fp32 after reduce-scatter either way: backward is unchanged.
+  CHECK(low.per_rank.peak_bytes == full.per_rank.peak_bytes);
+  REQUIRE(low.timeline.size() == full.timeline.size());
+  for (size_t i = 0; i + 1 < low.timeline.size(); ++i) CHECK(low.timeline[i].total_bytes() == full.timeline[i].total_bytes());
+  CHECK(low.timeline.back().grads_bytes == 34);
+  // Without mixed precision the flag changes nothing (the gradient is already param dtype).
+  auto plain = memory_of(b, R"({"module_classes": ["Block"], "mixed_precision": {"keep_low_precision_grads": true}})",
+                         ranks(4));
+  CHECK(plain.per_rank.grads_bytes == 68);
+}
+
+TEST_CASE("keep_low_precision_grads under NO_SHARD keeps the gradient in the reduce dtype") {
+  auto b = blocks();
+  const std::string mp = R"({"module_classes": ["Block"], "mixed_precision": {"param_dtype": "bfloat16", )"
+                         R"("keep_low_precision_grads": true)";
+  // 61 elements unsharded. reduce_dtype unset reduces in param_dtype: bf16 kept, from backward on.
+  auto low = memory_of(b, mp + "}}", ranks(2, ShardingStrategy::NoShard));
+  CHECK(low.per_rank.grads_bytes == 122);
+  const MemoryStep& after_b = low.timeline[4];  // backward of a, b's gradient done
+  CHECK(after_b.phase == "backward");
+  CHECK(after_b.unit == 1);
+  CHECK(after_b.grads_bytes == 42);
+  // reduce_dtype float32: the all-reduced gradient stays fp32.
+  auto fp32 = memory_of(b, mp + R"(, "reduce_dtype": "float32"}})", ranks(2, ShardingStrategy::NoShard));
+  CHECK(fp32.per_rank.grads_bytes == 244);
+}
