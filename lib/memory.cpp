@@ -161,6 +161,7 @@ MemoryPlan estimate_memory(const Plan& plan, const MemorySettings& settings, boo
   const int64_t mp_buffer = mp && mp->buffer_dtype ? dtype_itemsize(*mp->buffer_dtype) : 0;
   const int64_t mp_reduce = mp && mp->reduce_dtype ? dtype_itemsize(*mp->reduce_dtype) : 0;
   const bool keep_low_grads = mp && mp->keep_low_grads();
+  bool kept_low_grads = false;  // some unit's gradient is kept in a smaller dtype
   const int states = optimizer_states(settings.optimizer);
 
   // Per unit: what it holds for good, and what it adds while gathered.
@@ -191,12 +192,14 @@ MemoryPlan estimate_memory(const Plan& plan, const MemorySettings& settings, boo
     // dtype and hold it so through backward (_accumulate_sharded_grad), then
     // cast it to param_dtype for the optimizer (prepare_gradient_for_optim);
     // NO_SHARD skips the cast and keeps the gradient in the reduce dtype.
-    grad_kept[i] = grad_sharded[i];
+    int64_t kept_itemsize = itemsize;
     if (trains && keep_low_grads && u.mixed_precision.value_or(false)) {
       const int64_t reduce = mp_reduce > 0 ? mp_reduce : mp_param > 0 ? mp_param : itemsize;
-      grad_kept[i] = um.sharded_numel * (sharded ? um.compute_itemsize : reduce);
-      if (!sharded) grad_sharded[i] = grad_kept[i];
+      kept_itemsize = sharded ? um.compute_itemsize : reduce;
+      kept_low_grads |= kept_itemsize != itemsize;
     }
+    grad_kept[i] = trains ? um.sharded_numel * kept_itemsize : 0;
+    if (!sharded) grad_sharded[i] = grad_kept[i];
     // The original parameters are views of the flat one: in the unit's
     // backward, autograd holds each one's gradient until it concatenates them
     // into the flat gradient (SplitWithSizesBackward), so for that moment the
@@ -207,7 +210,9 @@ MemoryPlan estimate_memory(const Plan& plan, const MemorySettings& settings, boo
     int64_t state_numel = trains ? um.sharded_numel : 0;
     if (trains && u.frozen_numel > 0 && settings.use_orig_params)
       state_numel = trainable_in_first_shard(plan, u, itemsize, true, um.sharded_numel);
-    r.optimizer_bytes += states * state_numel * itemsize;
+    // SGD's momentum buffer is a clone of the first gradient, so in its dtype.
+    const int64_t state_itemsize = settings.optimizer == Optimizer::SgdMomentum ? kept_itemsize : itemsize;
+    r.optimizer_bytes += states * state_numel * state_itemsize;
     for (const auto& o : u.buffers) {
       const TensorInfo& t = plan.tree->tensor(o.tensor);
       // FSDP casts floating-point buffers only (_cast_buffers_to_dtype_and_device).
@@ -318,6 +323,10 @@ MemoryPlan estimate_memory(const Plan& plan, const MemorySettings& settings, boo
       if (live && gathered[k] > 0) r.peak_gathered.push_back(static_cast<int>(k));
     }
   }
+  if (kept_low_grads && settings.optimizer == Optimizer::Adam)
+    mem.notes.push_back("keep_low_precision_grads: torch.optim.Adam and AdamW raise on low-precision gradients of "
+                        "full-precision parameters (\"expected dtype float for `end`\"); the optimizer figures assume "
+                        "one that accepts them and keeps its state in the parameters' dtype");
   mem.notes.push_back("activations are not included");
   mem.notes.push_back("module order stands for execution order, as FSDP assumes before its first step");
   return mem;

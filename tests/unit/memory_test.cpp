@@ -260,6 +260,17 @@ TEST_CASE("keep_low_precision_grads: sharded gradients are param_dtype for the o
   auto plain = memory_of(b, R"({"module_classes": ["Block"], "mixed_precision": {"keep_low_precision_grads": true}})",
                          ranks(4));
   CHECK(plain.per_rank.grads_bytes == 68);
+  CHECK(std::none_of(plain.notes.begin(), plain.notes.end(),
+                     [](const std::string& n) { return n.find("keep_low_precision_grads") != std::string::npos; }));
+  // Adam's state stays fp32 (torch's Adam raises on bf16 gradients: a note says so);
+  // SGD's momentum buffer clones the first gradient, so it is bf16 too.
+  CHECK(low.per_rank.optimizer_bytes == full.per_rank.optimizer_bytes);
+  CHECK(std::any_of(low.notes.begin(), low.notes.end(),
+                    [](const std::string& n) { return n.find("torch.optim.Adam and AdamW raise") != std::string::npos; }));
+  MemorySettings momentum = ranks(4);
+  momentum.optimizer = Optimizer::SgdMomentum;
+  CHECK(memory_of(b, mp + R"(, "keep_low_precision_grads": true}})", momentum).per_rank.optimizer_bytes == 34);
+  CHECK(memory_of(b, mp + "}}", momentum).per_rank.optimizer_bytes == 68);
 }
 
 TEST_CASE("keep_low_precision_grads under NO_SHARD keeps the gradient in the reduce dtype") {
