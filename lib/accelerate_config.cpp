@@ -578,6 +578,7 @@ class Reader {
     MixedPrecision p;
     std::string d = mp == "fp16" ? "float16" : "bfloat16";
     p.param_dtype = p.reduce_dtype = p.buffer_dtype = d;
+    if (out_.fsdp_version == 2) p.output_dtype = d;  // MixedPrecisionPolicy(..., output_dtype=d)
     out_.policy.mixed_precision = p;
   }
 

@@ -410,6 +410,8 @@ def check_accelerate_fsdp2(self, what, model_name, model_file, policy_path, plan
         self.assertEqual(again["memory"][key], memory[key], f"{what}: round trip {key}")
     for key in ("param_dtype", "reduce_dtype"):
         self.assertEqual((again["policy"]["mixed_precision"] or {}).get(key), (mp or {}).get(key), what)
+    if mp:  # set_mixed_precision's output_dtype, as read back from the YAML
+        self.assertEqual(getattr(torch, again["policy"]["mixed_precision"]["output_dtype"]), got_mp.output_dtype, what)
 
 
 def check_torch_fsdp2(self, what, model_name, model_file, policy_path, plan):

@@ -152,6 +152,9 @@ TEST_CASE("mixed precision and HYBRID_SHARD over machines") {
   CHECK(c.policy.mixed_precision->param_dtype == "bfloat16");
   CHECK(c.policy.mixed_precision->reduce_dtype == "bfloat16");
   CHECK(c.policy.mixed_precision->buffer_dtype == "bfloat16");
+  CHECK_FALSE(c.policy.mixed_precision->output_dtype);  // FSDP1's MixedPrecision has none
+  AccelerateConfig v2 = read("  fsdp_version: 2\n", "mixed_precision: fp16\n");
+  CHECK(v2.policy.mixed_precision->output_dtype == "float16");  // MixedPrecisionPolicy(output_dtype=d)
   CHECK(c.policy.fsdp.strategy == ShardingStrategy::HybridShard);
   CHECK(c.policy.fsdp.shard_group_size == 4);
   CHECK_FALSE(read("  fsdp_version: 1\n", "mixed_precision: 'no'\n").policy.mixed_precision);
