@@ -40,7 +40,58 @@ std::vector<int64_t> fsdp2_sharded_shape(const std::vector<int64_t>& shape, int6
   return out;
 }
 
+Fsdp2Memory::Fsdp2Memory(const Plan& plan) {
+  const ModuleTree& tree = *plan.tree;
+  const auto& mp = plan.policy.mixed_precision;
+  units_.resize(plan.units.size());
+  size_t total = 0;
+  for (const auto& u : plan.units) total += u.params.size();
+  params_.reserve(total);
+  std::vector<bool> owned(tree.num_tensors(), false);
+  for (size_t i = 0; i < plan.units.size(); ++i) {
+    const Unit& u = plan.units[i];
+    UnitParams& up = units_[i];
+    up.begin = params_.size();
+    up.parent = u.parent;
+    up.reshard_after_forward = u.reshard_after_forward.value_or(ReshardAfterForward{});
+    for (const auto& o : u.params) {
+      owned[static_cast<size_t>(o.tensor)] = true;
+      const TensorInfo& t = tree.tensor(o.tensor);
+      const int64_t numel = tree.numel(o.tensor), d0 = tree.dim0(o.tensor);
+      const int64_t orig = t.itemsize;
+      // MixedPrecisionPolicy: param_dtype applies to floating parameters of another dtype
+      // (the float8 kinds, whose size this model does not know, are left as they are).
+      int64_t pe = orig;
+      if (mp && mp->param_dtype && dtype_itemsize(t.dtype) > 0 && *mp->param_dtype != t.dtype)
+        pe = dtype_itemsize(*mp->param_dtype);
+      const int64_t rd = mp && mp->reduce_dtype ? dtype_itemsize(*mp->reduce_dtype) : pe;
+      up.compute_itemsize = pe;
+      if (t.requires_grad) {
+        up.grads_unsharded += numel * pe;
+        up.rs_output_is_grad = up.rs_output_is_grad && rd == orig;
+      }
+      params_.push_back({d0, d0 == 0 ? 0 : numel / d0, static_cast<int32_t>(orig), static_cast<int32_t>(pe),
+                         static_cast<int32_t>(rd), t.requires_grad});
+    }
+    up.end = params_.size();
+    for (const auto& o : u.buffers) buffers_bytes_ += tree.bytes(o.tensor);
+  }
+  // Ignored parameters: whole on every rank, with whole gradients and state.
+  for (TensorId t = 0; t < static_cast<TensorId>(tree.num_tensors()); ++t) {
+    if (!tree.is_param(t) || owned[static_cast<size_t>(t)]) continue;
+    const int64_t bytes = tree.bytes(t);
+    unowned_bytes_ += bytes;
+    if (!tree.tensor(t).requires_grad) continue;
+    unowned_trainable_bytes_ += bytes;
+    unowned_largest_trainable_ = std::max(unowned_largest_trainable_, bytes);
+  }
+}
+
 MemoryPlan estimate_memory_fsdp2(const Plan& plan, const MemorySettings& settings, bool timeline) {
+  return Fsdp2Memory(plan).estimate(settings, timeline);
+}
+
+MemoryPlan Fsdp2Memory::estimate(const MemorySettings& settings, bool timeline) const {
   if (std::string why = settings_error(settings); !why.empty()) throw std::invalid_argument(why);
   if (settings.strategy == ShardingStrategy::ShardGradOp || settings.strategy == ShardingStrategy::NoShard)
     throw std::invalid_argument("FSDP2 has no sharding strategy " + std::string(strategy_name(settings.strategy)));
@@ -51,49 +102,46 @@ MemoryPlan estimate_memory_fsdp2(const Plan& plan, const MemorySettings& setting
   const int64_t S = mesh.shard;
   mem.shard_group_size = S;
   mem.replicate_size = mesh.replicate;
-  const ModuleTree& tree = *plan.tree;
-  const auto& mp = plan.policy.mixed_precision;
   const int states = optimizer_states(settings.optimizer);
-  const size_t n = plan.units.size();
+  const size_t n = units_.size();
 
-  // Per group, per parameter.
+  // Per group, from its parameters' padded shards at this shard size.
   std::vector<Group> groups(n);
-  int64_t largest_trainable = 0;  // bytes of the largest trainable shard (or ignored parameter)
+  mem.units.reserve(n);
+  int64_t largest_trainable = unowned_largest_trainable_;  // bytes of the largest trainable shard (or ignored parameter)
   RankMemory& r = mem.per_rank;
   for (size_t i = 0; i < n; ++i) {
-    const Unit& u = plan.units[i];
+    const UnitParams& up = units_[i];
     Group& g = groups[i];
-    UnitMemory um;
-    for (const auto& o : u.params) {
-      const TensorInfo& t = tree.tensor(o.tensor);
-      // The product of fsdp2_sharded_shape(t.shape, S): ceil(d0 / S) rows of numel / d0.
-      const int64_t numel = tree.numel(o.tensor), d0 = tree.dim0(o.tensor);
-      const int64_t padded = d0 == 0 ? 0 : ceil_div(d0, S) * (numel / d0);
-      const int64_t orig = t.itemsize;
-      // MixedPrecisionPolicy: param_dtype applies to floating parameters of another dtype
-      // (the float8 kinds, whose size this model does not know, are left as they are).
-      int64_t pe = orig;
-      if (mp && mp->param_dtype && dtype_itemsize(t.dtype) > 0 && *mp->param_dtype != t.dtype)
-        pe = dtype_itemsize(*mp->param_dtype);
-      const int64_t rd = mp && mp->reduce_dtype ? dtype_itemsize(*mp->reduce_dtype) : pe;
-      um.sharded_numel += padded;
-      um.flat_numel += padded * S;
-      um.compute_itemsize = pe;
-      g.sharded += padded * orig;
-      g.unsharded += padded * S * pe;
-      if (!t.requires_grad) continue;
-      g.grads_unsharded += numel * pe;
-      g.rs_input += padded * S * rd;
-      g.rs_output += padded * rd;
-      g.rs_output_is_grad = g.rs_output_is_grad && rd == orig;
-      g.grads_sharded += padded * orig;
-      largest_trainable = std::max(largest_trainable, padded * orig);
-      // Rank 0's real shard is ceil(d0/S) rows: its whole padded shard.
-      g.optimizer += states * padded * orig + (settings.optimizer == Optimizer::Adam ? 4 : 0);
+    int64_t padded_numel = 0, gathered = 0, reduced = 0, trainable_sharded = 0, trainable = 0;
+    for (size_t k = up.begin; k < up.end; ++k) {
+      const Param& p = params_[k];
+      // The product of fsdp2_sharded_shape(shape, S): ceil(d0 / S) rows of numel / d0.
+      const int64_t padded = ceil_div(p.dim0, S) * p.row;
+      padded_numel += padded;
+      g.sharded += padded * p.orig;
+      gathered += padded * p.pe;
+      if (!p.trainable) continue;
+      reduced += padded * p.rd;
+      trainable_sharded += padded * p.orig;
+      largest_trainable = std::max(largest_trainable, padded * p.orig);
+      ++trainable;
     }
+    g.unsharded = gathered * S;
+    g.grads_unsharded = up.grads_unsharded;
+    g.rs_input = reduced * S;
+    g.rs_output = reduced;
+    g.rs_output_is_grad = up.rs_output_is_grad;
+    g.grads_sharded = trainable_sharded;
+    // Rank 0's real shard is ceil(d0/S) rows: its whole padded shard.
+    g.optimizer = states * trainable_sharded + (settings.optimizer == Optimizer::Adam ? 4 * trainable : 0);
+    UnitMemory um;
+    um.sharded_numel = padded_numel;
+    um.flat_numel = padded_numel * S;
+    um.compute_itemsize = up.compute_itemsize;
     um.sharded_bytes = g.sharded;
     um.unsharded_bytes = g.unsharded;
-    const ReshardAfterForward raf = u.reshard_after_forward.value_or(ReshardAfterForward{});
+    const ReshardAfterForward raf = up.reshard_after_forward;
     g.kept_after_forward = raf.kind == ReshardAfterForward::Kind::False ? g.unsharded
                            : raf.kind == ReshardAfterForward::Kind::Ranks && raf.ranks < S
                                ? (raf.ranks == 1 ? g.unsharded : g.unsharded / raf.ranks)
@@ -102,32 +150,19 @@ MemoryPlan estimate_memory_fsdp2(const Plan& plan, const MemorySettings& setting
     r.params_bytes += g.sharded;
     r.grads_bytes += g.grads_sharded;
     r.optimizer_bytes += g.optimizer;
-    for (const auto& o : u.buffers) r.buffers_bytes += tree.bytes(o.tensor);
     mem.units.push_back(um);
   }
-  // Ignored parameters: whole on every rank, with whole gradients and state.
-  {
-    std::vector<bool> owned(tree.num_tensors(), false);
-    for (const auto& u : plan.units)
-      for (const auto& o : u.params) owned[static_cast<size_t>(o.tensor)] = true;
-    for (TensorId t = 0; t < static_cast<TensorId>(tree.num_tensors()); ++t) {
-      if (!tree.is_param(t) || owned[static_cast<size_t>(t)]) continue;
-      const int64_t bytes = tree.bytes(t);
-      r.params_bytes += bytes;
-      if (!tree.tensor(t).requires_grad) continue;
-      r.grads_bytes += bytes;
-      r.optimizer_bytes += states * bytes;
-      largest_trainable = std::max(largest_trainable, bytes);
-    }
-  }
+  r.buffers_bytes = buffers_bytes_;
+  r.params_bytes += unowned_bytes_;
+  r.grads_bytes += unowned_trainable_bytes_;
+  r.optimizer_bytes += states * unowned_trainable_bytes_;
   r.steady_bytes = r.params_bytes + r.grads_bytes + r.optimizer_bytes + r.buffers_bytes;
   if (settings.cpu_offload) r.host_bytes = r.params_bytes + r.grads_bytes + r.optimizer_bytes;
 
   // A training step, event by event, in the categories FSDPMemTracker uses.
   // Gradients were freed by zero_grad; ignored parameters' gradients are
   // counted whole from the start of backward (an upper bound).
-  int64_t ignored_grads = r.grads_bytes;
-  for (const auto& g : groups) ignored_grads -= g.grads_sharded;
+  const int64_t ignored_grads = unowned_trainable_bytes_;
   struct Live {
     int64_t unsharded = 0, all_gather = 0, reduce_scatter = 0, grads_sharded = 0, grads_unsharded = 0;
     int64_t optimizer_temp = 0;
@@ -197,7 +232,7 @@ MemoryPlan estimate_memory_fsdp2(const Plan& plan, const MemorySettings& setting
     r.peak_gathered.assign(holding.begin(), holding.end());
   };
   auto is_ancestor = [&](size_t a, size_t j) {
-    for (int p = plan.units[j].parent; p >= 0; p = plan.units[static_cast<size_t>(p)].parent)
+    for (int p = units_[j].parent; p >= 0; p = units_[static_cast<size_t>(p)].parent)
       if (static_cast<size_t>(p) == a) return true;
     return false;
   };

@@ -24,9 +24,41 @@ Fsdp2Mesh fsdp2_mesh(const MemorySettings& settings);
 // shard: ceil(d0 / shard) rows (a 0-dim parameter, refused by fully_shard, as [1]).
 std::vector<int64_t> fsdp2_sharded_shape(const std::vector<int64_t>& shape, int64_t shard);
 
-// Throws std::invalid_argument for settings FSDP2 has no meaning for.
-// Without `timeline`, MemoryPlan::timeline stays empty (the peak is the same):
-// suggest's searches ask only for the peak.
+// The model in two steps: what depends on the plan alone (each parameter's
+// dim 0, row size and dtypes, the units' buffers and nesting, the parameters
+// no unit holds) is gathered once, then estimate() works out one setting
+// (world size, strategy, optimizer, CPU offload) from it. suggest's fit advice
+// asks one plan about many settings. It keeps no reference to the plan.
+class Fsdp2Memory {
+ public:
+  explicit Fsdp2Memory(const Plan& plan);
+  // Throws std::invalid_argument for settings FSDP2 has no meaning for.
+  // Without `timeline`, MemoryPlan::timeline stays empty (the peak is the same):
+  // suggest's searches ask only for the peak.
+  MemoryPlan estimate(const MemorySettings& settings, bool timeline = true) const;
+
+ private:
+  struct Param {              // one parameter of a unit
+    int64_t dim0, row;        // padded shard: ceil(dim0 / S) * row elements (row 0 when dim0 is)
+    int32_t orig, pe, rd;     // itemsize: own dtype, gathered (param_dtype), reduced (reduce_dtype)
+    bool trainable;
+  };
+  struct UnitParams {
+    size_t begin = 0, end = 0;  // into params_
+    int parent = -1;
+    ReshardAfterForward reshard_after_forward;
+    int64_t compute_itemsize = 0;
+    int64_t grads_unsharded = 0;    // autograd's gradients: unpadded, param_dtype
+    bool rs_output_is_grad = true;  // reduce dtype == own dtype for every trainable parameter
+  };
+  std::vector<Param> params_;
+  std::vector<UnitParams> units_;
+  int64_t buffers_bytes_ = 0;
+  // Parameters in no unit (ignored): whole on every rank.
+  int64_t unowned_bytes_ = 0, unowned_trainable_bytes_ = 0, unowned_largest_trainable_ = 0;
+};
+
+// Fsdp2Memory(plan).estimate(settings, timeline).
 MemoryPlan estimate_memory_fsdp2(const Plan& plan, const MemorySettings& settings, bool timeline = true);
 
 }  // namespace fsdp_plan

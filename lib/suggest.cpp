@@ -205,10 +205,24 @@ int64_t regathered(const Plan& plan) {
   return n;
 }
 
-// The memory model of the plan's FSDP version, for other settings: the peak only (no timeline).
-MemoryPlan estimate_for(const Plan& plan, const MemorySettings& s) {
-  return plan.fsdp_version == 2 ? estimate_memory_fsdp2(plan, s, false) : estimate_memory(plan, s, false);
-}
+// The memory model of a plan's FSDP version, for other settings: the peak
+// only (no timeline). The searches ask one plan about several settings in a
+// row, so FSDP2's per-plan part is kept for the plan asked about last.
+class PeakFor {
+ public:
+  int64_t operator()(const Plan& plan, const MemorySettings& s) {
+    if (plan.fsdp_version != 2) return estimate_memory(plan, s, false).per_rank.peak_bytes;
+    if (fsdp2_plan_ != &plan) {
+      fsdp2_.emplace(plan);
+      fsdp2_plan_ = &plan;
+    }
+    return fsdp2_->estimate(s, false).per_rank.peak_bytes;
+  }
+
+ private:
+  const Plan* fsdp2_plan_ = nullptr;
+  std::optional<Fsdp2Memory> fsdp2_;
+};
 
 void evaluate(Candidate& c, const Plan& plan, const ModuleTree& tree, const SuggestOptions& opt) {
   for (const auto& w : plan.warnings) {
@@ -256,7 +270,8 @@ int64_t needed(const ModuleTree& tree, const Policy& p, const SuggestOptions& op
 // world size): doublings, then the smallest count between the last two. The
 // peak need not fall forever (flat parameters are padded to the world size),
 // so the search stops at 2^20 ranks.
-std::optional<FitAdvice> world_size_advice(const std::vector<Candidate>& ranked, const SuggestOptions& opt) {
+std::optional<FitAdvice> world_size_advice(const std::vector<Candidate>& ranked, const SuggestOptions& opt,
+                                           PeakFor& peak_for) {
   constexpr int64_t kMaxRanks = int64_t{1} << 20;
   int64_t pick_hi = kMaxRanks + 1;
   std::vector<std::pair<const Candidate*, int64_t>> tied;  // candidates fitting at pick_hi, with their last miss
@@ -267,7 +282,7 @@ std::optional<FitAdvice> world_size_advice(const std::vector<Candidate>& ranked,
     MemorySettings s = c.policy.fsdp;
     s.world_size = w;
     const int64_t need = settings_error(s).empty()
-                             ? estimate_for(*c.plan, s).per_rank.peak_bytes + opt.activation_bytes
+                             ? peak_for(*c.plan, s) + opt.activation_bytes
                              : INT64_MAX;
     known.emplace(std::make_pair(&c, w), need);
     return need;
@@ -306,7 +321,8 @@ std::optional<FitAdvice> world_size_advice(const std::vector<Candidate>& ranked,
 std::vector<FitAdvice> fit_advice(const ModuleTree& tree, const std::vector<Candidate>& ranked,
                                   const SuggestOptions& opt, const ClassMatcher& matcher) {
   std::vector<FitAdvice> out;
-  if (auto a = world_size_advice(ranked, opt)) out.push_back(*a);
+  PeakFor peak_for;
+  if (auto a = world_size_advice(ranked, opt, peak_for)) out.push_back(*a);
   const Policy& base = ranked.front().policy;  // every candidate shares the base's settings
   // Mixed precision: bf16 compute halves what is gathered. Sharded parameters,
   // gradients and optimizer state keep their dtype, so a candidate whose
@@ -332,12 +348,12 @@ std::vector<FitAdvice> fit_advice(const ModuleTree& tree, const std::vector<Cand
     auto fits = std::find_if(ranked.begin(), ranked.end(), [&](const Candidate& c) {
       MemorySettings s = c.policy.fsdp;
       s.optimizer = o;
-      return estimate_for(*c.plan, s).per_rank.peak_bytes + opt.activation_bytes <= opt.budget_bytes;
+      return peak_for(*c.plan, s) + opt.activation_bytes <= opt.budget_bytes;
     });
     if (fits != ranked.end()) {
       MemorySettings s = fits->policy.fsdp;
       s.optimizer = o;
-      out.push_back({"optimizer", optimizer_name(o), estimate_for(*fits->plan, s).per_rank.peak_bytes + opt.activation_bytes,
+      out.push_back({"optimizer", optimizer_name(o), peak_for(*fits->plan, s) + opt.activation_bytes,
                      std::string("fsdp.optimizer: \"") + optimizer_name(o) + "\"", fits->label});
       break;
     }

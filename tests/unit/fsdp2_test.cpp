@@ -189,6 +189,64 @@ TEST_CASE("fsdp2 memory: the timeline's largest step is the peak, with its categ
     CHECK_FALSE((m.timeline[i].phase == m.timeline[i - 1].phase && m.timeline[i].unit == m.timeline[i - 1].unit));
 }
 
+TEST_CASE("fsdp2 memory: a plan prepared once says for each setting what a plan made with that setting says") {
+  auto b = tied_lm();
+  TensorId f = b.param("norm", "frozen", {5, 3});
+  const_cast<TensorInfo&>(b.tree.tensor(f)).requires_grad = false;
+  b.add("scale", "Scale");
+  b.param("scale", "weight", {7});  // ignored: whole on every rank
+  const Policy base = policy(R"({"module_classes": ["Block"], "ignored_params": ["scale.*"],
+      "mixed_precision": {"param_dtype": "bfloat16", "reduce_dtype": "float32"}, "fsdp": {"version": 2, "world_size": 3}})");
+  const Fsdp2Memory prepared(make_plan(b.tree, base, "m.pt"));
+  auto same = [](const MemoryPlan& a, const MemoryPlan& e) {
+    CHECK(a.shard_group_size == e.shard_group_size);
+    CHECK(a.replicate_size == e.replicate_size);
+    REQUIRE(a.units.size() == e.units.size());
+    for (size_t i = 0; i < a.units.size(); ++i) {
+      CHECK(a.units[i].flat_numel == e.units[i].flat_numel);
+      CHECK(a.units[i].sharded_numel == e.units[i].sharded_numel);
+      CHECK(a.units[i].sharded_bytes == e.units[i].sharded_bytes);
+      CHECK(a.units[i].unsharded_bytes == e.units[i].unsharded_bytes);
+      CHECK(a.units[i].compute_itemsize == e.units[i].compute_itemsize);
+    }
+    const RankMemory &x = a.per_rank, &y = e.per_rank;
+    CHECK(x.params_bytes == y.params_bytes);
+    CHECK(x.grads_bytes == y.grads_bytes);
+    CHECK(x.optimizer_bytes == y.optimizer_bytes);
+    CHECK(x.buffers_bytes == y.buffers_bytes);
+    CHECK(x.steady_bytes == y.steady_bytes);
+    CHECK(x.peak_bytes == y.peak_bytes);
+    CHECK(x.peak_phase == y.peak_phase);
+    CHECK(x.peak_unit == y.peak_unit);
+    CHECK(x.peak_gathered == y.peak_gathered);
+    CHECK(x.peak_categories == y.peak_categories);
+    CHECK(x.host_bytes == y.host_bytes);
+    REQUIRE(a.timeline.size() == e.timeline.size());
+    for (size_t i = 0; i < a.timeline.size(); ++i) CHECK(a.timeline[i].categories == e.timeline[i].categories);
+    CHECK(a.notes == e.notes);
+  };
+  for (int64_t world : {1, 2, 3, 8, 64}) {
+    for (Optimizer o : {Optimizer::Adam, Optimizer::Sgd}) {
+      for (bool offload : {false, true}) {
+        Policy p = base;
+        p.fsdp.world_size = world;
+        p.fsdp.optimizer = o;
+        p.fsdp.cpu_offload = offload;
+        CAPTURE(world);
+        same(prepared.estimate(p.fsdp), make_plan(b.tree, p, "m.pt").memory);
+      }
+    }
+  }
+  Policy hybrid = base;
+  hybrid.fsdp.world_size = 8;
+  hybrid.fsdp.strategy = ShardingStrategy::HybridShard;
+  hybrid.fsdp.shard_group_size = 4;
+  same(prepared.estimate(hybrid.fsdp), make_plan(b.tree, hybrid, "m.pt").memory);
+  CHECK(prepared.estimate(hybrid.fsdp, false).timeline.empty());
+  hybrid.fsdp.shard_group_size = 3;  // does not divide 8
+  CHECK_THROWS_AS(prepared.estimate(hybrid.fsdp), std::invalid_argument);
+}
+
 TEST_CASE("fsdp2: groups name modules by dotted path at any depth; a path that is no module is unmatched") {
   TreeBuilder b;
   b.add("blocks", "ModuleList");
