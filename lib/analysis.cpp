@@ -99,11 +99,13 @@ class Analysis {
       const std::string& cls = classes_.short_name(static_cast<int32_t>(c));
       wrapper_class[c] = cls == "FullyShardedDataParallel" || cls == "FlattenParamsWrapper" || cls.rfind("FSDP", 0) == 0;
     }
+    // string_view: compared by length first (every module and parameter, every plan suggest makes).
+    using namespace std::string_view_literals;
     for (ModuleId m : tree_.preorder()) {
       const Module& mod = tree_.module(m);
       bool wrapper = wrapper_class[static_cast<size_t>(classes_.of(static_cast<size_t>(m)))] ||
-                     mod.name == "_fsdp_wrapped_module" || mod.name == "_fpw_module";
-      for (const auto& p : mod.params) wrapper = wrapper || p.name == "_flat_param" || p.name == "flat_param";
+                     mod.name == "_fsdp_wrapped_module"sv || mod.name == "_fpw_module"sv;
+      for (const auto& p : mod.params) wrapper = wrapper || p.name == "_flat_param"sv || p.name == "flat_param"sv;
       if (wrapper) modules.push_back(tree_.path(m));
     }
     if (modules.empty()) return;
