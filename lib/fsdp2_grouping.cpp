@@ -175,7 +175,17 @@ std::vector<Unit> group_units_fsdp2(const ModuleTree& tree, const std::vector<Fs
     for (ModuleId m : u.modules) best = std::min(best, pre[static_cast<size_t>(m)]);
     return best;
   };
-  std::stable_sort(units.begin(), units.end(), [&](const Unit& a, const Unit& b) { return first(a) < first(b); });
+  // Sorted as (first module, call) pairs, then each Unit moved once: a Unit is
+  // large, and sorting 37,000 of them moved each many times.
+  std::vector<std::pair<size_t, size_t>> order(units.size());
+  for (size_t i = 0; i < units.size(); ++i) order[i] = {first(units[i]), i};
+  std::sort(order.begin(), order.end());
+  {
+    std::vector<Unit> sorted;
+    sorted.reserve(units.size());
+    for (const auto& [key, i] : order) sorted.push_back(std::move(units[i]));
+    units = std::move(sorted);
+  }
   std::vector<int> unit_at(n, -1);
   for (size_t i = 0; i < units.size(); ++i)
     for (ModuleId m : units[i].modules) unit_at[static_cast<size_t>(m)] = static_cast<int>(i);
