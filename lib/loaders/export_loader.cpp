@@ -3,9 +3,6 @@
 // records (data/weights/weight_N, data/constants/tensor_N) are never opened.
 #include "export_loader.h"
 
-#include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <functional>
 #include <memory>
 #include <string_view>
@@ -209,21 +206,6 @@ ModuleTree guarded(const std::string& name, const std::function<ModuleTree()>& l
 }
 
 }  // namespace
-
-bool is_export_archive(const std::string& path) {
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec)) return false;
-  char head[4] = {};
-  {
-    std::ifstream in(path, std::ios::binary);
-    if (!in.read(head, 4) || std::memcmp(head, "PK\x03\x04", 4) != 0) return false;
-  }
-  try {
-    return looks_exported(*zip::Reader::open_file(path));
-  } catch (const std::exception&) {
-    return false;
-  }
-}
 
 bool is_export_archive(const zip::Reader& zip) { return looks_exported(zip); }
 

@@ -27,12 +27,9 @@ struct ExportOptions {
   bool verify_crc = true;
 };
 
-// Whether the file is a zip laid out as a torch.export archive (any
-// extension). False for anything else, damaged zips included: the
-// TorchScript loader then says what is wrong.
-bool is_export_archive(const std::string& path);
-// The same on a zip already open: load_model reads a directory once for the
-// format check and the loader (150,000 records take longer than a plan).
+// Whether a zip is laid out as a torch.export archive (whatever the file's
+// extension). load_model reads a directory once for this check and the
+// loader (150,000 records take longer than a plan).
 bool is_export_archive(const zip::Reader& zip);
 ModuleTree load_export(const std::string& path, std::unique_ptr<zip::Reader> zip);
 
