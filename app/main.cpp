@@ -162,6 +162,9 @@ int run(const Options& opt) {
   if (opt.use_orig_params) fsdp.use_orig_params = true;
   if (opt.warn_root_share) policy.checks.warn_root_share = opt.warn_root_share;
   if (opt.fsdp_version) fsdp.fsdp_version = *opt.fsdp_version;
+  // Accelerate derives the dtypes for the version that runs the config.
+  if (accelerate && opt.fsdp_version)
+    policy.mixed_precision = accelerate_dtypes(accelerate->mixed_precision, fsdp.fsdp_version);
   if (opt.aliases) policy.module_aliases = true;
   if (std::string why = settings_error(fsdp); !why.empty()) throw UsageError(why);
   if (fsdp.shard_group_size > 0 && fsdp.strategy != ShardingStrategy::HybridShard)

@@ -572,14 +572,8 @@ class Reader {
     if (!is_one_of(mp, {"no", "fp8", "fp16", "bf16"}))
       refuse("ValueError: Unknown mixed_precision mode: " + mp + ". Choose between ['no', 'fp8', 'fp16', 'bf16'].");
     note("mixed_precision", mp, given);
-    if (mp == "no") return;
-    // set_mixed_precision: param, reduce and buffer (FSDP2: output) dtype all
-    // the same; fp8 trains with bf16 FSDP mixed precision.
-    MixedPrecision p;
-    std::string d = mp == "fp16" ? "float16" : "bfloat16";
-    p.param_dtype = p.reduce_dtype = p.buffer_dtype = d;
-    if (out_.fsdp_version == 2) p.output_dtype = d;  // MixedPrecisionPolicy(..., output_dtype=d)
-    out_.policy.mixed_precision = p;
+    out_.mixed_precision = mp;
+    out_.policy.mixed_precision = accelerate_dtypes(mp, out_.fsdp_version);
   }
 
   void read_parallelism() {
@@ -633,6 +627,15 @@ bool is_accelerate_config(const std::string& text) {
   } catch (const YAML::Exception&) {
     return false;
   }
+}
+
+std::optional<MixedPrecision> accelerate_dtypes(const std::string& mode, int fsdp_version) {
+  if (mode == "no") return std::nullopt;
+  MixedPrecision p;
+  const std::string d = mode == "fp16" ? "float16" : "bfloat16";
+  p.param_dtype = p.reduce_dtype = p.buffer_dtype = d;
+  if (fsdp_version == 2) p.output_dtype = d;  // MixedPrecisionPolicy(..., output_dtype=d)
+  return p;
 }
 
 AccelerateConfig parse_accelerate_config(const std::string& text, const std::string& file) {

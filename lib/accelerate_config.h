@@ -31,12 +31,19 @@ struct AccelerateConfig {
   std::optional<std::string> ignored_modules_regex;  // fsdp_ignored_modules, fullmatch on module paths
   int64_t num_machines = 1;
   bool reshard_after_forward = true;  // FSDP2: fsdp_reshard_after_forward
+  std::string mixed_precision = "no";  // no, fp8, fp16 or bf16; policy.mixed_precision holds its dtypes
   std::vector<std::string> effective;  // "key value (where it came from)", for the info warning
 };
 
 // True if `text` is YAML (not a JSON object) whose top level is a mapping with
 // an Accelerate key (distributed_type, fsdp_config or compute_environment).
 bool is_accelerate_config(const std::string& text);
+
+// The dtypes set_mixed_precision gives Accelerate's `mixed_precision` mode
+// under FSDP `fsdp_version`: param, reduce and buffer dtype alike (fp8 trains
+// with bf16), and under FSDP2 the output dtype too. nullopt for "no". The
+// CLI asks again when --fsdp-version overrides the config's version.
+std::optional<MixedPrecision> accelerate_dtypes(const std::string& mode, int fsdp_version);
 
 // Parses and validates; throws InputError naming `file` where `accelerate
 // launch` would refuse the file.

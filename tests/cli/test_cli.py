@@ -146,6 +146,16 @@ class MixedPrecisionFields(Scratch):
         policy = self.write("p.json", '{"mixed_precision": {"output_dtype": "float16"}}')
         self.assert_input_error(run(GPT, "--policy", policy), "FSDP1's MixedPrecision has no output_dtype")
 
+    def test_accelerate_config_under_the_other_version(self):
+        # Accelerate derives the dtypes for the version that runs the config, so
+        # --fsdp-version planning an FSDP2 config as FSDP1 (and back) is no error.
+        config = os.path.join(ROOT, "tests", "accelerate", "configs", "fsdp2_llama.yaml")
+        for version, output in (("1", None), ("2", "bfloat16")):
+            r = run(GPT, "--policy", config, "--fsdp-version", version, "-f", "json")
+            self.assertIn(r.returncode, (0, 1), r.stderr)
+            mp = json.loads(r.stdout)["policy"]["mixed_precision"]
+            self.assertEqual((mp["param_dtype"], mp.get("output_dtype")), ("bfloat16", output))
+
 
 class BadInput(Scratch):
     def test_missing_model(self):
