@@ -415,7 +415,11 @@ nlohmann::ordered_json policy_file_json(const Policy& p) {
     if (mp.param_dtype) j["param_dtype"] = *mp.param_dtype;
     if (mp.reduce_dtype) j["reduce_dtype"] = *mp.reduce_dtype;
     if (mp.buffer_dtype) j["buffer_dtype"] = *mp.buffer_dtype;
+    if (mp.output_dtype) j["output_dtype"] = *mp.output_dtype;
     if (mp.ignore_classes_given) j["ignore_classes"] = mp.ignore_classes;
+    if (mp.keep_low_precision_grads) j["keep_low_precision_grads"] = *mp.keep_low_precision_grads;
+    if (mp.cast_forward_inputs) j["cast_forward_inputs"] = *mp.cast_forward_inputs;
+    if (mp.cast_root_forward_inputs) j["cast_root_forward_inputs"] = *mp.cast_root_forward_inputs;
     out["mixed_precision"] = j;
   }
   if (!p.ignored_modules.empty()) out["ignored_modules"] = p.ignored_modules;

@@ -195,6 +195,31 @@ TEST_CASE("policy_file_json reads back as the same policy") {
   CHECK(policy_to_json(q) == policy_to_json(p));
 }
 
+TEST_CASE("policy_file_json keeps the mixed-precision fields the user set, FSDP1 and FSDP2") {
+  Policy p = world(8);
+  p.module_classes = std::vector<std::string>{"Block"};
+  p.mixed_precision = MixedPrecision{};
+  p.mixed_precision->param_dtype = "bfloat16";
+  p.mixed_precision->keep_low_precision_grads = true;
+  p.mixed_precision->cast_forward_inputs = true;
+  p.mixed_precision->cast_root_forward_inputs = false;
+  auto j = policy_file_json(p);
+  CHECK(j["mixed_precision"]["keep_low_precision_grads"] == true);
+  CHECK_FALSE(j["mixed_precision"].contains("output_dtype"));
+  CHECK(policy_to_json(parse_policy(j.dump(), "p.json")) == policy_to_json(p));
+
+  Policy q = world(8);
+  q.fsdp.fsdp_version = 2;
+  q.mixed_precision = MixedPrecision{};
+  q.mixed_precision->param_dtype = "bfloat16";
+  q.mixed_precision->output_dtype = "float32";
+  q.mixed_precision->cast_forward_inputs = false;
+  j = policy_file_json(q);
+  CHECK(j["mixed_precision"]["output_dtype"] == "float32");
+  CHECK_FALSE(j["mixed_precision"].contains("keep_low_precision_grads"));  // only what was set
+  CHECK(policy_to_json(parse_policy(j.dump(), "p.json")) == policy_to_json(q));
+}
+
 namespace {
 
 Policy fsdp2(int64_t w) {
