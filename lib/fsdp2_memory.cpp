@@ -76,6 +76,31 @@ Fsdp2Memory::Fsdp2Memory(const Plan& plan) {
     up.end = params_.size();
     for (const auto& o : u.buffers) buffers_bytes_ += tree.bytes(o.tensor);
   }
+  // The hooks' order: forward in unit order, each group's post-forward when
+  // the next unit is outside it (post-order); backward in reverse post-order,
+  // each group's post-backward when the next one is outside it.
+  auto is_ancestor = [&](size_t a, size_t j) {
+    for (int p = units_[j].parent; p >= 0; p = units_[static_cast<size_t>(p)].parent)
+      if (static_cast<size_t>(p) == a) return true;
+    return false;
+  };
+  const size_t n = units_.size();
+  forward_closes_.assign(n, 0);
+  std::vector<size_t> stack;
+  for (size_t j = 0; j < n; ++j) {
+    for (; !stack.empty() && !is_ancestor(stack.back(), j); stack.pop_back()) {
+      post_order_.push_back(stack.back());
+      ++forward_closes_[j];
+    }
+    stack.push_back(j);
+  }
+  for (; !stack.empty(); stack.pop_back()) post_order_.push_back(stack.back());
+  backward_closes_.assign(n, 0);
+  for (size_t k = n; k-- > 0;) {
+    const size_t j = post_order_[k];
+    for (; !stack.empty() && !is_ancestor(stack.back(), j); stack.pop_back()) ++backward_closes_[k];
+    stack.push_back(j);
+  }
   // Ignored parameters: whole on every rank, with whole gradients and state.
   for (TensorId t = 0; t < static_cast<TensorId>(tree.num_tensors()); ++t) {
     if (!tree.is_param(t) || owned[static_cast<size_t>(t)]) continue;
@@ -231,11 +256,6 @@ MemoryPlan Fsdp2Memory::estimate(const MemorySettings& settings, bool timeline) 
     peak_opt = opt;
     r.peak_gathered.assign(holding.begin(), holding.end());
   };
-  auto is_ancestor = [&](size_t a, size_t j) {
-    for (int p = units_[j].parent; p >= 0; p = units_[static_cast<size_t>(p)].parent)
-      if (static_cast<size_t>(p) == a) return true;
-    return false;
-  };
   auto gather = [&](size_t j) {  // unshard + copy-out of a group not prefetched
     if (held[j] == groups[j].unsharded) return;
     live.unsharded += groups[j].unsharded - held[j];
@@ -251,7 +271,7 @@ MemoryPlan Fsdp2Memory::estimate(const MemorySettings& settings, bool timeline) 
     set_held(j, groups[j].kept_after_forward);
   };
   for (size_t j = 0; j < n; ++j) {
-    while (!active.empty() && !is_ancestor(active.back(), j)) {
+    for (int c = forward_closes_[j]; c > 0; --c) {
       post_forward(active.back());
       active.pop_back();
     }
@@ -274,21 +294,7 @@ MemoryPlan Fsdp2Memory::estimate(const MemorySettings& settings, bool timeline) 
   // prefetching the group that finished forward just before it;
   // post-backward hooks when a group's subtree is done. One reduce-scatter
   // input is retained until the next group's reduce-scatter.
-  std::vector<size_t> post_order;
-  {
-    std::vector<size_t> stack;
-    for (size_t j = 0; j < n; ++j) {
-      while (!stack.empty() && !is_ancestor(stack.back(), j)) {
-        post_order.push_back(stack.back());
-        stack.pop_back();
-      }
-      stack.push_back(j);
-    }
-    while (!stack.empty()) {
-      post_order.push_back(stack.back());
-      stack.pop_back();
-    }
-  }
+  const std::vector<size_t>& post_order = post_order_;
   live.grads_unsharded += ignored_grads;
   std::vector<int64_t> prefetched(n, 0);
   int64_t rs_retained = 0;
@@ -317,7 +323,7 @@ MemoryPlan Fsdp2Memory::estimate(const MemorySettings& settings, bool timeline) 
   };
   for (size_t k = post_order.size(); k-- > 0;) {
     const size_t j = post_order[k];
-    while (!open.empty() && !is_ancestor(open.back(), j)) {
+    for (int c = backward_closes_[k]; c > 0; --c) {
       post_backward(open.back());
       open.pop_back();
     }

@@ -25,8 +25,8 @@ Fsdp2Mesh fsdp2_mesh(const MemorySettings& settings);
 std::vector<int64_t> fsdp2_sharded_shape(const std::vector<int64_t>& shape, int64_t shard);
 
 // The model in two steps: what depends on the plan alone (each parameter's
-// dim 0, row size and dtypes, the units' buffers and nesting, the parameters
-// no unit holds) is gathered once, then estimate() works out one setting
+// dim 0, row size and dtypes, the units' buffers and nesting and the order of
+// their hooks, the parameters no unit holds) is gathered once, then estimate() works out one setting
 // (world size, strategy, optimizer, CPU offload) from it. suggest's fit advice
 // asks one plan about many settings. It keeps no reference to the plan.
 class Fsdp2Memory {
@@ -53,6 +53,11 @@ class Fsdp2Memory {
   };
   std::vector<Param> params_;
   std::vector<UnitParams> units_;
+  // Units in post-order (post-forward hooks; backward runs it in reverse), and
+  // how many enclosing groups finish before unit j's forward and before the
+  // k-th unit of the reversed post-order's backward.
+  std::vector<size_t> post_order_;
+  std::vector<int> forward_closes_, backward_closes_;
   int64_t buffers_bytes_ = 0;
   // Parameters in no unit (ignored): whole on every rank.
   int64_t unowned_bytes_ = 0, unowned_trainable_bytes_ = 0, unowned_largest_trainable_ = 0;
