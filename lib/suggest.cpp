@@ -346,6 +346,14 @@ std::vector<FitAdvice> fit_advice(const ModuleTree& tree, const std::vector<Cand
   if (base.fsdp.optimizer == Optimizer::SgdMomentum) cheaper = {Optimizer::Sgd};
   for (Optimizer o : cheaper) {  // the units stay: only the memory estimate changes
     auto fits = std::find_if(ranked.begin(), ranked.end(), [&](const Candidate& c) {
+      // Whatever the optimizer, its step holds every sharded parameter and
+      // gradient and the buffers (both models' peak is at least that, FSDP2's
+      // unless CPU offload moves them): a candidate over the budget with those
+      // alone is not estimated again.
+      const RankMemory& r = c.plan->memory.per_rank;
+      if (!c.policy.fsdp.cpu_offload &&
+          r.params_bytes + r.grads_bytes + r.buffers_bytes + opt.activation_bytes > opt.budget_bytes)
+        return false;
       MemorySettings s = c.policy.fsdp;
       s.optimizer = o;
       return peak_for(*c.plan, s) + opt.activation_bytes <= opt.budget_bytes;

@@ -2,6 +2,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <optional>
 
 #include "selection.h"
 #include "suggest.h"
@@ -445,5 +446,50 @@ TEST_CASE("a ranking plan has the report's units, refusals and peak, without roo
     CHECK(ranking.memory.per_rank.peak_phase == report.memory.per_rank.peak_phase);
     CHECK_FALSE(report.memory.timeline.empty());
     CHECK(ranking.memory.timeline.empty());
+  }
+}
+
+TEST_CASE("the optimizer advice names the first ranked candidate that fits with a cheaper optimizer, checked by planning each") {
+  auto b = untied_lm();
+  for (int version : {1, 2}) {
+    Policy base = version == 2 ? fsdp2(1) : world(1);  // one rank: the optimizer state outweighs what is gathered
+    SuggestOptions all;
+    int64_t lowest = INT64_MAX;  // with SGD
+    for (const Candidate& c : suggest(b.tree, base, all).ranked) {
+      Policy p = c.policy;
+      p.fsdp.optimizer = Optimizer::Sgd;
+      lowest = std::min(lowest, peak_of(b, p));
+    }
+    // At the lowest peak with SGD, one candidate fits with SGD only (its
+    // Adam state alone is over); under every candidate's parameters and
+    // gradients, none can.
+    for (int64_t budget : {lowest, int64_t{100}}) {
+      CAPTURE(version);
+      CAPTURE(budget);
+      SuggestOptions opt;
+      opt.budget_bytes = budget;
+      Suggestion s = suggest(b.tree, base, opt);
+      REQUIRE(!s.ranked.empty());
+      REQUIRE(!s.ranked.front().fits);
+      std::optional<FitAdvice> expected;
+      for (Optimizer o : {Optimizer::SgdMomentum, Optimizer::Sgd}) {
+        for (const Candidate& c : s.ranked) {
+          Policy p = c.policy;
+          p.fsdp.optimizer = o;
+          if (const int64_t need = peak_of(b, p); need <= budget) {
+            expected = FitAdvice{"optimizer", optimizer_name(o), need, "", c.label};
+            break;
+          }
+        }
+        if (expected) break;
+      }
+      auto it = std::find_if(s.advice.begin(), s.advice.end(), [](const FitAdvice& a) { return a.setting == "optimizer"; });
+      REQUIRE((it != s.advice.end()) == expected.has_value());
+      CHECK(expected.has_value() == (budget != 100));
+      if (!expected) continue;
+      CHECK(it->value == expected->value);
+      CHECK(it->candidate == expected->candidate);
+      CHECK(it->needed_bytes == expected->needed_bytes);
+    }
   }
 }
