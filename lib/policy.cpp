@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <set>
+#include <utility>
 
 #include "errors.h"
 #include "file_io.h"
@@ -25,6 +26,16 @@ const std::vector<std::string> kMixedPrecisionKeys = {"param_dtype", "reduce_dty
                                                       "ignore_classes", "keep_low_precision_grads",
                                                       "cast_forward_inputs", "cast_root_forward_inputs",
                                                       "output_dtype"};
+// The mixed_precision fields by kind, in the order they are read (and errors found).
+const std::pair<const char*, std::optional<std::string> MixedPrecision::*> kDtypeFields[] = {
+    {"param_dtype", &MixedPrecision::param_dtype},
+    {"reduce_dtype", &MixedPrecision::reduce_dtype},
+    {"buffer_dtype", &MixedPrecision::buffer_dtype},
+    {"output_dtype", &MixedPrecision::output_dtype}};
+const std::pair<const char*, std::optional<bool> MixedPrecision::*> kFlagFields[] = {
+    {"keep_low_precision_grads", &MixedPrecision::keep_low_precision_grads},
+    {"cast_forward_inputs", &MixedPrecision::cast_forward_inputs},
+    {"cast_root_forward_inputs", &MixedPrecision::cast_root_forward_inputs}};
 const std::vector<std::string> kFsdpKeys = {"world_size", "sharding_strategy", "shard_group_size",
                                             "use_orig_params", "optimizer", "version",
                                             "reshard_after_forward", "cpu_offload"};
@@ -255,24 +266,14 @@ class Parser {
       if (!it->is_object()) fail("\"mixed_precision\" must be an object or null, not " + type_of(*it));
       check_keys(*it, kMixedPrecisionKeys, " in \"mixed_precision\"");
       MixedPrecision mp;
-      for (const char* key : {"param_dtype", "reduce_dtype", "buffer_dtype", "output_dtype"}) {
-        auto f = it->find(key);
-        if (f == it->end()) continue;
-        auto d = dtype(*f, key);
-        if (std::string(key) == "param_dtype") mp.param_dtype = d;
-        if (std::string(key) == "reduce_dtype") mp.reduce_dtype = d;
-        if (std::string(key) == "buffer_dtype") mp.buffer_dtype = d;
-        if (std::string(key) == "output_dtype") mp.output_dtype = d;
-      }
-      for (const char* key : {"keep_low_precision_grads", "cast_forward_inputs", "cast_root_forward_inputs"}) {
+      for (const auto& [key, field] : kDtypeFields)
+        if (auto f = it->find(key); f != it->end()) mp.*field = dtype(*f, key);
+      for (const auto& [key, field] : kFlagFields) {
         auto f = it->find(key);
         if (f == it->end()) continue;
         if (!f->is_boolean())
           fail("\"mixed_precision." + std::string(key) + "\" must be true or false, not " + type_of(*f));
-        const bool b = f->get<bool>();
-        if (std::string(key) == "keep_low_precision_grads") mp.keep_low_precision_grads = b;
-        if (std::string(key) == "cast_forward_inputs") mp.cast_forward_inputs = b;
-        if (std::string(key) == "cast_root_forward_inputs") mp.cast_root_forward_inputs = b;
+        mp.*field = f->get<bool>();
       }
       if (auto f = it->find("ignore_classes"); f != it->end() && !f->is_null()) {
         mp.ignore_classes = string_list(*f, "mixed_precision.ignore_classes", true);
