@@ -412,4 +412,46 @@ nlohmann::ordered_json policy_to_json(const Policy& p) {
   return out;
 }
 
+nlohmann::ordered_json policy_file_json(const Policy& p) {
+  nlohmann::ordered_json out = nlohmann::ordered_json::object();
+  if (p.module_classes) out["module_classes"] = *p.module_classes;
+  if (p.min_num_params) out["min_num_params"] = *p.min_num_params;
+  if (p.force_leaf_given) out["force_leaf_modules"] = p.force_leaf_modules;
+  if (p.exclude_wrap_given) out["exclude_wrap_modules"] = p.exclude_wrap_modules;
+  if (p.mixed_precision) {
+    const auto& mp = *p.mixed_precision;
+    nlohmann::ordered_json j = nlohmann::ordered_json::object();
+    for (const auto& [key, field] : kDtypeFields)
+      if (mp.*field) j[key] = *(mp.*field);
+    if (mp.ignore_classes_given) j["ignore_classes"] = mp.ignore_classes;
+    for (const auto& [key, field] : kFlagFields)
+      if (mp.*field) j[key] = *(mp.*field);
+    out["mixed_precision"] = j;
+  }
+  if (!p.ignored_modules.empty()) out["ignored_modules"] = p.ignored_modules;
+  if (!p.ignored_params.empty()) out["ignored_params"] = p.ignored_params;
+  if (!p.groups.empty()) {
+    nlohmann::ordered_json groups = nlohmann::ordered_json::array();
+    for (const auto& g : p.groups) {
+      nlohmann::ordered_json j = {{"modules", g.modules}};
+      if (g.reshard_after_forward) j["reshard_after_forward"] = reshard_to_json(*g.reshard_after_forward);
+      groups.push_back(std::move(j));
+    }
+    out["groups"] = std::move(groups);
+  }
+  nlohmann::ordered_json fsdp = {{"world_size", p.fsdp.world_size},
+                                 {"sharding_strategy", strategy_name(p.fsdp.strategy)}};
+  if (p.fsdp.shard_group_size > 0) fsdp["shard_group_size"] = p.fsdp.shard_group_size;
+  fsdp["use_orig_params"] = p.fsdp.use_orig_params;
+  fsdp["optimizer"] = optimizer_name(p.fsdp.optimizer);
+  if (p.fsdp.cpu_offload) fsdp["cpu_offload"] = true;
+  if (p.fsdp.fsdp_version == 2) {
+    fsdp["version"] = 2;
+    if (!(p.fsdp.reshard_after_forward == ReshardAfterForward{}))
+      fsdp["reshard_after_forward"] = reshard_to_json(p.fsdp.reshard_after_forward);
+  }
+  out["fsdp"] = fsdp;
+  return out;
+}
+
 }  // namespace fsdp_plan

@@ -76,6 +76,8 @@ std::string fail_on_error(const std::string& kind);
 
 // The effective policy, defaults filled in, as the plan reports it.
 nlohmann::ordered_json policy_to_json(const Policy& policy);
+// A policy as a user would write it: only the keys it sets; parse_policy reads it back.
+nlohmann::ordered_json policy_file_json(const Policy& policy);
 // true, false or the rank count, as fully_shard takes it.
 nlohmann::ordered_json reshard_to_json(const ReshardAfterForward& r);
 

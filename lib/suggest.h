@@ -70,7 +70,4 @@ std::vector<Candidate> suggest_candidates(const ModuleTree& tree, const Policy& 
 // FSDP version's (fsdp.fsdp_version).
 Suggestion suggest(const ModuleTree& tree, const Policy& base, const SuggestOptions& opt);
 
-// A policy as a user would write it: only the keys it sets; parse_policy reads it back.
-nlohmann::ordered_json policy_file_json(const Policy& policy);
-
 }  // namespace fsdp_plan
