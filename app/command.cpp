@@ -4,7 +4,7 @@
 
 #include <iostream>
 
-#include "errors.h"
+#include "util/errors.h"
 
 namespace fsdp_plan {
 

@@ -4,10 +4,10 @@
 
 
 #include "command.h"
-#include "diff_writer.h"
-#include "file_io.h"
-#include "json_input.h"
-#include "plan_diff.h"
+#include "report/diff_writer.h"
+#include "report/plan_diff.h"
+#include "util/file_io.h"
+#include "util/json_input.h"
 
 namespace fsdp_plan {
 

@@ -1,11 +1,11 @@
 #include "gate.h"
 
-#include "diff_writer.h"
-#include "errors.h"
-#include "file_io.h"
-#include "json_input.h"
-#include "policy.h"
-#include "string_util.h"
+#include "policy/policy.h"
+#include "report/diff_writer.h"
+#include "util/errors.h"
+#include "util/file_io.h"
+#include "util/json_input.h"
+#include "util/strings.h"
 
 namespace fsdp_plan {
 

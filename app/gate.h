@@ -9,8 +9,8 @@
 #include <optional>
 #include <string>
 
-#include "checks.h"
-#include "plan_diff.h"
+#include "report/budgets.h"
+#include "report/plan_diff.h"
 
 namespace fsdp_plan {
 

@@ -8,16 +8,16 @@
 #include <optional>
 
 #include "command.h"
-#include "emit.h"
-#include "errors.h"
-#include "file_io.h"
-#include "loaders/loader.h"
-#include "memory.h"
-#include "planner.h"
-#include "policy.h"
-#include "string_util.h"
-#include "suggest.h"
-#include "suggest_writer.h"
+#include "emit/emit.h"
+#include "fsdp1/memory.h"
+#include "model/loaders/loader.h"
+#include "planner/planner.h"
+#include "policy/policy.h"
+#include "suggest/suggest.h"
+#include "suggest/writer.h"
+#include "util/errors.h"
+#include "util/file_io.h"
+#include "util/strings.h"
 
 namespace fsdp_plan {
 namespace {

@@ -1,5 +1,5 @@
 // `fsdp-plan suggest MODEL --budget SIZE`: the wrapping policies that fit a
-// per-rank memory budget, ranked (lib/suggest.h).
+// per-rank memory budget, ranked (lib/suggest/suggest.h).
 #pragma once
 
 namespace fsdp_plan {

@@ -5,8 +5,8 @@
 
 #include <string>
 
-#include "errors.h"
-#include "loaders/export_program.h"
+#include "model/loaders/export_program.h"
+#include "util/errors.h"
 
 using namespace fsdp_plan;
 

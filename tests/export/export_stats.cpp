@@ -7,8 +7,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "errors.h"
-#include "loaders/export_loader.h"
+#include "model/loaders/export_loader.h"
+#include "util/errors.h"
 
 int main(int argc, char** argv) {
   if (argc != 2) {

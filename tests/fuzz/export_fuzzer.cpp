@@ -6,8 +6,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "errors.h"
-#include "loaders/export_loader.h"
+#include "model/loaders/export_loader.h"
+#include "util/errors.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   fsdp_plan::ExportOptions options;

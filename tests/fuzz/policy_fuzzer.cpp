@@ -5,8 +5,8 @@
 #include <cstdint>
 #include <string>
 
-#include "errors.h"
-#include "policy.h"
+#include "policy/policy.h"
+#include "util/errors.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::string text(reinterpret_cast<const char*>(data), size);

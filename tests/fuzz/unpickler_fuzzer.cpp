@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <string>
 
-#include "loaders/unpickler.h"
+#include "model/loaders/unpickler.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {

@@ -2,7 +2,7 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
-#include "loaders/class_decls.h"
+#include "model/loaders/class_decls.h"
 
 using fsdp_plan::parse_class_decls;
 

@@ -7,10 +7,10 @@
 #include <cstring>
 #include <iostream>
 
-#include "errors.h"
-#include "loaders/archive_loader.h"
-#include "loaders/loader.h"
-#include "tree_json.h"
+#include "model/loaders/archive_loader.h"
+#include "model/loaders/loader.h"
+#include "model/tree_json.h"
+#include "util/errors.h"
 
 namespace {
 

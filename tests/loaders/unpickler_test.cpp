@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "loaders/unpickler.h"
+#include "model/loaders/unpickler.h"
 
 using namespace fsdp_plan::pickle;
 using namespace std::string_literals;  // literals with NUL bytes in them

@@ -1,9 +1,9 @@
 #include <doctest/doctest.h>
 
-#include "accelerate_config.h"
-#include "emit.h"
-#include "errors.h"
+#include "accelerate/config.h"
+#include "emit/emit.h"
 #include "tree_builder.h"
+#include "util/errors.h"
 
 using namespace fsdp_plan;
 using namespace fsdp_plan::test;

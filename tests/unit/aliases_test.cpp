@@ -2,8 +2,8 @@
 // transformers 4 register `encoder.embed_tokens = self.shared`.
 #include <doctest/doctest.h>
 
-#include "json_writer.h"
-#include "text_writer.h"
+#include "report/json_writer.h"
+#include "report/text_writer.h"
 #include "tree_builder.h"
 
 using namespace fsdp_plan;

@@ -1,9 +1,9 @@
 #include <doctest/doctest.h>
 
-#include "checks.h"
-#include "errors.h"
-#include "json_writer.h"
+#include "report/budgets.h"
+#include "report/json_writer.h"
 #include "tree_builder.h"
+#include "util/errors.h"
 
 using namespace fsdp_plan;
 using namespace fsdp_plan::test;

@@ -1,6 +1,6 @@
 #include <doctest/doctest.h>
 
-#include "class_names.h"
+#include "model/class_names.h"
 
 using namespace fsdp_plan;
 

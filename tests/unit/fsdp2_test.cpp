@@ -2,9 +2,9 @@
 // refusals and memory (FSDP2.md sections 1-4, 8).
 #include <doctest/doctest.h>
 
-#include "fsdp2_memory.h"
-#include "json_writer.h"
-#include "text_writer.h"
+#include "fsdp2/memory.h"
+#include "report/json_writer.h"
+#include "report/text_writer.h"
 #include "tree_builder.h"
 
 using namespace fsdp_plan;

@@ -1,8 +1,8 @@
 // The HTML page around the plan; the page itself is tested in chromium (tests/browser).
 #include <doctest/doctest.h>
 
-#include "html_writer.h"
-#include "json_writer.h"
+#include "report/html_writer.h"
+#include "report/json_writer.h"
 #include "tree_builder.h"
 
 using namespace fsdp_plan;

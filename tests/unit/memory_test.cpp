@@ -3,7 +3,7 @@
 
 #include <algorithm>
 
-#include "memory.h"
+#include "fsdp1/memory.h"
 #include "tree_builder.h"
 
 using namespace fsdp_plan;

@@ -1,8 +1,8 @@
 #include <doctest/doctest.h>
 
-#include "diff_writer.h"
-#include "json_writer.h"
-#include "plan_diff.h"
+#include "report/diff_writer.h"
+#include "report/json_writer.h"
+#include "report/plan_diff.h"
 #include "tree_builder.h"
 
 using namespace fsdp_plan;

@@ -1,7 +1,7 @@
 #include <doctest/doctest.h>
 
-#include "errors.h"
-#include "policy.h"
+#include "policy/policy.h"
+#include "util/errors.h"
 
 using namespace fsdp_plan;
 

@@ -3,9 +3,9 @@
 // tests/differential/test_refusals.py.
 #include <doctest/doctest.h>
 
-#include "json_writer.h"
-#include "memory.h"
-#include "policy.h"
+#include "fsdp1/memory.h"
+#include "policy/policy.h"
+#include "report/json_writer.h"
 #include "tree_builder.h"
 
 using namespace fsdp_plan;

@@ -1,7 +1,7 @@
 // Which modules get wrapped: PyTorch's _recursive_wrap (SEMANTICS.md section 1).
 #include <doctest/doctest.h>
 
-#include "selection.h"
+#include "fsdp1/select.h"
 #include "tree_builder.h"
 
 using namespace fsdp_plan;

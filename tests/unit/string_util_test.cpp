@@ -1,6 +1,6 @@
 #include <doctest/doctest.h>
 
-#include "string_util.h"
+#include "util/strings.h"
 
 using namespace fsdp_plan;
 

@@ -4,9 +4,9 @@
 #include <algorithm>
 #include <optional>
 
-#include "selection.h"
-#include "suggest.h"
-#include "suggest_groups.h"
+#include "fsdp1/select.h"
+#include "suggest/groups.h"
+#include "suggest/suggest.h"
 #include "tree_builder.h"
 
 using namespace fsdp_plan;

@@ -6,10 +6,10 @@
 #include <string>
 #include <vector>
 
-#include "module_tree.h"
-#include "plan.h"
-#include "planner.h"
-#include "policy.h"
+#include "model/module_tree.h"
+#include "plan/plan.h"
+#include "planner/planner.h"
+#include "policy/policy.h"
 
 namespace fsdp_plan::test {
 

@@ -2,8 +2,8 @@
 
 #include <set>
 
-#include "json_writer.h"
-#include "text_writer.h"
+#include "report/json_writer.h"
+#include "report/text_writer.h"
 #include "tree_builder.h"
 
 using namespace fsdp_plan;

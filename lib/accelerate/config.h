@@ -1,0 +1,82 @@
+// A Hugging Face Accelerate config file (the YAML `accelerate config` writes)
+// read as `accelerate launch` of Accelerate 1.15.0 reads it: keys missing from
+// the file take the launcher's argparse defaults (not the plugin's), each
+// fsdp_config value goes through the environment variable the launcher sets,
+// and FullyShardedDataParallelPlugin parses it from there. The result is our
+// Policy plus warnings about keys Accelerate ignores; class names are resolved
+// against the model afterwards, by Accelerate's own rule.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "model/module_tree.h"
+#include "plan/plan.h"
+#include "policy/policy.h"
+
+namespace fsdp_plan {
+
+// The Accelerate release whose launcher and plugin this module follows.
+constexpr const char* kAccelerateVersion = "1.15.0";
+
+struct AccelerateConfig {
+  Policy policy;  // module_classes still holds Accelerate's bare names (see resolve)
+  std::vector<Warning> warnings;
+  int fsdp_version = 1;
+  std::string auto_wrap_policy = "NO_WRAP";  // TRANSFORMER_BASED_WRAP, SIZE_BASED_WRAP or NO_WRAP
+  // fsdp_transformer_layer_cls_to_wrap split at commas as Accelerate splits it;
+  // nullopt: not set, so Accelerate takes model._no_split_modules.
+  std::optional<std::vector<std::string>> class_names;
+  std::optional<std::string> ignored_modules_regex;  // fsdp_ignored_modules, fullmatch on module paths
+  int64_t num_machines = 1;
+  bool reshard_after_forward = true;  // FSDP2: fsdp_reshard_after_forward
+  std::string mixed_precision = "no";  // no, fp8, fp16 or bf16; policy.mixed_precision holds its dtypes
+  std::vector<std::string> effective;  // "key value (where it came from)", for the info warning
+};
+
+// True if `text` is YAML (not a JSON object) whose top level is a mapping with
+// an Accelerate key (distributed_type, fsdp_config or compute_environment).
+bool is_accelerate_config(const std::string& text);
+
+// The dtypes set_mixed_precision gives Accelerate's `mixed_precision` mode
+// under FSDP `fsdp_version`: param, reduce and buffer dtype alike (fp8 trains
+// with bf16), and under FSDP2 the output dtype too. nullopt for "no". The
+// CLI asks again when --fsdp-version overrides the config's version.
+std::optional<MixedPrecision> accelerate_dtypes(const std::string& mode, int fsdp_version);
+
+// Parses and validates; throws InputError naming `file` where `accelerate
+// launch` would refuse the file.
+AccelerateConfig parse_accelerate_config(const std::string& text, const std::string& file);
+
+// Accelerate's lookups on the model: each class name by
+// get_module_class_from_name (exact bare class name, first module in
+// pre-order), fsdp_ignored_modules by re.fullmatch over module paths. Fills
+// policy.module_classes and policy.ignored_modules with what matched and adds
+// the error Accelerate raises for a missing class (with the nearest names).
+void resolve_accelerate_config(AccelerateConfig& config, const ModuleTree& tree);
+
+// One fully_shard call of Accelerate's FSDP2 preparation.
+struct ShardCall {
+  std::vector<ModuleId> modules;              // several: one group (fully_shard([a, b]))
+  std::optional<bool> reshard_after_forward;  // nullopt: PyTorch's default (False for the root)
+  std::string why;                            // "policy", "input embedding", "tail", "root"
+};
+
+// The fully_shard calls fsdp2_prepare_model of Accelerate 1.15.0 makes, in
+// order: the policy's modules bottom-up (get_module_children_bottom_up), the
+// input embedding if untied, the tail [final norm, (input embedding,) output
+// embedding] with reshard_after_forward=False, then the root. Call after
+// resolve_accelerate_config. Transformers' get_input_embeddings,
+// get_output_embeddings and base_model_prefix are not in a TorchScript file:
+// they are guessed from module names (embed_tokens / wte / word_embeddings,
+// lm_head, a root child whose class ends in "Model"), and an info note in
+// `notes` says what was taken.
+std::vector<ShardCall> accelerate_fsdp2_calls(const AccelerateConfig& config, const ModuleTree& tree,
+                                              std::vector<Warning>& notes);
+
+// fsdp_version 2: config.policy becomes those calls as explicit FSDP2 groups
+// (the root excepted: the planner always makes it the last call).
+void apply_accelerate_fsdp2(AccelerateConfig& config, const ModuleTree& tree);
+
+}  // namespace fsdp_plan

@@ -1,0 +1,81 @@
+#include "emit/accelerate_yaml.h"
+
+#include <algorithm>
+
+#include "emit/emit.h"
+#include "model/class_names.h"
+#include "util/strings.h"
+
+namespace fsdp_plan {
+
+void refuse_accelerate(const std::string& why) {
+  throw EmitError("Accelerate's config cannot say this plan: " + why +
+                  "; --emit torch writes PyTorch code for this plan");
+}
+
+std::string unit_text(const Plan& plan, const Unit& u) {
+  auto path = [&](ModuleId m) { return path_or_root(plan.tree->path(m)); };
+  if (u.modules.size() < 2) return path(u.module);
+  std::string out;
+  for (ModuleId m : u.modules) out += (out.empty() ? "" : ", ") + path(m);
+  return "[" + out + "]";
+}
+
+std::string units_text(const Plan& plan) {
+  std::string out;
+  for (const Unit& u : plan.units) out += (out.empty() ? "" : ", ") + unit_text(plan, u);
+  return "[" + out + "]";
+}
+
+std::vector<std::string> bare_class_names(const Policy& p) {
+  std::vector<std::string> out;
+  if (p.module_classes)
+    for (const auto& c : *p.module_classes) {
+      std::string bare(short_name(c));
+      if (std::find(out.begin(), out.end(), bare) == out.end()) out.push_back(bare);
+    }
+  return out;
+}
+
+std::string accelerate_mixed_precision(const std::string& dtype) {
+  if (dtype == "bfloat16") return "bf16";
+  if (dtype == "float16") return "fp16";
+  refuse_accelerate("mixed precision in " + dtype + "; Accelerate's mixed_precision is bf16 or fp16");
+}
+
+std::string accelerate_yaml_head(const std::string& comment) {
+  return "# " + comment + "\n"
+         "compute_environment: LOCAL_MACHINE\n"
+         "debug: false\n"
+         "distributed_type: FSDP\n"
+         "downcast_bf16: 'no'\n"
+         "enable_cpu_affinity: false\n"
+         "fsdp_config:\n"
+         "  fsdp_activation_checkpointing: false\n";
+}
+
+std::string accelerate_yaml_classes(const std::vector<std::string>& classes) {
+  if (classes.empty()) return "";
+  std::string list;
+  for (const auto& c : classes) list += (list.empty() ? "" : ",") + c;
+  return "  fsdp_transformer_layer_cls_to_wrap: " + list + "\n";
+}
+
+std::string accelerate_yaml_launch(const std::string& mixed_precision, int64_t machines, int64_t processes) {
+  return "machine_rank: 0\n"
+         "main_training_function: main\n"
+         "mixed_precision: " + mixed_precision + "\n"
+         "num_machines: " + std::to_string(machines) + "\n"
+         "num_processes: " + std::to_string(processes) + "\n";
+}
+
+std::string accelerate_yaml_tail() {
+  return "rdzv_backend: static\n"
+         "same_network: true\n"
+         "tpu_env: []\n"
+         "tpu_use_cluster: false\n"
+         "tpu_use_sudo: false\n"
+         "use_cpu: false\n";
+}
+
+}  // namespace fsdp_plan

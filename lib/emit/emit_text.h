@@ -1,0 +1,66 @@
+// Small text helpers shared by the --emit writers (Python literals, regexes).
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "model/module_tree.h"
+#include "policy/ignored.h"
+
+namespace fsdp_plan {
+
+inline std::string py_string(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out + "\"";
+}
+
+inline std::string py_dtype(const std::optional<std::string>& d) { return d ? "torch." + *d : "None"; }
+
+// A Python list of strings, one per line below `indent`.
+inline std::string py_list(const std::vector<std::string>& items, const std::string& indent) {
+  if (items.empty()) return "[]";
+  std::string out = "[\n";
+  for (const auto& s : items) out += indent + "    " + py_string(s) + ",\n";
+  return out + indent + "]";
+}
+
+// re.escape for module paths (names are identifiers and digits; dots matter).
+inline std::string regex_escape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (std::string("\\.^$|?*+()[]{}-").find(c) != std::string::npos) out += '\\';
+    out += c;
+  }
+  return out;
+}
+
+// The ignored modules' paths, top-most ones only (pre-order).
+inline std::vector<std::string> top_ignored_modules(const ModuleTree& tree, const Ignored& ignored) {
+  std::vector<std::string> out;
+  for (ModuleId m : tree.preorder()) {
+    const Module& mod = tree.module(m);
+    if (ignored.module[static_cast<size_t>(m)] && (m == 0 || !ignored.module[static_cast<size_t>(mod.parent)]))
+      out.push_back(tree.path(m));
+  }
+  return out;
+}
+
+// The ignored parameters by their first name in pre-order (a tied one once).
+inline std::vector<std::string> ignored_param_names(const ModuleTree& tree, const Ignored& ignored) {
+  std::vector<std::string> out;
+  std::vector<bool> seen(tree.num_tensors(), false);
+  for (ModuleId m : tree.preorder())
+    for (const auto& s : tree.module(m).params)
+      if (ignored.tensor[static_cast<size_t>(s.tensor)] && !seen[static_cast<size_t>(s.tensor)]) {
+        seen[static_cast<size_t>(s.tensor)] = true;
+        out.push_back(tree.qualify(m, s.name));
+      }
+  return out;
+}
+
+}  // namespace fsdp_plan

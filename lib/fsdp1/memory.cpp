@@ -1,0 +1,335 @@
+#include "fsdp1/memory.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+#include "plan/plan.h"
+
+namespace fsdp_plan {
+namespace {
+
+// Bytes per element the unit's parameters have; FSDP requires one dtype per
+// flat parameter, so the largest stands for all when a model mixes them.
+int64_t param_itemsize(const Plan& plan, const Unit& u) {
+  int64_t size = 0;
+  for (const auto& o : u.params) size = std::max(size, plan.tree->tensor(o.tensor).itemsize);
+  return size == 0 ? 4 : size;
+}
+
+// FlatParamHandle with use_orig_params (align_addresses): each parameter
+// starts at a multiple of 16 bytes, and the whole is padded to a multiple of
+// the shard group size. Without it, only sharding pads (see sharded_numel).
+int64_t flat_numel(const Plan& plan, const Unit& u, int64_t itemsize, bool align, int64_t group) {
+  int64_t total = 0;
+  const int64_t aligned = std::max<int64_t>(1, 16 / itemsize);
+  for (const auto& o : u.params) {
+    if (align && total % aligned != 0) total += aligned - total % aligned;
+    total += plan.tree->numel(o.tensor);
+  }
+  if (align && total % group != 0) total += group - total % group;
+  return total;
+}
+
+// Trainable elements of the unit's flat parameter that fall in rank 0's
+// shard, laid out as flat_numel lays them out. A unit mixing frozen and
+// trainable parameters gets a gradient for its whole flat parameter, but an
+// optimizer over the original parameters (use_orig_params) keeps state only
+// for the trainable ones' local views.
+int64_t trainable_in_first_shard(const Plan& plan, const Unit& u, int64_t itemsize, bool align, int64_t shard) {
+  int64_t offset = 0, trainable = 0;
+  const int64_t aligned = std::max<int64_t>(1, 16 / itemsize);
+  for (const auto& o : u.params) {
+    if (align && offset % aligned != 0) offset += aligned - offset % aligned;
+    const int64_t numel = plan.tree->numel(o.tensor);
+    if (plan.tree->tensor(o.tensor).requires_grad) trainable += std::max<int64_t>(0, std::min(offset + numel, shard) - offset);
+    offset += numel;
+  }
+  return trainable;
+}
+
+}  // namespace
+
+int optimizer_states(Optimizer o) {
+  switch (o) {
+    case Optimizer::Adam: return 2;  // exp_avg, exp_avg_sq
+    case Optimizer::SgdMomentum: return 1;  // momentum_buffer
+    case Optimizer::Sgd:
+    case Optimizer::None: return 0;
+  }
+  return 0;
+}
+
+const char* strategy_name(ShardingStrategy s) {
+  switch (s) {
+    case ShardingStrategy::FullShard: return "FULL_SHARD";
+    case ShardingStrategy::ShardGradOp: return "SHARD_GRAD_OP";
+    case ShardingStrategy::NoShard: return "NO_SHARD";
+    case ShardingStrategy::HybridShard: return "HYBRID_SHARD";
+  }
+  return "FULL_SHARD";
+}
+
+std::optional<ShardingStrategy> parse_strategy(const std::string& name) {
+  for (auto s : {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp, ShardingStrategy::NoShard,
+                 ShardingStrategy::HybridShard})
+    if (name == strategy_name(s)) return s;
+  return std::nullopt;
+}
+
+const char* optimizer_name(Optimizer o) {
+  switch (o) {
+    case Optimizer::Adam: return "adam";
+    case Optimizer::Sgd: return "sgd";
+    case Optimizer::SgdMomentum: return "sgd-momentum";
+    case Optimizer::None: return "none";
+  }
+  return "adam";
+}
+
+std::optional<Optimizer> parse_optimizer(const std::string& name) {
+  if (name == "adamw") return Optimizer::Adam;  // same state as adam
+  for (auto o : {Optimizer::Adam, Optimizer::Sgd, Optimizer::SgdMomentum, Optimizer::None})
+    if (name == optimizer_name(o)) return o;
+  return std::nullopt;
+}
+
+bool is_floating_dtype(const std::string& dtype) {
+  return dtype.rfind("float", 0) == 0 || dtype.rfind("bfloat", 0) == 0;
+}
+
+int64_t dtype_itemsize(const std::string& dtype) {
+  if (dtype == "float32") return 4;
+  if (dtype == "float16" || dtype == "bfloat16") return 2;
+  if (dtype == "float64") return 8;
+  return 0;
+}
+
+int64_t hybrid_group_size(const MemorySettings& settings) {
+  if (settings.shard_group_size > 0) return settings.shard_group_size;
+  // FSDP1 without a process group shards within a node of device_count()
+  // ranks and needs it to divide the world size (dist.new_subgroups): assume
+  // the largest node of at most 8 devices that does.
+  for (int64_t g = std::min<int64_t>(8, settings.world_size); g > 1; --g)
+    if (settings.world_size % g == 0) return g;
+  return 1;
+}
+
+std::string settings_error(const MemorySettings& settings) {
+  if (settings.world_size < 1 || settings.world_size > kMaxWorldSize)
+    return "the world size must be from 1 to " + std::to_string(kMaxWorldSize);
+  if (settings.strategy == ShardingStrategy::HybridShard) {
+    const int64_t g = hybrid_group_size(settings);
+    if (g > settings.world_size || settings.world_size % g != 0) {
+      std::string divisors;
+      int shown = 0;
+      for (int64_t d = 1; d <= settings.world_size && shown < 8; ++d)
+        if (settings.world_size % d == 0) divisors += (shown++ ? ", " : "") + std::to_string(d);
+      return "the hybrid shard group size (" + std::to_string(g) + ") must divide the world size (" +
+             std::to_string(settings.world_size) + "): set --shard-group-size (or fsdp.shard_group_size) to the "
+             "GPUs per node, one of " + divisors + (shown == 8 ? ", ..." : "");
+    }
+  }
+  return "";
+}
+
+MemoryPlan estimate_memory(const Plan& plan, const MemorySettings& settings, bool timeline) {
+  if (std::string why = settings_error(settings); !why.empty()) throw std::invalid_argument(why);
+  MemoryPlan mem;
+  mem.settings = settings;
+  mem.effective_strategy = settings.strategy;
+  if (settings.world_size == 1 && settings.strategy != ShardingStrategy::NoShard) {
+    mem.effective_strategy = ShardingStrategy::NoShard;
+    mem.notes.push_back(std::string("world size 1: FSDP switches ") + strategy_name(settings.strategy) +
+                        " to NO_SHARD");
+  }
+  switch (mem.effective_strategy) {
+    case ShardingStrategy::NoShard: mem.shard_group_size = 1; break;
+    case ShardingStrategy::HybridShard:
+      mem.shard_group_size = hybrid_group_size(settings);
+      if (settings.shard_group_size == 0)
+        mem.notes.push_back("HYBRID_SHARD shards within a node (FSDP uses torch.cuda.device_count()); assumed " +
+                            std::to_string(mem.shard_group_size) +
+                            " GPUs per node, the largest divisor of the world size up to 8: set --shard-group-size "
+                            "to your GPUs per node");
+      break;
+    default: mem.shard_group_size = settings.world_size;
+  }
+  const bool sharded = mem.effective_strategy != ShardingStrategy::NoShard;
+  const int64_t group = mem.shard_group_size;
+  const auto& mp = plan.policy.mixed_precision;
+  const int64_t mp_param = mp && mp->param_dtype ? dtype_itemsize(*mp->param_dtype) : 0;
+  const int64_t mp_buffer = mp && mp->buffer_dtype ? dtype_itemsize(*mp->buffer_dtype) : 0;
+  const int64_t mp_reduce = mp && mp->reduce_dtype ? dtype_itemsize(*mp->reduce_dtype) : 0;
+  const bool keep_low_grads = mp && mp->keep_low_grads();
+  bool kept_low_grads = false;  // some unit's gradient is kept in a smaller dtype
+  const int states = optimizer_states(settings.optimizer);
+
+  // Per unit: what it holds for good, and what it adds while gathered.
+  const size_t n = plan.units.size();
+  std::vector<int64_t> gathered(n), grad_unsharded(n), grad_sharded(n), grad_kept(n), view_grads(n);
+  RankMemory& r = mem.per_rank;
+  for (size_t i = 0; i < n; ++i) {
+    const Unit& u = plan.units[i];
+    UnitMemory um;
+    const int64_t itemsize = param_itemsize(plan, u);
+    const bool low = u.mixed_precision.value_or(false) && mp_param > 0 && mp_param != itemsize;
+    um.compute_itemsize = low ? mp_param : itemsize;
+    um.flat_numel = flat_numel(plan, u, itemsize, settings.use_orig_params, group);
+    um.sharded_numel = ceil_div(um.flat_numel, group);
+    um.sharded_bytes = um.sharded_numel * itemsize;
+    um.unsharded_bytes = um.sharded_numel * group * um.compute_itemsize;
+    // Sharded strategies gather into a separate padded buffer and compute the
+    // gradient there before reduce-scatter; NO_SHARD computes in place unless
+    // mixed precision needs a low-precision copy.
+    gathered[i] = sharded || low ? um.unsharded_bytes : 0;
+    // A wholly frozen unit's flat parameter has requires_grad=False: no
+    // gradient, no optimizer state. Any trainable parameter makes it True.
+    const bool trains = u.trainable_numel > 0;
+    grad_unsharded[i] = trains ? gathered[i] : 0;
+    grad_sharded[i] = trains ? um.sharded_bytes : 0;
+    // keep_low_precision_grads, on units that run in mixed precision: sharded
+    // strategies still cast the reduce-scattered gradient to the parameter
+    // dtype and hold it so through backward (_accumulate_sharded_grad), then
+    // cast it to param_dtype for the optimizer (prepare_gradient_for_optim);
+    // NO_SHARD skips the cast and keeps the gradient in the reduce dtype.
+    int64_t kept_itemsize = itemsize;
+    if (trains && keep_low_grads && u.mixed_precision.value_or(false)) {
+      const int64_t reduce = mp_reduce > 0 ? mp_reduce : mp_param > 0 ? mp_param : itemsize;
+      kept_itemsize = sharded ? um.compute_itemsize : reduce;
+      kept_low_grads |= kept_itemsize != itemsize;
+    }
+    grad_kept[i] = trains ? um.sharded_numel * kept_itemsize : 0;
+    if (!sharded) grad_sharded[i] = grad_kept[i];
+    // The original parameters are views of the flat one: in the unit's
+    // backward, autograd holds each one's gradient until it concatenates them
+    // into the flat gradient (SplitWithSizesBackward), so for that moment the
+    // unit's gradient exists twice.
+    view_grads[i] = trains ? u.param_numel * um.compute_itemsize : 0;
+    r.params_bytes += um.sharded_bytes;
+    r.grads_bytes += grad_kept[i];
+    int64_t state_numel = trains ? um.sharded_numel : 0;
+    if (trains && u.frozen_numel > 0 && settings.use_orig_params)
+      state_numel = trainable_in_first_shard(plan, u, itemsize, true, um.sharded_numel);
+    // SGD's momentum buffer is a clone of the first gradient, so in its dtype.
+    const int64_t state_itemsize = settings.optimizer == Optimizer::SgdMomentum ? kept_itemsize : itemsize;
+    r.optimizer_bytes += states * state_numel * state_itemsize;
+    for (const auto& o : u.buffers) {
+      const TensorInfo& t = plan.tree->tensor(o.tensor);
+      // FSDP casts floating-point buffers only (_cast_buffers_to_dtype_and_device).
+      const bool cast = u.mixed_precision.value_or(false) && mp_buffer > 0 && is_floating_dtype(t.dtype);
+      r.buffers_bytes += plan.tree->numel(o.tensor) * (cast ? mp_buffer : t.itemsize);
+    }
+    mem.units.push_back(um);
+  }
+  // Ignored parameters stay whole on every rank, with whole gradients and
+  // state when they train.
+  std::vector<bool> owned(plan.tree->num_tensors(), false);
+  for (const auto& u : plan.units)
+    for (const auto& o : u.params) owned[static_cast<size_t>(o.tensor)] = true;
+  int64_t ignored_all = 0, ignored = 0;  // ignored: the trainable part
+  for (TensorId t = 0; t < static_cast<TensorId>(plan.tree->num_tensors()); ++t) {
+    if (!plan.tree->is_param(t) || owned[static_cast<size_t>(t)]) continue;
+    const int64_t bytes = plan.tree->bytes(t);
+    ignored_all += bytes;
+    if (plan.tree->tensor(t).requires_grad) ignored += bytes;
+  }
+  r.params_bytes += ignored_all;
+  r.grads_bytes += ignored;
+  r.optimizer_bytes += states * ignored;
+  r.steady_bytes = r.params_bytes + r.grads_bytes + r.optimizer_bytes + r.buffers_bytes;
+
+  // Walk a training step. Gradients were freed by zero_grad before forward;
+  // sharded gradients reappear unit by unit in backward.
+  std::vector<int64_t> ancestors_gathered(n, 0), ancestors_grad(n, 0);
+  for (size_t i = 1; i < n; ++i) {
+    const auto p = static_cast<size_t>(plan.units[i].parent);
+    ancestors_gathered[i] = ancestors_gathered[p] + gathered[p];
+    ancestors_grad[i] = ancestors_grad[p] + grad_unsharded[p];
+  }
+  // In pre-order, the unit before j is one of j's ancestors only if it is its parent.
+  auto parent_is_previous = [&](size_t j) { return j > 0 && plan.units[j].parent == static_cast<int>(j - 1); };
+  const bool keep_after_forward = mem.effective_strategy == ShardingStrategy::ShardGradOp;
+  r.peak_bytes = r.steady_bytes;
+  r.peak_phase = "optimizer step";
+  if (timeline) mem.timeline.reserve(2 * n + 1);
+  // One step of the series; the peak is the first step above the steady state.
+  auto record = [&](const char* phase, size_t unit, int64_t gathered_now, int64_t unsharded_grads,
+                    int64_t grads) {
+    MemoryStep s;
+    s.phase = phase;
+    s.unit = static_cast<int>(unit);
+    s.params_bytes = r.params_bytes;
+    s.optimizer_bytes = r.optimizer_bytes;
+    s.buffers_bytes = r.buffers_bytes;
+    s.gathered_bytes = gathered_now;
+    s.unsharded_grads_bytes = unsharded_grads;
+    s.grads_bytes = grads;
+    const int64_t bytes = s.total_bytes();
+    if (timeline) mem.timeline.push_back(std::move(s));
+    if (bytes <= r.peak_bytes) return;
+    r.peak_bytes = bytes;
+    r.peak_phase = phase;
+    r.peak_unit = static_cast<int>(unit);
+  };
+
+  // Forward: unit j runs inside its ancestors' forwards, so they are gathered
+  // too; the next unit's all-gather may already be in flight (FSDP's rate
+  // limiter allows two). SHARD_GRAD_OP keeps every unit gathered after forward.
+  int64_t prefix = 0;  // sum of gathered[k] for k < j
+  for (size_t j = 0; j < n; ++j) {
+    const int64_t next = j + 1 < n ? gathered[j + 1] : 0;
+    const int64_t live = keep_after_forward ? prefix + gathered[j] : ancestors_gathered[j] + gathered[j];
+    record("forward", j, live + next, 0, 0);
+    prefix += gathered[j];
+  }
+  // Backward, in reverse: unit j and its ancestors are gathered (the root was
+  // never freed), with BACKWARD_PRE prefetch of the unit before it; their
+  // unsharded gradients exist until reduce-scatter; every unit after j has
+  // already left its sharded gradient.
+  int64_t sharded_grads_done = 0;
+  for (size_t j = n; j-- > 0;) {
+    prefix -= gathered[j];  // now the sum for k < j
+    int64_t live;
+    if (keep_after_forward) {
+      live = prefix + gathered[j];
+    } else {
+      const bool prefetch = j > 0 && !parent_is_previous(j);
+      live = ancestors_gathered[j] + gathered[j] + (prefetch ? gathered[j - 1] : 0);
+    }
+    // Ignored parameters' gradients are whole and counted from the start of
+    // backward. The unit's flat gradient is the unsharded one, or under
+    // NO_SHARD the gradient it keeps; its parameters' own gradients beside it.
+    const int64_t flat_grad = grad_unsharded[j] > 0 ? grad_unsharded[j] : grad_sharded[j];
+    record("backward", j, live, ancestors_grad[j] + flat_grad + view_grads[j], ignored + sharded_grads_done);
+    sharded_grads_done += grad_sharded[j];
+  }
+  MemoryStep step;  // the optimizer step: the steady state, nothing gathered
+  step.phase = "optimizer step";
+  step.params_bytes = r.params_bytes;
+  step.optimizer_bytes = r.optimizer_bytes;
+  step.buffers_bytes = r.buffers_bytes;
+  step.grads_bytes = r.grads_bytes;
+  if (timeline) mem.timeline.push_back(std::move(step));
+  if (r.peak_unit >= 0) {
+    const size_t j = static_cast<size_t>(r.peak_unit);
+    std::vector<bool> ancestor(n, false);
+    for (int cur = plan.units[j].parent; cur >= 0; cur = plan.units[static_cast<size_t>(cur)].parent)
+      ancestor[static_cast<size_t>(cur)] = true;
+    for (size_t k = 0; k < n; ++k) {
+      bool live = k == j || ancestor[k] ||
+                  (keep_after_forward && k < j) ||
+                  (r.peak_phase == "forward" && k == j + 1) ||
+                  (r.peak_phase == "backward" && !keep_after_forward && k + 1 == j);
+      if (live && gathered[k] > 0) r.peak_gathered.push_back(static_cast<int>(k));
+    }
+  }
+  if (kept_low_grads && settings.optimizer == Optimizer::Adam)
+    mem.notes.push_back("keep_low_precision_grads: torch.optim.Adam and AdamW raise on low-precision gradients of "
+                        "full-precision parameters (\"expected dtype float for `end`\"); the optimizer figures assume "
+                        "one that accepts them and keeps its state in the parameters' dtype");
+  mem.notes.push_back("activations are not included");
+  mem.notes.push_back("module order stands for execution order, as FSDP assumes before its first step");
+  return mem;
+}
+
+}  // namespace fsdp_plan

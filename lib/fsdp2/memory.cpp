@@ -1,0 +1,376 @@
+#include "fsdp2/memory.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+#include "plan/plan.h"
+
+namespace fsdp_plan {
+namespace {
+
+// What one group holds and moves, in bytes (FSDP2.md sections 2 and 4).
+struct Group {
+  int64_t sharded = 0;          // padded shards, original dtype
+  int64_t unsharded = 0;        // padded x S, in param_dtype
+  int64_t kept_after_forward = 0;
+  int64_t grads_unsharded = 0;  // autograd's gradients: unpadded, param_dtype
+  int64_t rs_input = 0;         // padded x S, reduce dtype
+  int64_t rs_output = 0;        // padded, reduce dtype
+  bool rs_output_is_grad = true;  // reduce dtype == original dtype: the sharded grads are views of it
+  int64_t grads_sharded = 0;    // padded, original dtype
+  int64_t optimizer = 0;        // real rank-0 shard (= padded on rank 0), plus Adam's steps
+};
+
+}  // namespace
+
+Fsdp2Mesh fsdp2_mesh(const MemorySettings& s) {
+  Fsdp2Mesh mesh;
+  mesh.shard = s.world_size;
+  if (s.strategy == ShardingStrategy::HybridShard) {
+    mesh.shard = hybrid_group_size(s);
+    mesh.replicate = s.world_size / mesh.shard;
+  }
+  return mesh;
+}
+
+std::vector<int64_t> fsdp2_sharded_shape(const std::vector<int64_t>& shape, int64_t shard) {
+  if (shape.empty()) return {1};
+  std::vector<int64_t> out = shape;
+  out[0] = ceil_div(shape[0], shard);
+  return out;
+}
+
+Fsdp2Memory::Fsdp2Memory(const Plan& plan) {
+  const ModuleTree& tree = *plan.tree;
+  const auto& mp = plan.policy.mixed_precision;
+  units_.resize(plan.units.size());
+  size_t total = 0;
+  for (const auto& u : plan.units) total += u.params.size();
+  params_.reserve(total);
+  std::vector<bool> owned(tree.num_tensors(), false);
+  for (size_t i = 0; i < plan.units.size(); ++i) {
+    const Unit& u = plan.units[i];
+    UnitParams& up = units_[i];
+    up.begin = params_.size();
+    up.parent = u.parent;
+    up.reshard_after_forward = u.reshard_after_forward.value_or(ReshardAfterForward{});
+    for (const auto& o : u.params) {
+      owned[static_cast<size_t>(o.tensor)] = true;
+      const TensorInfo& t = tree.tensor(o.tensor);
+      const int64_t numel = tree.numel(o.tensor), d0 = tree.dim0(o.tensor);
+      const int64_t orig = t.itemsize;
+      // MixedPrecisionPolicy: param_dtype applies to floating parameters of another dtype
+      // (the float8 kinds, whose size this model does not know, are left as they are).
+      int64_t pe = orig;
+      if (mp && mp->param_dtype && dtype_itemsize(t.dtype) > 0 && *mp->param_dtype != t.dtype)
+        pe = dtype_itemsize(*mp->param_dtype);
+      const int64_t rd = mp && mp->reduce_dtype ? dtype_itemsize(*mp->reduce_dtype) : pe;
+      up.compute_itemsize = pe;
+      if (t.requires_grad) {
+        up.grads_unsharded += numel * pe;
+        up.rs_output_is_grad = up.rs_output_is_grad && rd == orig;
+      }
+      params_.push_back({d0, d0 == 0 ? 0 : numel / d0, static_cast<int32_t>(orig), static_cast<int32_t>(pe),
+                         static_cast<int32_t>(rd), t.requires_grad});
+    }
+    up.end = params_.size();
+    for (const auto& o : u.buffers) buffers_bytes_ += tree.bytes(o.tensor);
+  }
+  // The hooks' order: forward in unit order, each group's post-forward when
+  // the next unit is outside it (post-order); backward in reverse post-order,
+  // each group's post-backward when the next one is outside it.
+  auto is_ancestor = [&](size_t a, size_t j) {
+    for (int p = units_[j].parent; p >= 0; p = units_[static_cast<size_t>(p)].parent)
+      if (static_cast<size_t>(p) == a) return true;
+    return false;
+  };
+  const size_t n = units_.size();
+  forward_closes_.assign(n, 0);
+  std::vector<size_t> stack;
+  for (size_t j = 0; j < n; ++j) {
+    for (; !stack.empty() && !is_ancestor(stack.back(), j); stack.pop_back()) {
+      post_order_.push_back(stack.back());
+      ++forward_closes_[j];
+    }
+    stack.push_back(j);
+  }
+  for (; !stack.empty(); stack.pop_back()) post_order_.push_back(stack.back());
+  backward_closes_.assign(n, 0);
+  for (size_t k = n; k-- > 0;) {
+    const size_t j = post_order_[k];
+    for (; !stack.empty() && !is_ancestor(stack.back(), j); stack.pop_back()) ++backward_closes_[k];
+    stack.push_back(j);
+  }
+  // Ignored parameters: whole on every rank, with whole gradients and state.
+  for (TensorId t = 0; t < static_cast<TensorId>(tree.num_tensors()); ++t) {
+    if (!tree.is_param(t) || owned[static_cast<size_t>(t)]) continue;
+    const int64_t bytes = tree.bytes(t);
+    unowned_bytes_ += bytes;
+    if (!tree.tensor(t).requires_grad) continue;
+    unowned_trainable_bytes_ += bytes;
+    unowned_largest_trainable_ = std::max(unowned_largest_trainable_, bytes);
+  }
+}
+
+MemoryPlan estimate_memory_fsdp2(const Plan& plan, const MemorySettings& settings, bool timeline) {
+  return Fsdp2Memory(plan).estimate(settings, timeline);
+}
+
+MemoryPlan Fsdp2Memory::estimate(const MemorySettings& settings, bool timeline) const {
+  if (std::string why = settings_error(settings); !why.empty()) throw std::invalid_argument(why);
+  if (settings.strategy == ShardingStrategy::ShardGradOp || settings.strategy == ShardingStrategy::NoShard)
+    throw std::invalid_argument("FSDP2 has no sharding strategy " + std::string(strategy_name(settings.strategy)));
+  MemoryPlan mem;
+  mem.settings = settings;
+  mem.effective_strategy = settings.strategy;
+  const Fsdp2Mesh mesh = fsdp2_mesh(settings);
+  const int64_t S = mesh.shard;
+  mem.shard_group_size = S;
+  mem.replicate_size = mesh.replicate;
+  const int states = optimizer_states(settings.optimizer);
+  const size_t n = units_.size();
+
+  // Per group, from its parameters' padded shards at this shard size.
+  std::vector<Group> groups(n);
+  mem.units.reserve(n);
+  int64_t largest_trainable = unowned_largest_trainable_;  // bytes of the largest trainable shard (or ignored parameter)
+  RankMemory& r = mem.per_rank;
+  for (size_t i = 0; i < n; ++i) {
+    const UnitParams& up = units_[i];
+    Group& g = groups[i];
+    int64_t padded_numel = 0, gathered = 0, reduced = 0, trainable_sharded = 0, trainable = 0;
+    for (size_t k = up.begin; k < up.end; ++k) {
+      const Param& p = params_[k];
+      // The product of fsdp2_sharded_shape(shape, S): ceil(d0 / S) rows of numel / d0.
+      const int64_t padded = ceil_div(p.dim0, S) * p.row;
+      padded_numel += padded;
+      g.sharded += padded * p.orig;
+      gathered += padded * p.pe;
+      if (!p.trainable) continue;
+      reduced += padded * p.rd;
+      trainable_sharded += padded * p.orig;
+      largest_trainable = std::max(largest_trainable, padded * p.orig);
+      ++trainable;
+    }
+    g.unsharded = gathered * S;
+    g.grads_unsharded = up.grads_unsharded;
+    g.rs_input = reduced * S;
+    g.rs_output = reduced;
+    g.rs_output_is_grad = up.rs_output_is_grad;
+    g.grads_sharded = trainable_sharded;
+    // Rank 0's real shard is ceil(d0/S) rows: its whole padded shard.
+    g.optimizer = states * trainable_sharded + (settings.optimizer == Optimizer::Adam ? 4 * trainable : 0);
+    UnitMemory um;
+    um.sharded_numel = padded_numel;
+    um.flat_numel = padded_numel * S;
+    um.compute_itemsize = up.compute_itemsize;
+    um.sharded_bytes = g.sharded;
+    um.unsharded_bytes = g.unsharded;
+    const ReshardAfterForward raf = up.reshard_after_forward;
+    g.kept_after_forward = raf.kind == ReshardAfterForward::Kind::False ? g.unsharded
+                           : raf.kind == ReshardAfterForward::Kind::Ranks && raf.ranks < S
+                               ? (raf.ranks == 1 ? g.unsharded : g.unsharded / raf.ranks)
+                               : 0;
+    if (S == 1) g.kept_after_forward = g.unsharded;
+    r.params_bytes += g.sharded;
+    r.grads_bytes += g.grads_sharded;
+    r.optimizer_bytes += g.optimizer;
+    mem.units.push_back(um);
+  }
+  r.buffers_bytes = buffers_bytes_;
+  r.params_bytes += unowned_bytes_;
+  r.grads_bytes += unowned_trainable_bytes_;
+  r.optimizer_bytes += states * unowned_trainable_bytes_;
+  r.steady_bytes = r.params_bytes + r.grads_bytes + r.optimizer_bytes + r.buffers_bytes;
+  if (settings.cpu_offload) r.host_bytes = r.params_bytes + r.grads_bytes + r.optimizer_bytes;
+
+  // A training step, event by event, in the categories FSDPMemTracker uses.
+  // Gradients were freed by zero_grad; ignored parameters' gradients are
+  // counted whole from the start of backward (an upper bound).
+  const int64_t ignored_grads = unowned_trainable_bytes_;
+  struct Live {
+    int64_t unsharded = 0, all_gather = 0, reduce_scatter = 0, grads_sharded = 0, grads_unsharded = 0;
+    int64_t optimizer_temp = 0;
+  } live;
+  const int64_t resident_params = settings.cpu_offload ? 0 : r.params_bytes;
+  const int64_t resident_opt = settings.cpu_offload ? 0 : r.optimizer_bytes;
+  r.peak_bytes = -1;
+  std::vector<int64_t> held(n, 0);  // unsharded bytes each group holds
+  // The groups with held > 0, sorted: a new peak copies it, not a scan of all.
+  // Groups gather and free mostly at its end (forward in order, backward in reverse).
+  std::vector<int> holding;
+  auto set_held = [&](size_t j, int64_t bytes) {
+    if ((held[j] > 0) != (bytes > 0)) {
+      auto at = std::lower_bound(holding.begin(), holding.end(), static_cast<int>(j));
+      if (bytes > 0)
+        holding.insert(at, static_cast<int>(j));
+      else
+        holding.erase(at);
+    }
+    held[j] = bytes;
+  };
+  auto categories = [&](const Live& l, int64_t grads, int64_t opt) -> std::vector<std::pair<std::string, int64_t>> {
+    return {{"sharded_params", resident_params}, {"unsharded_params", l.unsharded},
+            {"all_gather", l.all_gather},       {"reduce_scatter", l.reduce_scatter},
+            {"sharded_grads", grads},           {"unsharded_grads", l.grads_unsharded},
+            {"optimizer_state", opt},           {"buffers", r.buffers_bytes}};
+  };
+  // The peak's categories are built once, at the end, from what was live then.
+  Live peak_live;
+  int64_t peak_grads = 0, peak_opt = 0;
+  // Each event is a point of the timeline; consecutive events of one phase
+  // and unit make one step, holding its largest point (so the peak is a step).
+  // A step is only built when the timeline or a new peak needs it.
+  auto consider = [&](const char* phase, size_t unit) {
+    const int64_t grads = settings.cpu_offload ? 0 : live.grads_sharded;
+    const int64_t opt = resident_opt + (settings.cpu_offload ? 0 : live.optimizer_temp);
+    const int unit_index = unit < n ? static_cast<int>(unit) : -1;
+    auto step = [&] {
+      MemoryStep s;
+      s.phase = phase;
+      s.unit = unit_index;
+      s.params_bytes = resident_params;
+      s.optimizer_bytes = opt;
+      s.buffers_bytes = r.buffers_bytes;
+      s.gathered_bytes = live.unsharded + live.all_gather;
+      s.unsharded_grads_bytes = live.grads_unsharded + live.reduce_scatter;
+      s.grads_bytes = grads;
+      s.categories = categories(live, grads, opt);
+      return s;
+    };
+    const int64_t total = resident_params + opt + r.buffers_bytes + live.unsharded + live.all_gather +
+                          live.grads_unsharded + live.reduce_scatter + grads;  // step().total_bytes()
+    if (timeline) {
+      auto& tl = mem.timeline;
+      if (tl.empty() || tl.back().phase != phase || tl.back().unit != unit_index)
+        tl.push_back(step());
+      else if (total > tl.back().total_bytes())
+        tl.back() = step();
+    }
+    if (total <= r.peak_bytes) return;
+    r.peak_bytes = total;
+    r.peak_phase = phase;
+    r.peak_unit = unit_index;
+    peak_live = live;
+    peak_grads = grads;
+    peak_opt = opt;
+    r.peak_gathered.assign(holding.begin(), holding.end());
+  };
+  auto gather = [&](size_t j) {  // unshard + copy-out of a group not prefetched
+    if (held[j] == groups[j].unsharded) return;
+    live.unsharded += groups[j].unsharded - held[j];
+    set_held(j, groups[j].unsharded);
+  };
+
+  // Forward, in unit order: the previous group's all-gather output lives
+  // until this group's copy-out (implicit prefetch); at world size 1 there is none.
+  int64_t ag_prev = 0;
+  std::vector<size_t> active;
+  auto post_forward = [&](size_t j) {
+    live.unsharded -= held[j] - groups[j].kept_after_forward;
+    set_held(j, groups[j].kept_after_forward);
+  };
+  for (size_t j = 0; j < n; ++j) {
+    for (int c = forward_closes_[j]; c > 0; --c) {
+      post_forward(active.back());
+      active.pop_back();
+    }
+    const int64_t ag = S > 1 ? groups[j].unsharded : 0;
+    live.all_gather += ag;
+    consider("forward", j);
+    live.all_gather -= ag_prev;
+    gather(j);
+    consider("forward", j);
+    ag_prev = ag;
+    active.push_back(j);
+  }
+  while (!active.empty()) {
+    post_forward(active.back());
+    active.pop_back();
+  }
+  live.all_gather -= ag_prev;  // the root's post-forward frees the last one
+
+  // Backward: pre-backward hooks in reverse post-forward order, each
+  // prefetching the group that finished forward just before it;
+  // post-backward hooks when a group's subtree is done. One reduce-scatter
+  // input is retained until the next group's reduce-scatter.
+  const std::vector<size_t>& post_order = post_order_;
+  live.grads_unsharded += ignored_grads;
+  std::vector<int64_t> prefetched(n, 0);
+  int64_t rs_retained = 0;
+  std::vector<size_t> open;
+  auto post_backward = [&](size_t j) {
+    const Group& g = groups[j];
+    live.grads_unsharded += g.grads_unsharded;
+    consider("backward", j);
+    live.unsharded -= held[j];
+    set_held(j, 0);
+    if (g.grads_unsharded == 0) return;
+    live.reduce_scatter -= rs_retained;
+    live.reduce_scatter += g.rs_input;
+    consider("backward", j);
+    live.grads_unsharded -= g.grads_unsharded;
+    live.reduce_scatter += g.rs_output;
+    if (!g.rs_output_is_grad) {
+      live.grads_sharded += g.grads_sharded;
+      consider("backward", j);
+      live.reduce_scatter -= g.rs_output;
+    } else {
+      live.reduce_scatter -= g.rs_output;
+      live.grads_sharded += g.grads_sharded;
+    }
+    rs_retained = g.rs_input;
+  };
+  for (size_t k = post_order.size(); k-- > 0;) {
+    const size_t j = post_order[k];
+    for (int c = backward_closes_[k]; c > 0; --c) {
+      post_backward(open.back());
+      open.pop_back();
+    }
+    if (prefetched[j] > 0) {  // copy out the prefetched all-gather, then free it
+      gather(j);
+      consider("backward", j);
+      live.all_gather -= prefetched[j];
+      prefetched[j] = 0;
+    } else if (held[j] < groups[j].unsharded) {
+      const int64_t ag = S > 1 ? groups[j].unsharded : 0;
+      live.all_gather += ag;
+      gather(j);
+      consider("backward", j);
+      live.all_gather -= ag;
+    }
+    if (k > 0) {
+      const size_t next = post_order[k - 1];
+      if (held[next] < groups[next].unsharded && S > 1) {
+        prefetched[next] = groups[next].unsharded;
+        live.all_gather += prefetched[next];
+      }
+    }
+    consider("backward", j);
+    open.push_back(j);
+  }
+  while (!open.empty()) {
+    post_backward(open.back());
+    open.pop_back();
+  }
+  // The optimizer step: sharded gradients and state, nothing gathered. Adam
+  // (foreach=False) computes each parameter's denominator in two temporaries
+  // of its shard's size: sqrt(exp_avg_sq), then its quotient.
+  live.reduce_scatter = 0;
+  live.grads_unsharded = 0;
+  live.grads_sharded += ignored_grads;
+  if (settings.optimizer == Optimizer::Adam) live.optimizer_temp = 2 * largest_trainable;
+  consider("optimizer step", n);
+  r.peak_categories = categories(peak_live, peak_grads, peak_opt);
+
+  mem.notes.push_back("FSDP2 (fully_shard): mesh " +
+                      (mesh.replicate > 1 ? "(" + std::to_string(mesh.replicate) + " replicate, " : std::string("(")) +
+                      std::to_string(S) + " shard), rank 0 (the largest shards)");
+  if (settings.cpu_offload)
+    mem.notes.push_back("CPU offload: sharded parameters, gradients and optimizer state on the host (host_bytes)");
+  mem.notes.push_back("activations, autograd temporaries and input gradients are not included");
+  mem.notes.push_back("module order stands for execution order");
+  return mem;
+}
+
+}  // namespace fsdp_plan

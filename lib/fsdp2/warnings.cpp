@@ -1,0 +1,179 @@
+#include "fsdp2/warnings.h"
+
+#include <map>
+#include <set>
+
+#include "fsdp2/memory.h"
+#include "util/strings.h"
+
+namespace fsdp_plan {
+namespace {
+
+class Refusals {
+ public:
+  Refusals(Plan& plan, const Fsdp2Calls& calls, const ClassMatcher& matcher)
+      : plan_(plan), tree_(*plan.tree), calls_(calls), matcher_(matcher) {}
+
+  void run() {
+    // FSDP2 has no BatchNorm exception: the one policy applies to every group.
+    if (plan_.policy.mixed_precision)
+      for (Unit& u : plan_.units) u.mixed_precision = true;
+    group_paths();
+    containers();
+    scalars();
+    dtypes();
+    shared();
+    reshard_ranks();
+  }
+
+ private:
+  void add(const std::string& kind, Severity sev, std::string message, std::vector<std::string> modules = {},
+           std::vector<std::string> params = {}) {
+    Warning w;
+    w.kind = kind;
+    w.severity = sev;
+    w.message = std::move(message);
+    w.modules = std::move(modules);
+    w.params = std::move(params);
+    plan_.warnings.push_back(std::move(w));
+  }
+
+  std::string unit_name(const Unit& u) const {
+    std::vector<std::string> paths;
+    for (ModuleId m : u.modules) paths.push_back(quoted_path(tree_.path(m)));
+    return paths.size() == 1 ? paths[0] : "[" + join(paths) + "]";
+  }
+
+  void group_paths() {
+    for (const auto& p : calls_.unknown_paths)
+      add("unmatched_group", Severity::Error,
+          "\"groups\" names " + (p.empty() ? std::string("the root") : "\"" + p + "\"") +
+              (p.empty() ? ", which fully_shard is always called on last by itself; leave it out"
+                         : ", which is no module of the model; name a module by its dotted path"),
+          {p});
+    for (const auto& p : calls_.named_twice)
+      add("fsdp2_applied_twice", Severity::Error,
+          "\"groups\" names '" + p +
+              "' twice: fully_shard refuses a module it was applied to already (\"Each distinct composable "
+              "distributed API can only be applied to a module once\"); name it in one group",
+          {p});
+  }
+
+  void containers() {
+    const TreeClasses& classes = matcher_.classes(tree_);
+    std::vector<int8_t> container(classes.size(), -1);  // per class, once asked
+    for (const Unit& u : plan_.units)
+      for (ModuleId m : u.modules) {
+        if (m == 0) continue;
+        const int32_t c = classes.of(static_cast<size_t>(m));
+        int8_t& known = container[static_cast<size_t>(c)];
+        if (known < 0) known = matcher_.is_instance(classes.qualified(c), module_container_classes());
+        if (!known) continue;
+        const std::string& cls = classes.qualified(c);
+        add("fsdp2_container", Severity::Error,
+            "fully_shard is called on " + quoted_path(tree_.path(m)) + " (" + std::string(short_name(cls)) +
+                "), and PyTorch refuses it: \"fully_shard does not support containers that do not implement "
+                "forward\"; shard its elements instead, or name them in one group (fully_shard([a, b]))",
+            {tree_.path(m)});
+      }
+  }
+
+  void scalars() {
+    for (const Unit& u : plan_.units)
+      for (const auto& o : u.params)
+        if (tree_.tensor(o.tensor).shape.empty()) {
+          const std::string name = plan_.param_name(o);
+          add("fsdp2_scalar_param", Severity::Error,
+              "parameter " + name + " is 0-dim, and fully_shard refuses it: \"fully_shard doesn't support scalar "
+                  "parameters. Change " + name + " to a 1D tensor with numel equal to 1.\"",
+              {tree_.path(o.module)}, {name});
+        }
+  }
+
+  // _init_mp_dtypes at the first forward: one original dtype among the
+  // group's trainable parameters (2.8+; 2.6 and 2.7 check all parameters).
+  void dtypes() {
+    for (const Unit& u : plan_.units) {
+      if (one_dtype(tree_, u.params)) continue;
+      std::set<std::string> trainable, frozen;
+      for (const auto& o : u.params) {
+        const TensorInfo& t = tree_.tensor(o.tensor);
+        (t.requires_grad ? trainable : frozen).insert(t.dtype);
+      }
+      const std::string where = "group " + unit_name(u);
+      if (trainable.size() > 1) {
+        add("fsdp2_mixed_dtype", Severity::Error,
+            where + " has trainable parameters of dtypes " + join({trainable.begin(), trainable.end()}) +
+                ", and PyTorch fails at the first forward: \"FSDP expects uniform original parameter dtype\"; "
+                "cast them to one dtype before fully_shard, or shard the modules of each dtype in groups of "
+                "their own",
+            {tree_.path(u.module)});
+        continue;
+      }
+      std::set<std::string> all = trainable;
+      all.insert(frozen.begin(), frozen.end());
+      if (all.size() > 1)
+        add("fsdp2_frozen_dtype", Severity::Warning,
+            where + " has frozen parameters of another dtype than its trainable ones (" +
+                join({all.begin(), all.end()}) +
+                "): PyTorch 2.8 and later accept it (only trainable parameters must share a dtype, and the "
+                "all-gather runs in bytes), 2.6 and 2.7 refuse it at the first forward (\"FSDP expects uniform "
+                "original parameter dtype\"); with those, shard the frozen modules in a group of their own",
+            {tree_.path(u.module)});
+    }
+  }
+
+  // The same tensor managed by two calls: two sharded copies.
+  void shared() {
+    std::vector<int32_t> uses(tree_.num_tensors(), 0);  // most tensors have one: only the others are listed
+    for (const Unit& u : plan_.units)
+      for (const auto& o : u.params) ++uses[static_cast<size_t>(o.tensor)];
+    std::map<TensorId, std::vector<size_t>> units_of;
+    for (size_t i = 0; i < plan_.units.size(); ++i)
+      for (const auto& o : plan_.units[i].params)
+        if (uses[static_cast<size_t>(o.tensor)] > 1) units_of[o.tensor].push_back(i);
+    for (const auto& [t, list] : units_of) {
+      if (list.size() < 2) continue;
+      std::vector<std::string> names, modules, groups;
+      for (size_t i : list) {
+        for (const auto& o : plan_.units[i].params)
+          if (o.tensor == t) names.push_back(plan_.param_name(o));
+        groups.push_back(unit_name(plan_.units[i]));
+        modules.push_back(tree_.path(plan_.units[i].module));
+      }
+      add("fsdp2_shared_param", Severity::Error,
+          "one tensor (" + join(names) + ") is managed by " + std::to_string(list.size()) + " fully_shard groups (" +
+              join(groups) + "): PyTorch 2.13 and later fail at the first forward (\"Parameter '" + names[0] +
+              "' is shared with a parameter already managed by another FSDP group\"), 2.6 silently unties it "
+              "into separately trained copies; put the modules that share it in one call, e.g. a \"groups\" "
+              "entry (fully_shard([a, b]))",
+          modules, names);
+    }
+  }
+
+  void reshard_ranks() {
+    const int64_t shard = fsdp2_mesh(plan_.policy.fsdp).shard;
+    for (const Unit& u : plan_.units) {
+      const auto& r = u.reshard_after_forward;
+      if (!r || r->kind != ReshardAfterForward::Kind::Ranks || shard % r->ranks == 0) continue;
+      add("fsdp2_reshard_ranks", Severity::Error,
+          "group " + unit_name(u) + " has reshard_after_forward " + std::to_string(r->ranks) +
+              ", and fully_shard refuses it: \"If passing reshard_after_forward as an int, it should be a factor "
+              "of " + std::to_string(shard) + ", not " + std::to_string(r->ranks) + "\"",
+          {tree_.path(u.module)});
+    }
+  }
+
+  Plan& plan_;
+  const ModuleTree& tree_;
+  const Fsdp2Calls& calls_;
+  const ClassMatcher& matcher_;
+};
+
+}  // namespace
+
+void analyse_fsdp2(Plan& plan, const Fsdp2Calls& calls, const ClassMatcher& matcher) {
+  Refusals(plan, calls, matcher).run();
+}
+
+}  // namespace fsdp_plan

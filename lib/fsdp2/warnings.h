@@ -1,0 +1,14 @@
+// What fully_shard refuses (FSDP2.md sections 1 and 8), as error-severity
+// warnings with PyTorch's reason and the fix, and FSDP2's mixed precision per unit.
+#pragma once
+
+#include "fsdp2/units.h"
+#include "model/class_names.h"
+#include "plan/plan.h"
+
+namespace fsdp_plan {
+
+// Runs after analyse(): units are sized.
+void analyse_fsdp2(Plan& plan, const Fsdp2Calls& calls, const ClassMatcher& matcher);
+
+}  // namespace fsdp_plan

@@ -1,0 +1,82 @@
+#include "model/module_tree.h"
+
+#include <algorithm>
+#include <utility>
+
+namespace fsdp_plan {
+
+int64_t TensorInfo::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+ModuleTree::ModuleTree() { modules_.emplace_back(); }
+
+ModuleId ModuleTree::add_module(ModuleId parent, std::string name, std::string type_name) {
+  const auto id = static_cast<ModuleId>(modules_.size());
+  Module m;
+  m.name = std::move(name);
+  m.type_name = std::move(type_name);
+  m.parent = parent;
+  modules_.push_back(std::move(m));
+  module(parent).children.push_back(id);
+  return id;
+}
+
+void ModuleTree::reserve_tensors(size_t n) {
+  tensors_.reserve(n);
+  sizes_.reserve(n);
+}
+
+TensorId ModuleTree::add_tensor(TensorInfo info) {
+  sizes_.push_back({info.numel(), info.shape.empty() ? 1 : info.shape[0], false});
+  tensors_.push_back(std::move(info));
+  return static_cast<TensorId>(tensors_.size() - 1);
+}
+
+void ModuleTree::add_param(ModuleId m, std::string name, TensorId t) {
+  module(m).params.push_back({std::move(name), t});
+  sizes_[static_cast<size_t>(t)].param = true;
+}
+
+void ModuleTree::add_buffer(ModuleId m, std::string name, TensorId t) {
+  module(m).buffers.push_back({std::move(name), t});
+}
+
+std::string ModuleTree::path(ModuleId m) const {
+  std::vector<const std::string*> parts;
+  for (ModuleId cur = m; cur > 0; cur = module(cur).parent) parts.push_back(&module(cur).name);
+  std::string out;
+  for (auto it = parts.rbegin(); it != parts.rend(); ++it) {
+    if (!out.empty()) out += '.';
+    out += **it;
+  }
+  return out;
+}
+
+std::string ModuleTree::qualify(ModuleId m, const std::string& local) const {
+  std::string p = path(m);
+  return p.empty() ? local : p + "." + local;
+}
+
+int ModuleTree::depth(ModuleId m) const {
+  int d = 0;
+  for (ModuleId cur = m; cur > 0; cur = module(cur).parent) ++d;
+  return d;
+}
+
+std::vector<ModuleId> ModuleTree::preorder(ModuleId from) const {
+  std::vector<ModuleId> order;
+  std::vector<ModuleId> stack{from};
+  while (!stack.empty()) {
+    ModuleId m = stack.back();
+    stack.pop_back();
+    order.push_back(m);
+    const auto& ch = module(m).children;
+    for (auto it = ch.rbegin(); it != ch.rend(); ++it) stack.push_back(*it);
+  }
+  return order;
+}
+
+}  // namespace fsdp_plan

@@ -1,0 +1,34 @@
+#include "plan/plan.h"
+
+namespace fsdp_plan {
+
+bool one_dtype(const ModuleTree& tree, const std::vector<Owned>& owned) {
+  for (const auto& o : owned)
+    if (tree.tensor(o.tensor).dtype != tree.tensor(owned.front().tensor).dtype) return false;
+  return true;
+}
+
+const char* severity_name(Severity s) {
+  switch (s) {
+    case Severity::Error: return "error";
+    case Severity::Warning: return "warning";
+    case Severity::Info: return "info";
+  }
+  return "warning";
+}
+
+bool Plan::has_errors() const {
+  for (const auto& w : warnings)
+    if (w.severity == Severity::Error) return true;
+  return false;
+}
+
+std::string Plan::param_name(const Owned& o) const {
+  return tree->qualify(o.module, tree->module(o.module).params[static_cast<size_t>(o.slot)].name);
+}
+
+std::string Plan::buffer_name(const Owned& o) const {
+  return tree->qualify(o.module, tree->module(o.module).buffers[static_cast<size_t>(o.slot)].name);
+}
+
+}  // namespace fsdp_plan

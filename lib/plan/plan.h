@@ -1,0 +1,88 @@
+// The plan: FSDP units in FSDP's order, what each owns, and what to warn about.
+// Produced by make_plan (planner.h), read by the writers.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "fsdp1/memory.h"
+#include "model/aliases.h"
+#include "model/module_tree.h"
+#include "policy/policy.h"
+
+namespace fsdp_plan {
+
+// One tensor a unit owns: module.params[slot] (or .buffers[slot]).
+struct Owned {
+  ModuleId module;
+  int32_t slot;
+  TensorId tensor;
+};
+
+struct Unit {
+  ModuleId module;
+  int parent = -1;  // index of the nearest enclosing unit; -1 for the root
+  int depth = 0;    // number of enclosing units
+  std::vector<Owned> params, buffers;
+  int64_t param_numel = 0, param_bytes = 0, buffer_numel = 0, buffer_bytes = 0;
+  int64_t trainable_numel = 0, frozen_numel = 0;  // by requires_grad; they sum to param_numel
+  std::optional<bool> mixed_precision;  // nullopt: the policy configures none
+  // FSDP2 only. A call's modules (fully_shard([a, b]) has two; module is the
+  // first), the call's position among the fully_shard calls (bottom-up, root
+  // last) and its reshard_after_forward.
+  std::vector<ModuleId> modules;
+  int call = -1;
+  std::optional<ReshardAfterForward> reshard_after_forward;
+};
+
+// Whether all of `owned` share one dtype, as most units' parameters do (true
+// when empty): the dtype checks have nothing to say about those.
+bool one_dtype(const ModuleTree& tree, const std::vector<Owned>& owned);
+
+enum class Severity { Error, Warning, Info };
+const char* severity_name(Severity s);
+
+struct Warning {
+  std::string kind;
+  Severity severity;
+  std::string message;
+  std::vector<std::string> modules;  // module paths concerned
+  std::vector<std::string> classes;  // class names concerned
+  std::vector<std::string> params;   // parameter names concerned
+  std::vector<std::string> suggestions;
+  // A policy fragment that removes the warning, checked by planning again:
+  // arrays add to the policy's, objects merge into it. Null when none is known.
+  nlohmann::ordered_json fix;
+};
+
+struct ModelSummary {
+  std::string path;
+  std::string root_class;
+  int64_t num_modules = 0;
+  int64_t param_numel = 0, param_bytes = 0, buffer_numel = 0, buffer_bytes = 0;
+};
+
+struct Plan {
+  const ModuleTree* tree = nullptr;
+  // The loaded tree without module aliases (aliases.h), when it had any: `tree` points here.
+  std::shared_ptr<const ModuleTree> dealiased_tree;
+  std::vector<Alias> aliases;
+  int fsdp_version = 1;  // 1: FullyShardedDataParallel units; 2: fully_shard groups
+  Policy policy;
+  ModelSummary model;
+  std::vector<Unit> units;
+  std::vector<Warning> warnings;
+  MemoryPlan memory;
+
+  bool has_errors() const;
+  // Full dotted name of an owned parameter or buffer.
+  std::string param_name(const Owned& o) const;
+  std::string buffer_name(const Owned& o) const;
+};
+
+}  // namespace fsdp_plan

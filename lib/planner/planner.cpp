@@ -1,0 +1,92 @@
+#include "planner/planner.h"
+
+#include <optional>
+
+#include "fsdp1/memory.h"
+#include "fsdp1/select.h"
+#include "fsdp1/sharded_views.h"
+#include "fsdp1/units.h"
+#include "fsdp1/wrap_policy.h"
+#include "fsdp2/memory.h"
+#include "fsdp2/units.h"
+#include "fsdp2/warnings.h"
+#include "model/aliases.h"
+#include "plan/analysis.h"
+#include "plan/refusals.h"
+#include "policy/ignored.h"
+
+namespace fsdp_plan {
+
+namespace {
+
+// With `search_fixes`, warnings try their fixes by planning again without.
+Plan plan_with(const ModuleTree& loaded, const Policy& policy, const std::string& model_path,
+               const ClassMatcher& shared_matcher, bool search_fixes, PlanPurpose purpose) {
+  const bool report = purpose == PlanPurpose::Report;
+  // With --aliases, plan the tree Python's named_modules() walks: each module once.
+  Dealiased dealiased = policy.module_aliases ? remove_aliases(loaded) : Dealiased{};
+  std::shared_ptr<const ModuleTree> own(std::move(dealiased.tree));
+  const ModuleTree& tree = own ? *own : loaded;
+  // A dealiased tree is another tree: the shared matcher keeps the loaded one's classes.
+  ClassMatcher own_matcher;
+  const ClassMatcher& matcher = own ? own_matcher : shared_matcher;
+  Ignored ignored = resolve_ignored(tree, policy);
+
+  Plan plan;
+  plan.tree = &tree;
+  plan.dealiased_tree = own;
+  plan.aliases = std::move(dealiased.aliases);
+  plan.policy = policy;
+  plan.model.path = model_path;
+  plan.fsdp_version = policy.fsdp.fsdp_version;
+  const Replan replan = [&](const Policy& p) { return plan_with(tree, p, model_path, matcher, false, purpose); };
+  if (plan.fsdp_version == 2) {
+    // FSDP2: fully_shard calls, bottom-up, then the root.
+    Fsdp2Calls calls = fsdp2_calls(tree, policy, matcher, ignored);
+    plan.units = group_units_fsdp2(tree, calls.calls, ignored.tensor);
+    analyse(plan, ignored, matcher);
+    analyse_fsdp2(plan, calls, matcher);
+    if (report) root_warnings(plan, search_fixes ? &replan : nullptr);  // the root group is never resharded either
+    plan.memory = estimate_memory_fsdp2(plan, policy.fsdp, report);
+    return plan;
+  }
+  std::vector<bool> wrapped(tree.num_modules(), false);
+  std::string ranks_differ;
+  if (auto wrap_policy = make_wrap_policy(policy, tree, matcher)) {
+    // FSDP1 with use_orig_params shrinks flattened tied weights as it goes, by rank.
+    std::optional<ShardedViews> views;
+    if (policy.fsdp.use_orig_params) views.emplace(tree, ignored, policy.fsdp);
+    wrapped = select_wrapped(tree, *wrap_policy, ignored, views ? &*views : nullptr);
+    if (views) ranks_differ = rank_disagreement(tree, ignored, policy.fsdp, *wrap_policy, wrapped, *views);
+  }
+  plan.units = group_units(tree, wrapped, ignored.tensor, policy.fsdp.use_orig_params);
+  analyse(plan, ignored, matcher);
+  if (!ranks_differ.empty()) {
+    Warning w;
+    w.kind = "shared_param_across_units";
+    w.severity = Severity::Warning;
+    w.message = "ranks would not build the same units: " + ranks_differ +
+                " (with use_orig_params=True each rank counts a tied weight an earlier unit flattened at its own "
+                "shard of it, and this policy decides by size); their collectives would not match and the job "
+                "hangs or fails; fix: let one unit hold every use of the tied weight, or wrap by module_classes";
+    plan.warnings.push_back(std::move(w));
+  }
+  flat_param_refusals(plan, search_fixes ? &replan : nullptr);
+  if (report) root_warnings(plan, search_fixes ? &replan : nullptr);
+  plan.memory = estimate_memory(plan, policy.fsdp, report);
+  return plan;
+}
+
+}  // namespace
+
+Plan make_plan(const ModuleTree& tree, const Policy& policy, const std::string& model_path) {
+  ClassMatcher matcher;
+  return plan_with(tree, policy, model_path, matcher, true, PlanPurpose::Report);
+}
+
+Plan make_plan(const ModuleTree& tree, const Policy& policy, const std::string& model_path,
+               const ClassMatcher& matcher, PlanPurpose purpose) {
+  return plan_with(tree, policy, model_path, matcher, true, purpose);
+}
+
+}  // namespace fsdp_plan

@@ -1,0 +1,457 @@
+#include "policy/policy.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <set>
+#include <utility>
+
+#include "util/errors.h"
+#include "util/file_io.h"
+#include "util/json_input.h"
+#include "util/strings.h"
+
+namespace fsdp_plan {
+namespace {
+
+using json = nlohmann::json;
+
+const std::vector<std::string> kTopKeys = {"$schema", "module_classes", "min_num_params",
+                                           "force_leaf_modules", "exclude_wrap_modules",
+                                           "mixed_precision", "ignored_modules", "ignored_params",
+                                           "fsdp", "checks", "groups"};
+const std::vector<std::string> kChecksKeys = {"max_unit_numel", "max_units", "max_root_share", "max_peak_bytes",
+                                              "fail_on", "warn_root_share"};
+const std::vector<std::string> kMixedPrecisionKeys = {"param_dtype", "reduce_dtype", "buffer_dtype",
+                                                      "ignore_classes", "keep_low_precision_grads",
+                                                      "cast_forward_inputs", "cast_root_forward_inputs",
+                                                      "output_dtype"};
+// The mixed_precision fields by kind, in the order they are read (and errors found).
+const std::pair<const char*, std::optional<std::string> MixedPrecision::*> kDtypeFields[] = {
+    {"param_dtype", &MixedPrecision::param_dtype},
+    {"reduce_dtype", &MixedPrecision::reduce_dtype},
+    {"buffer_dtype", &MixedPrecision::buffer_dtype},
+    {"output_dtype", &MixedPrecision::output_dtype}};
+const std::pair<const char*, std::optional<bool> MixedPrecision::*> kFlagFields[] = {
+    {"keep_low_precision_grads", &MixedPrecision::keep_low_precision_grads},
+    {"cast_forward_inputs", &MixedPrecision::cast_forward_inputs},
+    {"cast_root_forward_inputs", &MixedPrecision::cast_root_forward_inputs}};
+const std::vector<std::string> kFsdpKeys = {"world_size", "sharding_strategy", "shard_group_size",
+                                            "use_orig_params", "optimizer", "version",
+                                            "reshard_after_forward", "cpu_offload"};
+const std::vector<std::string> kGroupKeys = {"modules", "reshard_after_forward"};
+const std::vector<std::string> kStrategies = {"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"};
+const std::vector<std::string> kOptimizers = {"adam", "adamw", "sgd", "sgd-momentum", "none"};
+const std::vector<std::string> kDtypes = {"float32", "float16", "bfloat16", "float64"};
+
+class Parser {
+ public:
+  explicit Parser(std::string file) : file_(std::move(file)) {}
+
+  [[noreturn]] void fail(const std::string& what) const { throw InputError(file_, what); }
+
+  static std::string type_of(const json& v) {
+    if (v.is_number_integer()) return "an integer";
+    if (v.is_number_float()) return "a number";
+    if (v.is_string()) return "a string";
+    if (v.is_boolean()) return "a boolean";
+    if (v.is_null()) return "null";
+    if (v.is_array()) return "a list";
+    return "an object";
+  }
+
+  void check_keys(const json& obj, const std::vector<std::string>& allowed, const std::string& where) const {
+    for (const auto& [key, value] : obj.items()) {
+      (void)value;
+      if (std::find(allowed.begin(), allowed.end(), key) != allowed.end()) continue;
+      std::string msg = "unknown key \"" + key + "\"" + where;
+      auto near = closest(key, allowed, 1);
+      msg += near.empty() ? " (valid keys: " + join(allowed) + ")" : "; did you mean \"" + near[0] + "\"?";
+      fail(msg);
+    }
+  }
+
+  std::vector<std::string> string_list(const json& v, const std::string& key, bool names_classes) const {
+    if (!v.is_array()) fail("\"" + key + "\" must be a list of strings, not " + type_of(v));
+    std::vector<std::string> out;
+    std::set<std::string> seen;
+    for (const auto& item : v) {
+      if (!item.is_string()) fail("\"" + key + "\" must be a list of strings, but holds " + type_of(item));
+      std::string s = item.get<std::string>();
+      if (s.empty() && key == "ignored_modules")
+        fail("\"ignored_modules\" holds an empty string, the root's path: the root cannot be named, but \"*\" "
+             "matches every module, the root included (FSDP warns that ignoring the root is not well supported)");
+      if (s.empty()) fail("\"" + key + "\" holds an empty string");
+      if (names_classes && s.find_first_of(" */") != std::string::npos)
+        fail("\"" + key + "\" holds \"" + s + "\", which is not a class name");
+      if (!seen.insert(s).second) fail("\"" + key + "\" lists \"" + s + "\" twice");
+      out.push_back(std::move(s));
+    }
+    return out;
+  }
+
+  int64_t count(const json& v, const std::string& key) const {
+    constexpr double kMax = 9.0e18;  // within int64, with room for sums
+    if (v.is_number_unsigned() || v.is_number_integer()) {
+      if (v.is_number_integer() && !v.is_number_unsigned() && v.get<int64_t>() < 0)
+        fail("\"" + key + "\" must be >= 0, not " + v.dump());
+      if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(kMax))
+        fail("\"" + key + "\" is too large: " + v.dump());
+      return v.get<int64_t>();
+    }
+    if (v.is_number_float()) {  // 1e8 is a float in JSON; accept it when whole
+      double d = v.get<double>();
+      if (d < 0) fail("\"" + key + "\" must be >= 0, not " + v.dump());
+      if (!std::isfinite(d) || d > kMax) fail("\"" + key + "\" is too large: " + v.dump());
+      if (d != std::floor(d)) fail("\"" + key + "\" must be a whole number, not " + v.dump());
+      return static_cast<int64_t>(d);
+    }
+    fail("\"" + key + "\" must be an integer, not " + type_of(v));
+  }
+
+  std::optional<std::string> dtype(const json& v, const std::string& key) const {
+    if (v.is_null()) return std::nullopt;
+    if (!v.is_string()) fail("\"mixed_precision." + key + "\" must be a dtype name or null, not " + type_of(v));
+    std::string s = v.get<std::string>();
+    if (s.rfind("torch.", 0) == 0) s = s.substr(6);
+    if (std::find(kDtypes.begin(), kDtypes.end(), s) == kDtypes.end()) {
+      auto near = closest(s, kDtypes, 1);
+      fail("\"mixed_precision." + key + "\" is \"" + v.get<std::string>() + "\", not a floating dtype" +
+           (near.empty() ? " (one of " + join(kDtypes) + ")" : "; did you mean \"" + near[0] + "\"?"));
+    }
+    return s;
+  }
+
+  std::string one_of(const json& v, const std::string& key, const std::vector<std::string>& allowed) const {
+    if (!v.is_string()) fail("\"" + key + "\" must be a string, not " + type_of(v));
+    std::string s = v.get<std::string>();
+    if (std::find(allowed.begin(), allowed.end(), s) != allowed.end()) return s;
+    auto near = closest(s, allowed, 1);
+    fail("\"" + key + "\" is \"" + s + "\"" +
+         (near.empty() ? ", not one of " + join(allowed) : "; did you mean \"" + near[0] + "\"?"));
+  }
+
+  void parse_fsdp(const json& v, MemorySettings& out) const {
+    if (!v.is_object()) fail("\"fsdp\" must be an object, not " + type_of(v));
+    check_keys(v, kFsdpKeys, " in \"fsdp\"");
+    if (auto it = v.find("world_size"); it != v.end()) {
+      out.world_size = count(*it, "fsdp.world_size");
+      if (out.world_size < 1 || out.world_size > kMaxWorldSize)
+        fail("\"fsdp.world_size\" must be from 1 to " + std::to_string(kMaxWorldSize));
+    }
+    if (auto it = v.find("sharding_strategy"); it != v.end())
+      out.strategy = *parse_strategy(one_of(*it, "fsdp.sharding_strategy", kStrategies));
+    if (auto it = v.find("shard_group_size"); it != v.end()) {
+      out.shard_group_size = count(*it, "fsdp.shard_group_size");
+      if (out.shard_group_size < 1 || out.shard_group_size > kMaxWorldSize)
+        fail("\"fsdp.shard_group_size\" must be from 1 to " + std::to_string(kMaxWorldSize));
+    }
+    if (auto it = v.find("use_orig_params"); it != v.end()) {
+      if (!it->is_boolean()) fail("\"fsdp.use_orig_params\" must be true or false, not " + type_of(*it));
+      out.use_orig_params = it->get<bool>();
+    }
+    if (auto it = v.find("optimizer"); it != v.end())
+      out.optimizer = *parse_optimizer(one_of(*it, "fsdp.optimizer", kOptimizers));
+    if (auto it = v.find("version"); it != v.end()) {
+      if (!it->is_number_integer() || (it->get<int64_t>() != 1 && it->get<int64_t>() != 2))
+        fail("\"fsdp.version\" must be 1 (FullyShardedDataParallel) or 2 (fully_shard), not " + it->dump());
+      out.fsdp_version = it->get<int>();
+    }
+    if (auto it = v.find("reshard_after_forward"); it != v.end())
+      out.reshard_after_forward = reshard(*it, "fsdp.reshard_after_forward");
+    if (auto it = v.find("cpu_offload"); it != v.end()) {
+      if (!it->is_boolean()) fail("\"fsdp.cpu_offload\" must be true or false, not " + type_of(*it));
+      out.cpu_offload = it->get<bool>();
+    }
+  }
+
+  // fully_shard's reshard_after_forward: true, false or a rank count >= 1
+  // (whether it divides the shard size is checked against the mesh).
+  ReshardAfterForward reshard(const json& v, const std::string& key) const {
+    ReshardAfterForward r;
+    if (v.is_boolean()) {
+      r.kind = v.get<bool>() ? ReshardAfterForward::Kind::True : ReshardAfterForward::Kind::False;
+      return r;
+    }
+    if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() > kMaxWorldSize)
+      fail("\"" + key + "\" must be true, false or a number of ranks from 1 to " + std::to_string(kMaxWorldSize) +
+           ", not " + v.dump());
+    r.kind = ReshardAfterForward::Kind::Ranks;
+    r.ranks = v.get<int64_t>();
+    return r;
+  }
+
+  std::vector<Fsdp2Group> groups(const json& v) const {
+    if (!v.is_array()) fail("\"groups\" must be a list of objects, not " + type_of(v));
+    std::vector<Fsdp2Group> out;
+    for (size_t i = 0; i < v.size(); ++i) {
+      const json& g = v[i];
+      const std::string where = "groups[" + std::to_string(i) + "]";
+      if (!g.is_object()) fail("\"" + where + "\" must be an object, not " + type_of(g));
+      check_keys(g, kGroupKeys, " in \"" + where + "\"");
+      auto m = g.find("modules");
+      if (m == g.end()) fail("\"" + where + "\" has no \"modules\"");
+      Fsdp2Group group;
+      group.modules = string_list(*m, where + ".modules", false);
+      if (group.modules.empty()) fail("\"" + where + ".modules\" is empty");
+      for (const auto& path : group.modules)
+        if (path.find('*') != std::string::npos)
+          fail("\"" + where + ".modules\" holds \"" + path + "\": module paths here are exact, not globs");
+      if (auto r = g.find("reshard_after_forward"); r != g.end() && !r->is_null())
+        group.reshard_after_forward = reshard(*r, where + ".reshard_after_forward");
+      out.push_back(std::move(group));
+    }
+    return out;
+  }
+
+  double share(const json& v, const std::string& key) const {
+    if (!v.is_number()) fail("\"" + key + "\" must be a number, not " + type_of(v));
+    double share = v.get<double>();
+    if (share < 0 || share > 1) fail("\"" + key + "\" is a share between 0 and 1, not " + v.dump());
+    return share;
+  }
+
+  Budgets checks(const json& obj) const {
+    if (!obj.is_object()) fail("\"checks\" must be an object, not " + type_of(obj));
+    check_keys(obj, kChecksKeys, " in \"checks\"");
+    Budgets b;
+    if (auto it = obj.find("max_unit_numel"); it != obj.end()) b.max_unit_numel = count(*it, "checks.max_unit_numel");
+    if (auto it = obj.find("max_units"); it != obj.end()) b.max_units = count(*it, "checks.max_units");
+    if (auto it = obj.find("max_root_share"); it != obj.end()) b.max_root_share = share(*it, "checks.max_root_share");
+    if (auto it = obj.find("warn_root_share"); it != obj.end())
+      b.warn_root_share = share(*it, "checks.warn_root_share");
+    if (auto it = obj.find("max_peak_bytes"); it != obj.end()) {
+      if (it->is_string()) {
+        auto size = parse_size(it->get<std::string>());
+        if (!size) fail("\"checks.max_peak_bytes\" is " + it->dump() + ", not a size (e.g. 80GiB, 80GB, 1.5TiB)");
+        b.max_peak_bytes = size;
+      } else if (it->is_number()) {
+        b.max_peak_bytes = count(*it, "checks.max_peak_bytes");
+      } else {
+        fail("\"checks.max_peak_bytes\" must be a byte count or a size string, not " + type_of(*it));
+      }
+    }
+    if (auto it = obj.find("fail_on"); it != obj.end()) {
+      b.fail_on = string_list(*it, "checks.fail_on", false);
+      for (const auto& kind : b.fail_on) {
+        std::string why = fail_on_error(kind);
+        if (!why.empty()) fail("\"checks.fail_on\" " + why);
+      }
+    }
+    return b;
+  }
+
+  Policy parse(const std::string& text) const {
+    const json doc = parse_json(text, file_);
+    if (!doc.is_object()) fail("a policy must be a JSON object, not " + type_of(doc));
+    check_keys(doc, kTopKeys, "");
+
+    Policy p;
+    if (auto it = doc.find("module_classes"); it != doc.end() && !it->is_null()) {
+      p.module_classes = string_list(*it, "module_classes", true);
+      if (p.module_classes->empty())
+        fail("\"module_classes\" is empty; leave the key out to wrap by size or not at all");
+    }
+    if (auto it = doc.find("min_num_params"); it != doc.end() && !it->is_null())
+      p.min_num_params = count(*it, "min_num_params");
+    if (auto it = doc.find("force_leaf_modules"); it != doc.end() && !it->is_null()) {
+      p.force_leaf_modules = string_list(*it, "force_leaf_modules", true);
+      p.force_leaf_given = true;
+    }
+    if (auto it = doc.find("exclude_wrap_modules"); it != doc.end() && !it->is_null()) {
+      p.exclude_wrap_modules = string_list(*it, "exclude_wrap_modules", true);
+      p.exclude_wrap_given = true;
+    }
+    if (auto it = doc.find("mixed_precision"); it != doc.end() && !it->is_null()) {
+      if (!it->is_object()) fail("\"mixed_precision\" must be an object or null, not " + type_of(*it));
+      check_keys(*it, kMixedPrecisionKeys, " in \"mixed_precision\"");
+      MixedPrecision mp;
+      for (const auto& [key, field] : kDtypeFields)
+        if (auto f = it->find(key); f != it->end()) mp.*field = dtype(*f, key);
+      for (const auto& [key, field] : kFlagFields) {
+        auto f = it->find(key);
+        if (f == it->end()) continue;
+        if (!f->is_boolean())
+          fail("\"mixed_precision." + std::string(key) + "\" must be true or false, not " + type_of(*f));
+        mp.*field = f->get<bool>();
+      }
+      if (auto f = it->find("ignore_classes"); f != it->end() && !f->is_null()) {
+        mp.ignore_classes = string_list(*f, "mixed_precision.ignore_classes", true);
+        mp.ignore_classes_given = true;
+      }
+      p.mixed_precision = std::move(mp);
+    }
+    if (auto it = doc.find("fsdp"); it != doc.end() && !it->is_null()) parse_fsdp(*it, p.fsdp);
+    if (auto it = doc.find("ignored_modules"); it != doc.end() && !it->is_null())
+      p.ignored_modules = string_list(*it, "ignored_modules", false);
+    if (auto it = doc.find("ignored_params"); it != doc.end() && !it->is_null())
+      p.ignored_params = string_list(*it, "ignored_params", false);
+    if (auto it = doc.find("checks"); it != doc.end() && !it->is_null()) p.checks = checks(*it);
+    if (auto it = doc.find("groups"); it != doc.end() && !it->is_null()) p.groups = groups(*it);
+    return p;
+  }
+
+ private:
+  std::string file_;
+};
+
+}  // namespace
+
+std::string fail_on_error(const std::string& kind) {
+  std::vector<std::string> valid = warning_kinds();
+  valid.push_back("any");
+  if (std::find(valid.begin(), valid.end(), kind) != valid.end()) return "";
+  auto near = closest(kind, valid, 1);
+  return "names \"" + kind + "\", not a warning kind" +
+         (near.empty() ? " (one of " + join(valid) + ")" : "; did you mean \"" + near[0] + "\"?");
+}
+
+Policy parse_policy(const std::string& text, const std::string& file) { return Parser(file).parse(text); }
+
+void reject_model_file(const std::string& text, const std::string& file) {
+  // A model where the policy goes: say so, rather than report its bytes as bad JSON.
+  const bool zip = text.rfind("PK\x03\x04", 0) == 0, pickle = text.rfind("\x80", 0) == 0;
+  if (zip || pickle)
+    throw InputError(file, std::string("this is a model file (") + (zip ? "a zip archive" : "a pickle") +
+                               "), not a policy: give the model as the first argument and a policy JSON "
+                               "with --policy");
+}
+
+Policy load_policy_file(const std::string& file) {
+  std::string text = read_text_file(file);
+  reject_model_file(text, file);
+  return parse_policy(text, file);
+}
+
+std::string MixedPrecision::field_not_in(int fsdp_version) const {
+  if (fsdp_version == 2) {
+    if (keep_low_precision_grads) return "keep_low_precision_grads";
+    if (cast_root_forward_inputs) return "cast_root_forward_inputs";
+  } else if (output_dtype) {
+    return "output_dtype";
+  }
+  return "";
+}
+
+std::string Policy::combination_error() const {
+  if (mixed_precision) {
+    const std::string field = mixed_precision->field_not_in(fsdp.fsdp_version);
+    if (!field.empty())
+      return fsdp.fsdp_version == 2
+                 ? "FSDP2's MixedPrecisionPolicy has no " + field + " (FSDP1's MixedPrecision has): remove "
+                   "\"mixed_precision." + field + "\" or plan FSDP1"
+                 : "FSDP1's MixedPrecision has no " + field + " (FSDP2's MixedPrecisionPolicy has): remove "
+                   "\"mixed_precision." + field + "\" or plan FSDP2 (\"fsdp\": {\"version\": 2} or --fsdp-version 2)";
+  }
+  if (!groups.empty() && fsdp.fsdp_version != 2)
+    return "the policy's \"groups\" are fully_shard calls: they need FSDP2 (\"fsdp\": {\"version\": 2} or "
+           "--fsdp-version 2)";
+  if (fsdp.fsdp_version == 2 &&
+      (fsdp.strategy == ShardingStrategy::ShardGradOp || fsdp.strategy == ShardingStrategy::NoShard))
+    return std::string("FSDP2 has no sharding strategy ") + strategy_name(fsdp.strategy) +
+           ": use fsdp.reshard_after_forward false for SHARD_GRAD_OP's behaviour, HYBRID_SHARD for a "
+           "(replicate, shard) mesh";
+  return "";
+}
+
+nlohmann::ordered_json reshard_to_json(const ReshardAfterForward& r) {
+  switch (r.kind) {
+    case ReshardAfterForward::Kind::True: return true;
+    case ReshardAfterForward::Kind::False: return false;
+    case ReshardAfterForward::Kind::Ranks: return r.ranks;
+  }
+  return true;
+}
+
+nlohmann::ordered_json policy_to_json(const Policy& p) {
+  nlohmann::ordered_json out;
+  out["auto_wrap"] = p.auto_wrap();
+  out["module_classes"] = p.module_classes ? nlohmann::ordered_json(*p.module_classes) : nullptr;
+  out["min_num_params"] = p.min_num_params ? nlohmann::ordered_json(*p.min_num_params) : nullptr;
+  out["force_leaf_modules"] = p.force_leaf_modules;
+  out["exclude_wrap_modules"] = p.exclude_wrap_modules;
+  if (p.mixed_precision) {
+    const auto& mp = *p.mixed_precision;
+    auto opt = [](const std::optional<std::string>& s) { return s ? nlohmann::ordered_json(*s) : nullptr; };
+    out["mixed_precision"] = {{"param_dtype", opt(mp.param_dtype)},
+                              {"reduce_dtype", opt(mp.reduce_dtype)},
+                              {"buffer_dtype", opt(mp.buffer_dtype)},
+                              {"ignore_classes", mp.ignore_classes}};
+    // The version's own fields, PyTorch's defaults filled in.
+    auto& j = out["mixed_precision"];
+    if (p.fsdp.fsdp_version == 2) {
+      j["output_dtype"] = opt(mp.output_dtype);
+      j["cast_forward_inputs"] = mp.casts_forward_inputs(2);
+    } else {
+      j["keep_low_precision_grads"] = mp.keep_low_grads();
+      j["cast_forward_inputs"] = mp.casts_forward_inputs(1);
+      j["cast_root_forward_inputs"] = mp.casts_root_forward_inputs();
+    }
+  } else {
+    out["mixed_precision"] = nullptr;
+  }
+  out["ignored_modules"] = p.ignored_modules;
+  out["ignored_params"] = p.ignored_params;
+  out["fsdp"] = {{"world_size", p.fsdp.world_size},
+                 {"sharding_strategy", strategy_name(p.fsdp.strategy)},
+                 {"shard_group_size", p.fsdp.shard_group_size > 0 ? nlohmann::ordered_json(p.fsdp.shard_group_size)
+                                                                  : nlohmann::ordered_json(nullptr)},
+                 {"use_orig_params", p.fsdp.use_orig_params},
+                 {"optimizer", optimizer_name(p.fsdp.optimizer)}};
+  if (p.fsdp.fsdp_version == 2) {
+    out["fsdp"]["version"] = 2;
+    out["fsdp"]["reshard_after_forward"] = reshard_to_json(p.fsdp.reshard_after_forward);
+    out["fsdp"]["cpu_offload"] = p.fsdp.cpu_offload;
+    nlohmann::ordered_json groups = nlohmann::ordered_json::array();
+    for (const auto& g : p.groups)
+      groups.push_back({{"modules", g.modules},
+                        {"reshard_after_forward", g.reshard_after_forward ? reshard_to_json(*g.reshard_after_forward)
+                                                                          : nlohmann::ordered_json(nullptr)}});
+    out["groups"] = std::move(groups);
+  }
+  return out;
+}
+
+nlohmann::ordered_json policy_file_json(const Policy& p) {
+  nlohmann::ordered_json out = nlohmann::ordered_json::object();
+  if (p.module_classes) out["module_classes"] = *p.module_classes;
+  if (p.min_num_params) out["min_num_params"] = *p.min_num_params;
+  if (p.force_leaf_given) out["force_leaf_modules"] = p.force_leaf_modules;
+  if (p.exclude_wrap_given) out["exclude_wrap_modules"] = p.exclude_wrap_modules;
+  if (p.mixed_precision) {
+    const auto& mp = *p.mixed_precision;
+    nlohmann::ordered_json j = nlohmann::ordered_json::object();
+    for (const auto& [key, field] : kDtypeFields)
+      if (mp.*field) j[key] = *(mp.*field);
+    if (mp.ignore_classes_given) j["ignore_classes"] = mp.ignore_classes;
+    for (const auto& [key, field] : kFlagFields)
+      if (mp.*field) j[key] = *(mp.*field);
+    out["mixed_precision"] = j;
+  }
+  if (!p.ignored_modules.empty()) out["ignored_modules"] = p.ignored_modules;
+  if (!p.ignored_params.empty()) out["ignored_params"] = p.ignored_params;
+  if (!p.groups.empty()) {
+    nlohmann::ordered_json groups = nlohmann::ordered_json::array();
+    for (const auto& g : p.groups) {
+      nlohmann::ordered_json j = {{"modules", g.modules}};
+      if (g.reshard_after_forward) j["reshard_after_forward"] = reshard_to_json(*g.reshard_after_forward);
+      groups.push_back(std::move(j));
+    }
+    out["groups"] = std::move(groups);
+  }
+  nlohmann::ordered_json fsdp = {{"world_size", p.fsdp.world_size},
+                                 {"sharding_strategy", strategy_name(p.fsdp.strategy)}};
+  if (p.fsdp.shard_group_size > 0) fsdp["shard_group_size"] = p.fsdp.shard_group_size;
+  fsdp["use_orig_params"] = p.fsdp.use_orig_params;
+  fsdp["optimizer"] = optimizer_name(p.fsdp.optimizer);
+  if (p.fsdp.cpu_offload) fsdp["cpu_offload"] = true;
+  if (p.fsdp.fsdp_version == 2) {
+    fsdp["version"] = 2;
+    if (!(p.fsdp.reshard_after_forward == ReshardAfterForward{}))
+      fsdp["reshard_after_forward"] = reshard_to_json(p.fsdp.reshard_after_forward);
+  }
+  out["fsdp"] = fsdp;
+  return out;
+}
+
+}  // namespace fsdp_plan

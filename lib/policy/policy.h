@@ -1,0 +1,84 @@
+// The auto-wrap policy as the user writes it in JSON, after validation and
+// FSDP's defaults. policies/policy.schema.json documents the format.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "fsdp1/memory.h"
+#include "report/budgets.h"
+
+namespace fsdp_plan {
+
+struct MixedPrecision {
+  std::optional<std::string> param_dtype, reduce_dtype, buffer_dtype;
+  std::optional<std::string> output_dtype;  // FSDP2's MixedPrecisionPolicy only
+  // nullopt: not given, so PyTorch's default for the FSDP version (the accessors below).
+  std::optional<bool> keep_low_precision_grads;  // FSDP1 only; default False
+  std::optional<bool> cast_forward_inputs;       // FSDP1 default False, FSDP2 default True
+  std::optional<bool> cast_root_forward_inputs;  // FSDP1 only; default True
+  // Modules of these classes become their own unit and run in full precision.
+  std::vector<std::string> ignore_classes{"torch.nn.modules.batchnorm._BatchNorm"};
+  bool ignore_classes_given = false;
+
+  bool keep_low_grads() const { return keep_low_precision_grads.value_or(false); }
+  bool casts_forward_inputs(int fsdp_version) const { return cast_forward_inputs.value_or(fsdp_version == 2); }
+  bool casts_root_forward_inputs() const { return cast_root_forward_inputs.value_or(true); }
+  // The first field given that the FSDP version's class lacks, or "".
+  std::string field_not_in(int fsdp_version) const;
+};
+
+// FSDP2: one fully_shard([modules...]) call the user names ("groups").
+struct Fsdp2Group {
+  std::vector<std::string> modules;  // module paths, exact
+  std::optional<ReshardAfterForward> reshard_after_forward;  // nullopt: fsdp.reshard_after_forward
+};
+
+struct Policy {
+  std::optional<std::vector<std::string>> module_classes;  // ModuleWrapPolicy
+  std::optional<int64_t> min_num_params;                   // size_based_auto_wrap_policy
+  // size_based_auto_wrap_policy's FORCE_LEAF_MODULES / EXCLUDE_WRAP_MODULES.
+  std::vector<std::string> force_leaf_modules{"torch.nn.MultiheadAttention"};
+  std::vector<std::string> exclude_wrap_modules{"torch.nn.ModuleList", "torch.nn.ModuleDict"};
+  bool force_leaf_given = false, exclude_wrap_given = false;
+  std::optional<MixedPrecision> mixed_precision;
+  std::vector<std::string> ignored_modules;  // module path globs
+  std::vector<std::string> ignored_params;   // parameter path globs
+  // FSDP and training settings for the memory model ("fsdp" in JSON).
+  MemorySettings fsdp;
+  Budgets checks;                            // CI budgets; not part of the wrapping
+  // --aliases: a module with exactly the tensors of an earlier one is that
+  // module under a second name (aliases.h). A saved file cannot tell this from
+  // two modules tied by weight (transformers 5's T5), so only when asked.
+  bool module_aliases = false;
+  std::vector<Fsdp2Group> groups;            // FSDP2 only: explicit fully_shard calls
+
+  // FSDP auto-wraps only when a wrapping policy is given; mixed precision
+  // alone changes no unit.
+  bool auto_wrap() const { return module_classes.has_value() || min_num_params.has_value(); }
+  // Why these settings cannot be planned together ("groups" need FSDP2), or "".
+  std::string combination_error() const;
+};
+
+// Parse and validate policy JSON text. Throws InputError naming `file`.
+Policy parse_policy(const std::string& text, const std::string& file);
+Policy load_policy_file(const std::string& file);
+// Throws InputError when `text` is a model file (zip or pickle) given as a policy.
+void reject_model_file(const std::string& text, const std::string& file);
+
+// Why `kind` cannot be a "fail_on" entry ("names \"x\", not a warning kind;
+// did you mean ...?"), or "" if it can.
+std::string fail_on_error(const std::string& kind);
+
+// The effective policy, defaults filled in, as the plan reports it.
+nlohmann::ordered_json policy_to_json(const Policy& policy);
+// A policy as a user would write it: only the keys it sets; parse_policy reads it back.
+nlohmann::ordered_json policy_file_json(const Policy& policy);
+// true, false or the rank count, as fully_shard takes it.
+nlohmann::ordered_json reshard_to_json(const ReshardAfterForward& r);
+
+}  // namespace fsdp_plan

@@ -1,0 +1,166 @@
+#include "report/json_writer.h"
+
+#include "fsdp2/memory.h"
+#include "model/class_names.h"
+
+namespace fsdp_plan {
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+ojson tensor_list(const Plan& plan, const std::vector<Owned>& owned, bool params) {
+  ojson out = ojson::array();
+  for (const auto& o : owned) {
+    const TensorInfo& t = plan.tree->tensor(o.tensor);
+    ojson j = {{"name", params ? plan.param_name(o) : plan.buffer_name(o)},
+               {"shape", t.shape},
+               {"dtype", t.dtype},
+               {"numel", t.numel()}};
+    if (params) j["requires_grad"] = t.requires_grad;
+    // FSDP2 shards each parameter: its local (padded) shape on rank 0.
+    if (params && plan.fsdp_version == 2)
+      j["sharded_shape"] = fsdp2_sharded_shape(t.shape, plan.memory.shard_group_size);
+    out.push_back(std::move(j));
+  }
+  return out;
+}
+
+ojson optional_bool(const std::optional<bool>& b) { return b ? ojson(*b) : ojson(nullptr); }
+
+ojson unit_memory(const UnitMemory& m) {
+  return {{"flat_numel", m.flat_numel},
+          {"sharded_numel", m.sharded_numel},
+          {"sharded_bytes", m.sharded_bytes},
+          {"unsharded_bytes", m.unsharded_bytes}};
+}
+
+// Bytes by category at each step of a training step (MemoryStep).
+ojson timeline_json(const MemoryPlan& m) {
+  ojson out = ojson::array();
+  for (const MemoryStep& s : m.timeline) {
+    out.push_back({{"phase", s.phase},
+                   {"unit", s.unit < 0 ? ojson(nullptr) : ojson(s.unit)},
+                   {"params_bytes", s.params_bytes},
+                   {"optimizer_bytes", s.optimizer_bytes},
+                   {"buffers_bytes", s.buffers_bytes},
+                   {"gathered_bytes", s.gathered_bytes},
+                   {"unsharded_grads_bytes", s.unsharded_grads_bytes},
+                   {"grads_bytes", s.grads_bytes},
+                   {"total_bytes", s.total_bytes()}});
+    if (!s.categories.empty()) {
+      ojson categories = ojson::object();
+      for (const auto& [name, bytes] : s.categories) categories[name] = bytes;
+      out.back()["categories"] = std::move(categories);
+    }
+  }
+  return out;
+}
+
+ojson memory_json(const Plan& plan) {
+  const MemoryPlan& m = plan.memory;
+  const RankMemory& r = m.per_rank;
+  ojson gathered = ojson::array();
+  for (int u : r.peak_gathered) gathered.push_back(plan.tree->path(plan.units[static_cast<size_t>(u)].module));
+  ojson peak = {{"phase", r.peak_phase},
+                {"unit", r.peak_unit < 0 ? ojson(nullptr) : ojson(r.peak_unit)},
+                {"unit_path", r.peak_unit < 0 ? ojson(nullptr)
+                                              : ojson(plan.tree->path(plan.units[static_cast<size_t>(r.peak_unit)].module))},
+                {"gathered_units", std::move(gathered)}};
+  if (plan.fsdp_version == 2) {
+    ojson categories = ojson::object();
+    for (const auto& [name, bytes] : r.peak_categories) categories[name] = bytes;
+    peak["categories"] = std::move(categories);
+  }
+  ojson out = {{"world_size", m.settings.world_size},
+          {"sharding_strategy", strategy_name(m.effective_strategy)},
+          {"requested_sharding_strategy", strategy_name(m.settings.strategy)},
+          {"shard_group_size", m.shard_group_size},
+          {"use_orig_params", m.settings.use_orig_params},
+          {"optimizer", optimizer_name(m.settings.optimizer)},
+          {"per_rank", {{"params_bytes", r.params_bytes},
+                        {"grads_bytes", r.grads_bytes},
+                        {"optimizer_bytes", r.optimizer_bytes},
+                        {"buffers_bytes", r.buffers_bytes},
+                        {"steady_bytes", r.steady_bytes},
+                        {"peak_bytes", r.peak_bytes}}},
+          {"peak", std::move(peak)},
+          {"notes", m.notes},
+          {"timeline", timeline_json(m)}};
+  out["fsdp_version"] = plan.fsdp_version;
+  if (plan.fsdp_version == 2) {
+    out["replicate_size"] = m.replicate_size;
+    out["cpu_offload"] = m.settings.cpu_offload;
+    out["per_rank"]["host_bytes"] = r.host_bytes;
+  }
+  return out;
+}
+
+}  // namespace
+
+nlohmann::ordered_json plan_to_json(const Plan& plan) {
+  const ModuleTree& tree = *plan.tree;
+  const ModelSummary& m = plan.model;
+  ojson out;
+  out["schema_version"] = kPlanSchemaVersion;
+  out["fsdp_version"] = plan.fsdp_version;
+  out["model"] = {{"path", m.path},
+                  {"root_class", m.root_class},
+                  {"num_modules", m.num_modules},
+                  {"param_numel", m.param_numel},
+                  {"param_bytes", m.param_bytes},
+                  {"buffer_numel", m.buffer_numel},
+                  {"buffer_bytes", m.buffer_bytes}};
+  // Only when present, so plans of models without aliases stay as they were.
+  if (!plan.aliases.empty()) {
+    ojson aliases = ojson::array();
+    for (const auto& a : plan.aliases) aliases.push_back({{"path", a.path}, {"alias_of", a.alias_of}});
+    out["aliases"] = std::move(aliases);
+  }
+  out["policy"] = policy_to_json(plan.policy);
+
+  ojson units = ojson::array();
+  for (size_t i = 0; i < plan.units.size(); ++i) {
+    const Unit& u = plan.units[i];
+    const std::string qualified = demangle(tree.module(u.module).type_name);
+    units.push_back({{"index", i},
+                     {"path", tree.path(u.module)},
+                     {"class", std::string(short_name(qualified))},
+                     {"qualified_class", qualified},
+                     {"depth", u.depth},
+                     {"parent", u.parent < 0 ? ojson(nullptr) : ojson(u.parent)},
+                     {"param_numel", u.param_numel},
+                     {"param_bytes", u.param_bytes},
+                     {"params", tensor_list(plan, u.params, true)},
+                     {"trainable_numel", u.trainable_numel},
+                     {"frozen_numel", u.frozen_numel},
+                     {"buffer_numel", u.buffer_numel},
+                     {"buffer_bytes", u.buffer_bytes},
+                     {"buffers", tensor_list(plan, u.buffers, false)},
+                     {"mixed_precision", optional_bool(u.mixed_precision)},
+                     {"memory", unit_memory(plan.memory.units[i])}});
+    if (plan.fsdp_version == 2) {
+      ojson modules = ojson::array();
+      for (ModuleId mod : u.modules) modules.push_back(tree.path(mod));
+      units.back()["modules"] = std::move(modules);
+      units.back()["call"] = u.call;
+      units.back()["reshard_after_forward"] = reshard_to_json(*u.reshard_after_forward);
+    }
+  }
+  out["units"] = std::move(units);
+
+  ojson warnings = ojson::array();
+  for (const auto& w : plan.warnings) {
+    ojson j = {{"kind", w.kind}, {"severity", severity_name(w.severity)}, {"message", w.message}};
+    if (!w.modules.empty()) j["modules"] = w.modules;
+    if (!w.classes.empty()) j["classes"] = w.classes;
+    if (!w.params.empty()) j["params"] = w.params;
+    if (!w.suggestions.empty()) j["suggestions"] = w.suggestions;
+    if (!w.fix.is_null()) j["fix"] = w.fix;
+    warnings.push_back(std::move(j));
+  }
+  out["warnings"] = std::move(warnings);
+  out["memory"] = memory_json(plan);
+  return out;
+}
+
+}  // namespace fsdp_plan

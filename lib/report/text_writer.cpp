@@ -1,0 +1,292 @@
+#include "report/text_writer.h"
+
+#include <algorithm>
+#include <map>
+
+#include "model/class_names.h"
+#include "util/strings.h"
+
+namespace fsdp_plan {
+namespace {
+
+// The narrowest columns: the table keeps its shape for short paths and names.
+constexpr size_t kUnitWidth = 38;
+constexpr size_t kClassWidth = 20;
+constexpr size_t kShortestUnitWidth = 20;  // when paths must be shortened to fit
+// "#", the gaps and the number columns around unit and class.
+constexpr size_t kOtherColumns = 4 + 2 + 2 + 8 + 11 + 11 + 4;
+
+bool is_index(const std::string& s) {
+  return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+std::string describe_policy(const Policy& p, int fsdp_version) {
+  std::vector<std::string> parts;
+  if (p.module_classes) parts.push_back("module_classes [" + join(*p.module_classes) + "]");
+  if (p.min_num_params) parts.push_back("min_num_params " + format_count(*p.min_num_params));
+  if (p.mixed_precision) {
+    const auto& mp = *p.mixed_precision;
+    parts.push_back("mixed precision " + mp.param_dtype.value_or("(param dtype unchanged)") +
+                    (p.auto_wrap() && fsdp_version == 1 ? ", full precision for [" + join(mp.ignore_classes) + "]"
+                                                        : ""));
+    // PyTorch's defaults go unsaid; what differs from them is shown.
+    if (mp.output_dtype) parts.back() += ", output " + *mp.output_dtype;
+    if (mp.keep_low_grads()) parts.back() += ", keep_low_precision_grads";
+    if (mp.casts_forward_inputs(fsdp_version) != (fsdp_version == 2))
+      parts.back() += std::string(", cast_forward_inputs ") + (fsdp_version == 2 ? "false" : "true");
+    if (!mp.casts_root_forward_inputs()) parts.back() += ", cast_root_forward_inputs false";
+  }
+  if (!p.ignored_modules.empty()) parts.push_back("ignored modules [" + join(p.ignored_modules) + "]");
+  if (!p.ignored_params.empty()) parts.push_back("ignored params [" + join(p.ignored_params) + "]");
+  if (fsdp_version == 2) {
+    for (const auto& g : p.groups) parts.push_back("group [" + join(g.modules) + "]");
+    if (!p.auto_wrap() && p.groups.empty()) parts.insert(parts.begin(), "no calls but the root's");
+  } else if (!p.auto_wrap()) {
+    parts.insert(parts.begin(), "no auto-wrap (one root unit)");
+  }
+  return join(parts);
+}
+
+}  // namespace
+
+std::string shorten_path(const std::string& path, size_t width) {
+  if (path.size() <= width) return path;
+  std::vector<std::string> parts;
+  for (size_t start = 0;;) {
+    size_t dot = path.find('.', start);
+    parts.push_back(path.substr(start, dot == std::string::npos ? std::string::npos : dot - start));
+    if (dot == std::string::npos) break;
+    start = dot + 1;
+  }
+  std::vector<bool> dropped(parts.size(), false);
+  auto render = [&] {
+    std::string out;
+    for (size_t i = 0; i < parts.size(); ++i) {
+      if (dropped[i] && i > 0 && dropped[i - 1]) continue;
+      out += (i == 0 ? "" : ".") + (dropped[i] ? std::string("*") : parts[i]);
+    }
+    return out;
+  };
+  std::string out = path;
+  while (out.size() > width) {
+    // The longest name in the middle goes first; indices tell siblings apart, so they stay.
+    size_t pick = 0;
+    for (size_t i = 1; i + 1 < parts.size(); ++i)
+      if (!dropped[i] && !is_index(parts[i]) && (pick == 0 || parts[i].size() > parts[pick].size())) pick = i;
+    if (pick == 0) break;
+    dropped[pick] = true;
+    out = render();
+  }
+  return out;
+}
+
+namespace {
+
+std::string percent(int64_t part, int64_t whole) {
+  if (whole <= 0) return "0%";
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "%.1f%%", 100.0 * static_cast<double>(part) / static_cast<double>(whole));
+  return buf;
+}
+
+// Word-wraps `text` to `width` columns; lines after the first start with `indent`.
+std::string wrap(const std::string& text, size_t width, const std::string& indent, const std::string& first = "") {
+  std::string out, line = first;
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t end = text.find(' ', pos);
+    if (end == std::string::npos) end = text.size();
+    std::string word = text.substr(pos, end - pos);
+    if (!line.empty() && line.size() + 1 + word.size() > width) {
+      out += line + "\n";
+      line = indent;
+    }
+    if (!line.empty() && line != indent && line != first) line += ' ';
+    line += word;
+    pos = end + 1;
+  }
+  return out + line + "\n";
+}
+
+std::string reshard_text(const ReshardAfterForward& r) {
+  switch (r.kind) {
+    case ReshardAfterForward::Kind::True: return "true";
+    case ReshardAfterForward::Kind::False: return "false";
+    case ReshardAfterForward::Kind::Ranks: return std::to_string(r.ranks);
+  }
+  return "true";
+}
+
+// FSDP2: the mesh, then the peak by category.
+std::string fsdp2_memory_text(const Plan& plan) {
+  const MemoryPlan& m = plan.memory;
+  const RankMemory& r = m.per_rank;
+  std::string mesh = m.replicate_size > 1 ? "HSDP mesh (" + std::to_string(m.replicate_size) + " replicate, " +
+                                                std::to_string(m.shard_group_size) + " shard)"
+                                          : "mesh (" + std::to_string(m.shard_group_size) + ")";
+  std::string out = wrap("memory  per rank (rank 0), FSDP2, world size " + std::to_string(m.settings.world_size) +
+                             ", " + mesh + ", " + optimizer_name(m.settings.optimizer) +
+                             (m.settings.cpu_offload ? ", CPU offload" : "") + "; activations not included",
+                         100, std::string(8, ' '));
+  out += "        params " + format_bytes(r.params_bytes) + " + grads " + format_bytes(r.grads_bytes) +
+         " + optimizer " + format_bytes(r.optimizer_bytes) + " + buffers " + format_bytes(r.buffers_bytes) +
+         " = steady " + format_bytes(r.steady_bytes) + (m.settings.cpu_offload ? " (on the host)" : "") + "\n";
+  std::string peak = "peak " + format_bytes(r.peak_bytes) + (m.settings.cpu_offload ? " on the device" : "") +
+                     " in " + r.peak_phase;
+  if (r.peak_unit >= 0) {
+    std::string path = plan.tree->path(plan.units[static_cast<size_t>(r.peak_unit)].module);
+    peak += " at unit " + std::to_string(r.peak_unit) + " " + path_or_root(path);
+  }
+  std::vector<std::string> parts;
+  for (const auto& [name, bytes] : r.peak_categories)
+    if (bytes > 0) parts.push_back(name + " " + format_bytes(bytes));
+  peak += ": " + join(parts);
+  return out + wrap(peak, 100, std::string(10, ' '), std::string(8, ' '));
+}
+
+std::string memory_text(const Plan& plan) {
+  if (plan.fsdp_version == 2) return fsdp2_memory_text(plan);
+  const MemoryPlan& m = plan.memory;
+  const RankMemory& r = m.per_rank;
+  std::string strategy = strategy_name(m.effective_strategy);
+  if (m.effective_strategy == ShardingStrategy::HybridShard)
+    strategy += " (groups of " + std::to_string(m.shard_group_size) +
+                (m.settings.shard_group_size == 0 ? ", assumed GPUs per node" : "") + ")";
+  if (m.effective_strategy != m.settings.strategy)
+    strategy += std::string(", from ") + strategy_name(m.settings.strategy);
+  std::string out = wrap("memory  per rank, world size " + std::to_string(m.settings.world_size) + ", " + strategy +
+                             ", " + optimizer_name(m.settings.optimizer) +
+                             (m.settings.use_orig_params ? ", use_orig_params" : "") + "; activations not included",
+                         100, std::string(8, ' '));
+  out += "        params " + format_bytes(r.params_bytes) + " + grads " + format_bytes(r.grads_bytes) +
+         " + optimizer " + format_bytes(r.optimizer_bytes) + " + buffers " + format_bytes(r.buffers_bytes) +
+         " = steady " + format_bytes(r.steady_bytes) + "\n";
+  std::string peak = "peak " + format_bytes(r.peak_bytes) + " in " + r.peak_phase;
+  if (r.peak_unit >= 0) {
+    std::string path = plan.tree->path(plan.units[static_cast<size_t>(r.peak_unit)].module);
+    peak += " at unit " + std::to_string(r.peak_unit) + " " + path_or_root(path) + ", " +
+            std::to_string(r.peak_gathered.size()) + " unit" + (r.peak_gathered.size() == 1 ? "" : "s") + " gathered";
+  }
+  return out + wrap(peak, 100, std::string(10, ' '), std::string(8, ' '));
+}
+
+}  // namespace
+
+std::string plan_to_text(const Plan& plan, const TextOptions& options) {
+  const ModuleTree& tree = *plan.tree;
+  const ModelSummary& m = plan.model;
+  std::string out;
+  out += "model   " + m.path + "  (" + m.root_class + ", " + std::to_string(m.num_modules) + " modules)\n";
+  out += "params  " + format_count(m.param_numel) + " (" + format_bytes(m.param_bytes) + "), buffers " +
+         format_count(m.buffer_numel) + " (" + format_bytes(m.buffer_bytes) + ")\n";
+  out += wrap("policy  " + describe_policy(plan.policy, plan.fsdp_version), 100, std::string(8, ' '));
+  if (plan.fsdp_version == 2) {
+    int calls = static_cast<int>(plan.units.size());
+    out += "fsdp    FSDP2: " + std::to_string(calls) + " fully_shard call" + (calls == 1 ? "" : "s") +
+           ", bottom-up, the root last; units in forward order, [call] reshard_after_forward\n";
+  }
+  if (!plan.aliases.empty()) {
+    std::vector<std::string> parts;
+    for (const auto& a : plan.aliases) parts.push_back(a.path + " = " + path_or_root(a.alias_of));
+    out += wrap("aliases " + join(parts) + " (one module under two names; FSDP visits the first)", 100,
+                std::string(8, ' '));
+  }
+  // A class name that matches nothing explains the whole plan below: say it first.
+  for (const auto& w : plan.warnings)
+    if (w.kind == "unmatched_class")
+      out += wrap(pad(severity_name(w.severity), 8) + w.kind + ": " + w.message, 100, std::string(10, ' '));
+  out += "\n";
+
+  // Columns as wide as their content: whole class names, whole paths unless
+  // the terminal is too narrow, in which case paths lose their middle.
+  // Frozen parameters (requires_grad=False) get a column only in models that have them.
+  const bool frozen = std::any_of(plan.units.begin(), plan.units.end(), [](const Unit& u) { return u.frozen_numel > 0; });
+  const size_t other_columns = kOtherColumns + (frozen ? 9 : 0);
+  const size_t n = plan.units.size();
+  std::vector<std::string> indents(n), paths(n), classes(n);
+  size_t unit_width = kUnitWidth, class_width = kClassWidth;
+  for (size_t i = 0; i < n; ++i) {
+    const Unit& u = plan.units[i];
+    indents[i] = std::string(static_cast<size_t>(std::min(u.depth, 10)) * 2, ' ');
+    paths[i] = tree.path(u.module);
+    if (paths[i].empty()) paths[i] = "(root)";
+    classes[i] = bare_class(tree, u.module);
+    unit_width = std::max(unit_width, indents[i].size() + paths[i].size());
+    class_width = std::max(class_width, classes[i].size() + 1);
+  }
+  if (!options.wide && other_columns + class_width + unit_width > options.width) {
+    unit_width = std::max(kShortestUnitWidth, options.width > other_columns + class_width
+                                                  ? options.width - other_columns - class_width : size_t{0});
+    std::vector<std::string> shortened(n);
+    std::vector<size_t> room(n);
+    for (size_t i = 0; i < n; ++i) {
+      room[i] = unit_width > indents[i].size() ? unit_width - indents[i].size() : 1;
+      shortened[i] = shorten_path(paths[i], room[i]);
+    }
+    // Rows must stay distinct: rows whose shortenings collide get more room,
+    // one column at a time, until they differ (whole paths always do).
+    for (bool collided = true; collided;) {
+      collided = false;
+      std::map<std::string, int> seen;
+      for (const auto& s : shortened) ++seen[s];
+      for (size_t i = 0; i < n; ++i) {
+        if (seen[shortened[i]] < 2 || shortened[i] == paths[i]) continue;
+        collided = true;
+        shortened[i] = shorten_path(paths[i], ++room[i]);
+      }
+    }
+    size_t widest = 0;
+    for (size_t i = 0; i < n; ++i) widest = std::max(widest, indents[i].size() + shortened[i].size());
+    unit_width = std::max(unit_width, widest);  // what could not be shortened enough still aligns
+    // A row is shortened only if its whole path would not fit the column.
+    for (size_t i = 0; i < n; ++i)
+      if (indents[i].size() + paths[i].size() > unit_width) paths[i] = shortened[i];
+  }
+
+  out += pad("#", 4, true) + "  " + pad("unit", unit_width) + "  " + pad("class", class_width) + pad("params", 8, true) +
+         (frozen ? pad("frozen", 9, true) : "") + pad("size", 11, true) + pad("buffers", 11, true) + pad("mp", 4, true) + "\n";
+  int64_t owned_numel = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const Unit& u = plan.units[i];
+    std::string name = indents[i] + paths[i];
+    std::string mp = !u.mixed_precision ? "-" : *u.mixed_precision ? "on" : "off";
+    out += pad(std::to_string(i), 4, true) + "  " + pad(name, unit_width) + "  " + pad(classes[i], class_width) +
+           pad(format_count(u.param_numel), 8, true) +
+           (frozen ? pad(u.frozen_numel ? format_count(u.frozen_numel) : "-", 9, true) : "") +
+           pad(format_bytes(u.param_bytes), 11, true) +
+           pad(u.buffers.empty() ? "-" : format_bytes(u.buffer_bytes), 11, true) + pad(mp, 4, true);
+    if (u.reshard_after_forward) {
+      std::vector<std::string> more;
+      for (size_t k = 1; k < u.modules.size(); ++k) more.push_back(tree.path(u.modules[k]));
+      out += "  [" + std::to_string(u.call) + "] " + reshard_text(*u.reshard_after_forward) +
+             (more.empty() ? "" : "  with " + join(more));
+    }
+    out += "\n";
+    owned_numel += u.param_numel;
+  }
+
+  out += "\n";
+  const Unit* largest = &plan.units.front();
+  for (const auto& u : plan.units)
+    if (u.param_numel > largest->param_numel) largest = &u;
+  std::string largest_path = tree.path(largest->module);
+  out += std::to_string(plan.units.size()) + " unit" + (plan.units.size() == 1 ? "" : "s") + ", " +
+         format_count(owned_numel) + " params sharded";
+  if (owned_numel < m.param_numel) out += " (" + format_count(m.param_numel - owned_numel) + " ignored)";
+  if (owned_numel > m.param_numel) out += " (tied tensors counted in each group that holds them)";
+  out += "; largest unit " + path_or_root(largest_path) + " " +
+         percent(largest->param_numel, owned_numel) + "; root unit " +
+         percent(plan.units.front().param_numel, owned_numel) + "\n";
+
+  out += "\n" + memory_text(plan);
+
+  if (std::any_of(plan.warnings.begin(), plan.warnings.end(), [](const Warning& w) { return w.kind != "unmatched_class"; })) {
+    out += "\n";
+    for (const auto& w : plan.warnings)
+      if (w.kind != "unmatched_class")
+        out += wrap(pad(severity_name(w.severity), 8) + w.kind + ": " + w.message, 100, std::string(10, ' '));
+  }
+  return out;
+}
+
+}  // namespace fsdp_plan

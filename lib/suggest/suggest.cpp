@@ -1,0 +1,414 @@
+#include "suggest/suggest.h"
+
+#include <algorithm>
+#include <map>
+#include <optional>
+#include <set>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "fsdp1/memory.h"
+#include "fsdp1/select.h"
+#include "fsdp2/memory.h"
+#include "model/class_names.h"
+#include "planner/planner.h"
+#include "policy/ignored.h"
+#include "suggest/fixes.h"
+#include "suggest/groups.h"
+#include "util/strings.h"
+
+namespace fsdp_plan {
+namespace {
+
+// torch.nn and torchvision classes are library building blocks; the model's
+// own classes (transformers' LlamaDecoderLayer, a user's Block) come first.
+bool is_library_class(const std::string& qualified) {
+  return qualified.rfind("torch.", 0) == 0 || qualified.rfind("torchvision.", 0) == 0;
+}
+
+struct ClassInfo {
+  std::string qualified;
+  int64_t count = 0;         // modules of exactly this class
+  int64_t max_numel = 0;     // largest subtree among them
+  bool own = false;
+};
+
+// The name a policy uses for a class: the short name when no other class in
+// the model shares it, else the qualified name.
+std::map<std::string, std::string> policy_names(const std::vector<ClassInfo>& classes) {
+  std::map<std::string, int> short_count;
+  for (const auto& c : classes) ++short_count[std::string(short_name(c.qualified))];
+  std::map<std::string, std::string> out;
+  for (const auto& c : classes) {
+    std::string s(short_name(c.qualified));
+    out[c.qualified] = short_count[s] == 1 ? s : c.qualified;
+  }
+  return out;
+}
+
+std::vector<ClassInfo> wrappable_classes(const ModuleTree& tree, const std::vector<int64_t>& numel) {
+  std::map<std::string, ClassInfo> by_name;
+  const std::string root_class = demangle(tree.module(0).type_name);
+  for (ModuleId m = 1; m < static_cast<ModuleId>(tree.num_modules()); ++m) {
+    std::string q = demangle(tree.module(m).type_name);
+    if (q == root_class || is_container(q, true)) continue;
+    ClassInfo& c = by_name[q];
+    c.qualified = q;
+    c.count += 1;
+    c.max_numel = std::max(c.max_numel, numel[static_cast<size_t>(m)]);
+    c.own = !is_library_class(q);
+  }
+  std::vector<ClassInfo> out;
+  for (auto& [name, c] : by_name)
+    if (c.max_numel > 0) out.push_back(c);  // wrapping only parameter-less modules makes empty units
+  // The model's own repeated classes first (its blocks), then by size.
+  std::stable_sort(out.begin(), out.end(), [](const ClassInfo& a, const ClassInfo& b) {
+    auto key = [](const ClassInfo& c) { return std::make_tuple(!(c.own && c.count > 1), !c.own); };
+    if (key(a) != key(b)) return key(a) < key(b);
+    if (a.max_numel != b.max_numel) return a.max_numel > b.max_numel;
+    return a.qualified < b.qualified;
+  });
+  return out;
+}
+
+// What is wrapped varies; FSDP2's explicit groups are part of it.
+Policy with_classes(const Policy& base, std::vector<std::string> classes) {
+  Policy p = base;
+  p.module_classes = std::move(classes);
+  p.min_num_params.reset();
+  p.groups.clear();
+  return p;
+}
+
+// FSDP1 wraps a subtree of at least `threshold` parameters; FSDP2's rule
+// (Accelerate's fsdp2_prepare_model) one of more than its min_num_params.
+Policy with_threshold(const Policy& base, int64_t threshold) {
+  Policy p = base;
+  p.module_classes.reset();
+  p.min_num_params = base.fsdp.fsdp_version == 2 ? threshold - 1 : threshold;
+  p.groups.clear();
+  return p;
+}
+
+// Instances of exactly the class `qualified`.
+std::vector<bool> instances_of(const ModuleTree& tree, const std::string& qualified) {
+  std::vector<bool> out(tree.num_modules(), false);
+  std::unordered_map<std::string, bool> by_stored;  // demangle once per stored name
+  for (size_t m = 0; m < tree.num_modules(); ++m) {
+    const std::string& stored = tree.modules()[m].type_name;
+    auto it = by_stored.find(stored);
+    if (it == by_stored.end()) it = by_stored.emplace(stored, demangle(stored) == qualified).first;
+    out[m] = it->second;
+  }
+  return out;
+}
+
+// Size thresholds where the size policy's choice can change: the distinct
+// subtree sizes. Past `limit` of them, a geometric spread keeps the search
+// bounded on models with many distinct sizes.
+std::vector<int64_t> size_thresholds(const std::vector<int64_t>& numel, size_t limit) {
+  std::set<int64_t> distinct;
+  for (size_t m = 1; m < numel.size(); ++m)
+    if (numel[m] > 0 && numel[m] < numel[0]) distinct.insert(numel[m]);
+  std::vector<int64_t> all(distinct.rbegin(), distinct.rend());  // largest first
+  if (all.size() <= limit) return all;
+  std::vector<int64_t> out;
+  for (size_t i = 0; i < limit; ++i) out.push_back(all[i * (all.size() - 1) / (limit - 1)]);
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+}  // namespace
+
+std::vector<Candidate> suggest_candidates(const ModuleTree& tree, const Policy& base, const SuggestOptions& opt) {
+  Ignored ignored = resolve_ignored(tree, base);
+  std::vector<int64_t> numel = subtree_numel(tree, ignored.tensor);
+  std::vector<ClassInfo> classes = wrappable_classes(tree, numel);
+  auto names = policy_names(classes);
+
+  std::vector<Candidate> out;
+  std::set<std::string> seen;
+  auto push = [&](std::string label, std::string origin, Policy p) {
+    if (!seen.insert(label).second) return;
+    Candidate c;
+    c.label = std::move(label);
+    c.origin = std::move(origin);
+    c.policy = std::move(p);
+    out.push_back(std::move(c));
+  };
+
+  if (base.auto_wrap() || !base.groups.empty()) push("base policy", "base", base);
+  Policy unwrapped = base;
+  unwrapped.module_classes.reset();
+  unwrapped.min_num_params.reset();
+  unwrapped.groups.clear();
+  push("no auto-wrap (the root unit only)", "none", unwrapped);
+  for (const auto& c : classes) {
+    const std::string& n = names[c.qualified];
+    push("module_classes [" + n + "]", "class", with_classes(base, {n}));
+  }
+  for (size_t i = 0; i < classes.size(); ++i)
+    for (size_t j = i + 1; j < classes.size(); ++j) {
+      const std::string &a = names[classes[i].qualified], &b = names[classes[j].qualified];
+      push("module_classes [" + a + ", " + b + "]", "class pair", with_classes(base, {a, b}));
+    }
+  // FSDP2: the block class with groups for the modules around the blocks.
+  if (base.fsdp.fsdp_version == 2 && !classes.empty() && classes[0].own && classes[0].count > 1) {
+    const std::string& block = names[classes[0].qualified];
+    EdgeModules edges = edge_modules(tree, instances_of(tree, classes[0].qualified), ignored.module, numel);
+    for (auto& v : edge_group_variants(edges)) {
+      Policy p = with_classes(base, {block});
+      p.groups = std::move(v.groups);
+      push("module_classes [" + block + "] + " + v.label, "groups", std::move(p));
+    }
+  }
+  for (int64_t t : size_thresholds(numel, opt.max_thresholds)) {
+    Policy p = with_threshold(base, t);
+    push("min_num_params " + std::to_string(*p.min_num_params), "size", std::move(p));
+  }
+  return out;
+}
+
+namespace {
+
+// The units of a plan, as module ids (FSDP2: each call's modules and its
+// reshard_after_forward): two policies with the same units and the same
+// settings make the same plan.
+using UnitSet = std::vector<int64_t>;
+
+UnitSet unit_set(const Plan& plan) {
+  UnitSet out;
+  for (const auto& u : plan.units) {
+    out.push_back(u.module);
+    if (plan.fsdp_version != 2) continue;
+    for (size_t i = 1; i < u.modules.size(); ++i) out.push_back(u.modules[i]);
+    const ReshardAfterForward r = u.reshard_after_forward.value_or(ReshardAfterForward{});
+    out.push_back(-1 - static_cast<int64_t>(r.kind) - 3 * r.ranks);  // negative: no module id
+  }
+  return out;
+}
+
+// A unit as the report names it: its module, or an FSDP2 group's modules.
+std::string unit_name(const ModuleTree& tree, const Unit& u) {
+  if (u.modules.size() < 2) return tree.path(u.module);
+  std::string out = "[";
+  for (size_t i = 0; i < u.modules.size(); ++i) out += (i ? ", " : "") + tree.path(u.modules[i]);
+  return out + "]";
+}
+
+// FSDP2 groups all-gathered again in backward (resharded after forward).
+int64_t regathered(const Plan& plan) {
+  if (plan.fsdp_version != 2 || plan.policy.fsdp.world_size == 1) return 0;
+  int64_t n = 0;
+  for (const auto& u : plan.units)
+    n += u.reshard_after_forward.value_or(ReshardAfterForward{}).kind != ReshardAfterForward::Kind::False;
+  return n;
+}
+
+// The memory model of a plan's FSDP version, for other settings: the peak
+// only (no timeline). The searches ask one plan about several settings in a
+// row, so FSDP2's per-plan part is kept for the plan asked about last.
+class PeakFor {
+ public:
+  int64_t operator()(const Plan& plan, const MemorySettings& s) {
+    if (plan.fsdp_version != 2) return estimate_memory(plan, s, false).per_rank.peak_bytes;
+    if (fsdp2_plan_ != &plan) {
+      fsdp2_.emplace(plan);
+      fsdp2_plan_ = &plan;
+    }
+    return fsdp2_->estimate(s, false).per_rank.peak_bytes;
+  }
+
+ private:
+  const Plan* fsdp2_plan_ = nullptr;
+  std::optional<Fsdp2Memory> fsdp2_;
+};
+
+void evaluate(Candidate& c, const Plan& plan, const ModuleTree& tree, const SuggestOptions& opt) {
+  for (const auto& w : plan.warnings) {
+    if (w.severity == Severity::Error) {
+      c.dropped = "FSDP would refuse it: " + w.kind;
+      return;
+    }
+    if (w.kind == "shared_param_across_units") {
+      c.dropped = "splits a tied weight across units";
+      return;
+    }
+  }
+  c.units = static_cast<int64_t>(plan.units.size());
+  int64_t total = 0;
+  for (const auto& u : plan.units) {
+    total += u.param_numel;
+    if (u.param_numel > c.largest_unit_numel) {
+      c.largest_unit_numel = u.param_numel;
+      c.largest_unit_path = unit_name(tree, u);
+    }
+  }
+  c.root_share = total > 0 ? static_cast<double>(plan.units[0].param_numel) / static_cast<double>(total) : 0;
+  c.peak_bytes = plan.memory.per_rank.peak_bytes;
+  c.peak_phase = plan.memory.per_rank.peak_phase;
+  c.needed_bytes = c.peak_bytes + opt.activation_bytes;
+  c.fits = c.needed_bytes <= opt.budget_bytes;
+  c.regathered = regathered(plan);
+}
+
+bool better(const Candidate& a, const Candidate& b) {
+  if (a.fits != b.fits) return a.fits;
+  if (a.units != b.units) return a.units < b.units;
+  if (a.peak_bytes != b.peak_bytes) return a.peak_bytes < b.peak_bytes;
+  if (a.regathered != b.regathered) return a.regathered < b.regathered;  // fewer all-gathers in backward
+  if (a.root_share != b.root_share) return a.root_share < b.root_share;
+  return a.label < b.label;
+}
+
+int64_t needed(const ModuleTree& tree, const Policy& p, const SuggestOptions& opt, const ClassMatcher& matcher) {
+  return make_plan(tree, p, "", matcher, PlanPurpose::Ranking).memory.per_rank.peak_bytes + opt.activation_bytes;
+}
+
+// World size: the smallest number of ranks at which some candidate fits,
+// searched per candidate on its plan (only the memory estimate depends on the
+// world size): doublings, then the smallest count between the last two. The
+// peak need not fall forever (flat parameters are padded to the world size),
+// so the search stops at 2^20 ranks.
+std::optional<FitAdvice> world_size_advice(const std::vector<Candidate>& ranked, const SuggestOptions& opt,
+                                           PeakFor& peak_for) {
+  constexpr int64_t kMaxRanks = int64_t{1} << 20;
+  int64_t pick_hi = kMaxRanks + 1;
+  std::vector<std::pair<const Candidate*, int64_t>> tied;  // candidates fitting at pick_hi, with their last miss
+  std::map<std::pair<const Candidate*, int64_t>, int64_t> known;  // each estimate once
+  auto at = [&](const Candidate& c, int64_t w) {
+    auto it = known.find({&c, w});
+    if (it != known.end()) return it->second;
+    MemorySettings s = c.policy.fsdp;
+    s.world_size = w;
+    const int64_t need = settings_error(s).empty()
+                             ? peak_for(*c.plan, s) + opt.activation_bytes
+                             : INT64_MAX;
+    known.emplace(std::make_pair(&c, w), need);
+    return need;
+  };
+  // Doublings first, each candidate only as far as the best so far got.
+  for (const Candidate& c : ranked) {
+    if (c.policy.fsdp.strategy == ShardingStrategy::NoShard) continue;
+    int64_t lo = c.policy.fsdp.world_size, hi = lo;
+    while (hi < std::min(kMaxRanks, pick_hi) && at(c, hi) > opt.budget_bytes) {
+      lo = hi;
+      hi = std::min(hi * 2, kMaxRanks);
+    }
+    if (hi <= pick_hi && at(c, hi) <= opt.budget_bytes) {
+      if (hi < pick_hi) tied.clear();
+      tied.push_back({&c, lo});
+      pick_hi = hi;
+    }
+  }
+  // Then the smallest count between the last two doublings, for each
+  // candidate that got as far as the best.
+  std::optional<FitAdvice> best;
+  for (auto [c, lo] : tied) {
+    int64_t hi = pick_hi;
+    while (hi - lo > 1) {  // at(lo) does not fit, at(hi) does
+      int64_t mid = lo + (hi - lo) / 2;
+      (at(*c, mid) <= opt.budget_bytes ? hi : lo) = mid;
+    }
+    if (!best || hi < std::stoll(best->value))
+      best = FitAdvice{"world_size", std::to_string(hi), at(*c, hi), "fsdp.world_size: " + std::to_string(hi), c->label};
+  }
+  return best;
+}
+
+// Nothing fits: which one setting, changed on some candidate, would bring it
+// under the budget; each with the best candidate it works for.
+std::vector<FitAdvice> fit_advice(const ModuleTree& tree, const std::vector<Candidate>& ranked,
+                                  const SuggestOptions& opt, const ClassMatcher& matcher) {
+  std::vector<FitAdvice> out;
+  PeakFor peak_for;
+  if (auto a = world_size_advice(ranked, opt, peak_for)) out.push_back(*a);
+  const Policy& base = ranked.front().policy;  // every candidate shares the base's settings
+  // Mixed precision: bf16 compute halves what is gathered. Sharded parameters,
+  // gradients and optimizer state keep their dtype, so a candidate whose
+  // steady state alone is over the budget is not replanned.
+  if (!base.mixed_precision || !base.mixed_precision->param_dtype) {
+    for (const Candidate& c : ranked) {  // rank order: the first that fits is the best
+      if (c.plan->memory.per_rank.steady_bytes + opt.activation_bytes > opt.budget_bytes) continue;
+      Policy p = c.policy;
+      MixedPrecision mp = p.mixed_precision.value_or(MixedPrecision{});
+      mp.param_dtype = "bfloat16";
+      p.mixed_precision = mp;
+      int64_t n = needed(tree, p, opt, matcher);
+      if (n > opt.budget_bytes) continue;
+      out.push_back({"mixed_precision", "bfloat16", n, "mixed_precision.param_dtype: \"bfloat16\"", c.label});
+      break;
+    }
+  }
+  // Optimizer: fewer states per parameter (Adam 2, SGD with momentum 1, SGD 0).
+  std::vector<Optimizer> cheaper;
+  if (base.fsdp.optimizer == Optimizer::Adam) cheaper = {Optimizer::SgdMomentum, Optimizer::Sgd};
+  if (base.fsdp.optimizer == Optimizer::SgdMomentum) cheaper = {Optimizer::Sgd};
+  for (Optimizer o : cheaper) {  // the units stay: only the memory estimate changes
+    auto fits = std::find_if(ranked.begin(), ranked.end(), [&](const Candidate& c) {
+      // Whatever the optimizer, its step holds every sharded parameter and
+      // gradient and the buffers (both models' peak is at least that, FSDP2's
+      // unless CPU offload moves them): a candidate over the budget with those
+      // alone is not estimated again.
+      const RankMemory& r = c.plan->memory.per_rank;
+      if (!c.policy.fsdp.cpu_offload &&
+          r.params_bytes + r.grads_bytes + r.buffers_bytes + opt.activation_bytes > opt.budget_bytes)
+        return false;
+      MemorySettings s = c.policy.fsdp;
+      s.optimizer = o;
+      return peak_for(*c.plan, s) + opt.activation_bytes <= opt.budget_bytes;
+    });
+    if (fits != ranked.end()) {
+      MemorySettings s = fits->policy.fsdp;
+      s.optimizer = o;
+      out.push_back({"optimizer", optimizer_name(o), peak_for(*fits->plan, s) + opt.activation_bytes,
+                     std::string("fsdp.optimizer: \"") + optimizer_name(o) + "\"", fits->label});
+      break;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+Suggestion suggest(const ModuleTree& tree, const Policy& base, const SuggestOptions& opt) {
+  Suggestion s;
+  std::vector<Candidate> candidates = suggest_candidates(tree, base, opt);
+  std::set<std::string> labels;
+  for (const auto& c : candidates) labels.insert(c.label);
+  std::set<UnitSet> seen;
+  const ClassMatcher matcher;  // one tree, many plans: its classes are worked out once
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    Candidate c = std::move(candidates[i]);  // fixes below append to `candidates`
+    auto plan = std::make_shared<Plan>(make_plan(tree, c.policy, "", matcher, PlanPurpose::Ranking));
+    if (!seen.insert(unit_set(*plan)).second) {
+      ++s.duplicates;
+      continue;
+    }
+    evaluate(c, *plan, tree, opt);
+    // A refused candidate, fixed as the refusal checks say, is a candidate too
+    // (twice at most: a fix may uncover another refusal).
+    if (!c.dropped.empty() && c.fixes < 2) {
+      if (auto f = fix_refusals(*plan); f && labels.insert(c.label + " + " + f->what).second) {
+        Candidate fixed;
+        fixed.label = c.label + " + " + f->what;
+        fixed.origin = "fix";
+        fixed.policy = std::move(f->policy);
+        fixed.fixes = c.fixes + 1;
+        candidates.push_back(std::move(fixed));
+      }
+    }
+    if (c.dropped.empty()) {
+      c.plan = std::move(plan);
+      s.ranked.push_back(std::move(c));
+    } else {
+      s.dropped.push_back(std::move(c));
+    }
+  }
+  s.tried = candidates.size();
+  std::stable_sort(s.ranked.begin(), s.ranked.end(), better);
+  if (!s.ranked.empty() && !s.ranked.front().fits) s.advice = fit_advice(tree, s.ranked, opt, matcher);
+  return s;
+}
+
+}  // namespace fsdp_plan

@@ -1,0 +1,73 @@
+// `fsdp-plan suggest`: try the wrapping policies a model admits, plan each in
+// process, and rank those FSDP would accept by how they fit a memory budget.
+// The base policy's settings (mixed precision, strategy, ignored parameters,
+// world size) stay fixed; only what is wrapped varies.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/module_tree.h"
+#include "plan/plan.h"
+#include "policy/policy.h"
+
+namespace fsdp_plan {
+
+struct SuggestOptions {
+  int64_t budget_bytes = 0;      // per rank
+  int64_t activation_bytes = 0;  // allowance added to the memory model's peak
+  size_t max_thresholds = 64;    // size-policy thresholds tried at most
+};
+
+// One policy tried, and what its plan says.
+struct Candidate {
+  std::string label;  // "module_classes [Block]", "min_num_params 1.2M", ...
+  std::string origin; // "class", "class pair", "size", "base", "groups" (FSDP2), "fix"
+  Policy policy;
+  int fixes = 0;      // refusal fixes applied to reach this policy (origin "fix")
+
+  // Filled by evaluation.
+  std::string dropped;  // why it is out ("" if it is ranked): an error warning, a split tied weight
+  int64_t units = 0;
+  std::string largest_unit_path;
+  int64_t largest_unit_numel = 0;
+  double root_share = 0;      // root unit's share of the sharded parameters
+  int64_t peak_bytes = 0;     // memory model, per rank
+  int64_t needed_bytes = 0;   // peak + activation allowance
+  bool fits = false;
+  std::string peak_phase;
+  int64_t regathered = 0;     // FSDP2: groups all-gathered again in backward (fewer is better at equal peak)
+  // The plan, kept for ranked candidates: advice re-estimates memory on it.
+  // A ranking plan (PlanPurpose::Ranking): for a report, plan the policy again.
+  std::shared_ptr<const Plan> plan;
+};
+
+// A single setting that, changed on a candidate, would make it fit.
+struct FitAdvice {
+  std::string setting;  // "world_size", "mixed_precision", "optimizer"
+  std::string value;    // "16", "bfloat16", "sgd", ...
+  int64_t needed_bytes = 0;
+  std::string policy_change;  // how to say it in the policy, e.g. "fsdp.world_size: 16"
+  std::string candidate;      // the candidate's label
+};
+
+struct Suggestion {
+  std::vector<Candidate> ranked;   // accepted candidates, best first
+  std::vector<Candidate> dropped;  // in generation order
+  size_t tried = 0;
+  size_t duplicates = 0;           // same units as an earlier candidate: planned, not listed
+  std::vector<FitAdvice> advice;   // when nothing fits: what would
+};
+
+// The candidate policies for `tree`, in a fixed order (no duplicates).
+std::vector<Candidate> suggest_candidates(const ModuleTree& tree, const Policy& base, const SuggestOptions& opt);
+
+// Plans every candidate and ranks them: fits the budget, then fewer units,
+// then lower peak, then fewer FSDP2 groups gathered again in backward, then
+// smaller root share, then label. The memory model is the base policy's
+// FSDP version's (fsdp.fsdp_version).
+Suggestion suggest(const ModuleTree& tree, const Policy& base, const SuggestOptions& opt);
+
+}  // namespace fsdp_plan

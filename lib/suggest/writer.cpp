@@ -1,0 +1,177 @@
+#include "suggest/writer.h"
+
+#include <cstdio>
+#include <map>
+#include <vector>
+
+#include "fsdp1/memory.h"
+#include "model/class_names.h"
+#include "util/strings.h"
+
+namespace fsdp_plan {
+namespace {
+
+int64_t model_param_numel(const ModuleTree& tree) {
+  std::vector<bool> seen(tree.num_tensors(), false);
+  int64_t n = 0;
+  for (const auto& m : tree.modules())
+    for (const auto& p : m.params)
+      if (!seen[static_cast<size_t>(p.tensor)]) {
+        seen[static_cast<size_t>(p.tensor)] = true;
+        n += tree.numel(p.tensor);
+      }
+  return n;
+}
+
+std::string percent(double share) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f%%", share * 100);
+  return buf;
+}
+
+std::string mixed_precision_name(const Policy& p) {
+  return p.mixed_precision && p.mixed_precision->param_dtype ? *p.mixed_precision->param_dtype : "none";
+}
+
+const Candidate* best_fit(const Suggestion& s) {
+  return !s.ranked.empty() && s.ranked.front().fits ? &s.ranked.front() : nullptr;
+}
+
+std::map<std::string, int> drop_reasons(const Suggestion& s) {
+  std::map<std::string, int> out;
+  for (const auto& c : s.dropped) ++out[c.dropped];
+  return out;
+}
+
+}  // namespace
+
+std::string suggestion_to_text(const Suggestion& s, const SuggestContext& ctx) {
+  const ModuleTree& tree = *ctx.tree;
+  const Policy& base = *ctx.base;
+  const SuggestOptions& o = ctx.options;
+  int64_t total = model_param_numel(tree);
+  std::string out;
+  out += "model   " + ctx.model_path + "  (" + bare_class(tree, 0) + ", " +
+         std::to_string(tree.num_modules()) + " modules, " + format_count(total) + " params)\n";
+  out += "budget  " + format_bytes(o.budget_bytes) + " per rank for the memory model's peak + activations " +
+         format_bytes(o.activation_bytes) + " (--activation-bytes)\n";
+  out += std::string("        ") + (base.fsdp.fsdp_version == 2 ? "FSDP2 (fully_shard)" : "FSDP1") + ", world size " +
+         std::to_string(base.fsdp.world_size) + ", " + strategy_name(base.fsdp.strategy) +
+         ", " + optimizer_name(base.fsdp.optimizer) + ", mixed precision " + mixed_precision_name(base) + "\n";
+  size_t fitting = 0;
+  for (const auto& c : s.ranked) fitting += c.fits;
+  out += "tried   " + std::to_string(s.tried) + " policies, " + std::to_string(s.tried - s.duplicates) +
+         " distinct plans: " + std::to_string(s.ranked.size()) + " ranked, " +
+         std::to_string(fitting) + " fit; " + std::to_string(s.dropped.size()) + " dropped";
+  if (!s.dropped.empty()) {
+    std::string reasons;
+    for (const auto& [why, n] : drop_reasons(s)) reasons += (reasons.empty() ? "" : ", ") + std::to_string(n) + " " + why;
+    out += " (" + reasons + ")";
+  }
+  out += "\n";
+  if (s.ranked.empty()) {
+    out += "\nno policy FSDP would accept: every candidate was dropped\n";
+    return out;
+  }
+
+  size_t label_w = 6, path_w = 12;
+  size_t shown = std::min(ctx.top, s.ranked.size());
+  for (size_t i = 0; i < shown; ++i) {
+    label_w = std::max(label_w, s.ranked[i].label.size());
+    path_w = std::max(path_w, (s.ranked[i].largest_unit_path.empty() ? 6 : s.ranked[i].largest_unit_path.size()) + 9);
+  }
+  out += "\n   #  " + pad("policy", label_w) + "  units  " + pad("largest unit", path_w) +
+         "   root   peak/rank      needed  fits\n";
+  for (size_t i = 0; i < shown; ++i) {
+    const Candidate& c = s.ranked[i];
+    std::string largest = path_or_root(c.largest_unit_path) + " " +
+                          percent(total ? static_cast<double>(c.largest_unit_numel) / static_cast<double>(total) : 0);
+    out += pad(std::to_string(i + 1), 4, true) + "  " + pad(c.label, label_w) + "  " +
+           pad(std::to_string(c.units), 5, true) + "  " + pad(largest, path_w) + "  " + pad(percent(c.root_share), 6, true) +
+           "  " + pad(format_bytes(c.peak_bytes), 10, true) + "  " + pad(format_bytes(c.needed_bytes), 10, true) + "  " +
+           (c.fits ? "yes" : "no") + "\n";
+  }
+  if (shown < s.ranked.size()) out += "      ... " + std::to_string(s.ranked.size() - shown) + " more (--top)\n";
+
+  out += "\n";
+  if (const Candidate* best = best_fit(s)) {
+    out += "best    " + best->label + ": " + std::to_string(best->units) + " units, needs " +
+           format_bytes(best->needed_bytes) + " per rank, " + format_bytes(o.budget_bytes - best->needed_bytes) +
+           " under the budget\n";
+    out += "        " + policy_file_json(best->policy).dump() + "\n";
+    return out;
+  }
+  const Candidate* lowest = &s.ranked.front();
+  for (const auto& c : s.ranked)
+    if (c.needed_bytes < lowest->needed_bytes) lowest = &c;
+  out += "nothing fits: the lowest, " + lowest->label + ", needs " + format_bytes(lowest->needed_bytes) + ", " +
+         format_bytes(lowest->needed_bytes - o.budget_bytes) + " over the budget\n";
+  if (s.advice.empty()) {
+    out += "no single change of world size, mixed precision or optimizer makes any candidate fit\n";
+  } else {
+    out += "it fits with one change:\n";
+    for (const auto& a : s.advice)
+      out += "  " + pad(a.policy_change, 36) + "needs " + pad(format_bytes(a.needed_bytes), 10, true) + "  with " +
+             a.candidate + "\n";
+  }
+  return out;
+}
+
+nlohmann::ordered_json suggestion_to_json(const Suggestion& s, const SuggestContext& ctx) {
+  using json = nlohmann::ordered_json;
+  const ModuleTree& tree = *ctx.tree;
+  const Policy& base = *ctx.base;
+  json out;
+  out["schema_version"] = 1;
+  out["model"] = {{"path", ctx.model_path},
+                  {"root_class", bare_class(tree, 0)},
+                  {"num_modules", tree.num_modules()},
+                  {"param_numel", model_param_numel(tree)}};
+  out["settings"] = {{"budget_bytes", ctx.options.budget_bytes},
+                     {"activation_bytes", ctx.options.activation_bytes},
+                     {"world_size", base.fsdp.world_size},
+                     {"fsdp_version", base.fsdp.fsdp_version},
+                     {"sharding_strategy", strategy_name(base.fsdp.strategy)},
+                     {"optimizer", optimizer_name(base.fsdp.optimizer)},
+                     {"mixed_precision", base.mixed_precision && base.mixed_precision->param_dtype
+                                             ? json(*base.mixed_precision->param_dtype)
+                                             : json(nullptr)}};
+  size_t fitting = 0;
+  for (const auto& c : s.ranked) fitting += c.fits;
+  out["tried"] = s.tried;
+  out["duplicates"] = s.duplicates;
+  out["ranked_count"] = s.ranked.size();
+  out["fitting_count"] = fitting;
+  json candidates = json::array();
+  for (size_t i = 0; i < s.ranked.size() && i < ctx.top; ++i) {
+    const Candidate& c = s.ranked[i];
+    candidates.push_back({{"rank", i + 1},
+                          {"label", c.label},
+                          {"origin", c.origin},
+                          {"policy", policy_file_json(c.policy)},
+                          {"units", c.units},
+                          {"largest_unit", {{"path", c.largest_unit_path}, {"param_numel", c.largest_unit_numel}}},
+                          {"root_share", c.root_share},
+                          {"peak_bytes", c.peak_bytes},
+                          {"peak_phase", c.peak_phase},
+                          {"needed_bytes", c.needed_bytes},
+                          {"fits", c.fits}});
+  }
+  out["candidates"] = candidates;
+  json dropped = json::array();
+  for (const auto& c : s.dropped) dropped.push_back({{"label", c.label}, {"reason", c.dropped}});
+  out["dropped"] = dropped;
+  const Candidate* best = best_fit(s);
+  out["best"] = best ? json{{"label", best->label}, {"policy", policy_file_json(best->policy)}} : json(nullptr);
+  json advice = json::array();
+  for (const auto& a : s.advice)
+    advice.push_back({{"setting", a.setting},
+                      {"value", a.value},
+                      {"needed_bytes", a.needed_bytes},
+                      {"policy_change", a.policy_change},
+                      {"candidate", a.candidate}});
+  out["advice"] = advice;
+  return out;
+}
+
+}  // namespace fsdp_plan

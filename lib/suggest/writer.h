@@ -1,0 +1,24 @@
+// The reports of `fsdp-plan suggest`: a table for people, JSON for scripts
+// (docs/schemas/suggest.schema.json).
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "model/module_tree.h"
+#include "suggest/suggest.h"
+
+namespace fsdp_plan {
+
+struct SuggestContext {
+  std::string model_path;
+  const ModuleTree* tree = nullptr;
+  const Policy* base = nullptr;
+  SuggestOptions options;
+  size_t top = 10;
+};
+
+std::string suggestion_to_text(const Suggestion& s, const SuggestContext& ctx);
+nlohmann::ordered_json suggestion_to_json(const Suggestion& s, const SuggestContext& ctx);
+
+}  // namespace fsdp_plan

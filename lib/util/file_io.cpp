@@ -1,0 +1,132 @@
+#include "util/file_io.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+#include "util/errors.h"
+
+namespace fsdp_plan {
+
+void check_readable_file(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    throw InputError(path, errno == ENOENT ? "no such file" : std::strerror(errno));
+  }
+  if (S_ISDIR(st.st_mode)) throw InputError(path, "is a directory, not a file");
+  if (!S_ISREG(st.st_mode)) throw InputError(path, "is not a regular file");
+  if (::access(path.c_str(), R_OK) != 0) throw InputError(path, std::strerror(errno));
+}
+
+std::string read_text_file(const std::string& path) {
+  // Pipes are fine here (--policy <(...), /dev/stdin); only a directory is not.
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0)
+    throw InputError(path, errno == ENOENT ? "no such file" : std::strerror(errno));
+  if (S_ISDIR(st.st_mode)) throw InputError(path, "is a directory, not a file");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw InputError(path, "cannot be opened for reading");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  if (in.bad()) throw InputError(path, "read failed");
+  return ss.str();
+}
+
+namespace {
+
+[[noreturn]] void fail_errno(const char* what) {
+  throw std::runtime_error(std::string(what) + ": " + std::strerror(errno));
+}
+
+// Devices and pipes (/dev/stdout, a FIFO) cannot be replaced by a rename, and
+// must not be: write to them in place.
+void write_in_place(const std::string& path, const std::string& data) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_TRUNC | O_CLOEXEC);
+  if (fd < 0) fail_errno("cannot open for writing");
+  size_t done = 0;
+  while (done < data.size()) {
+    ssize_t n = ::write(fd, data.data() + done, data.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      int err = errno;
+      ::close(fd);
+      errno = err;
+      fail_errno("write failed");
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (::close(fd) != 0) fail_errno("close failed");
+}
+
+}  // namespace
+
+void write_stdout(const std::string& data, const std::string& what) {
+  // Unbuffered, so the error is this write's errno (ENOSPC, EBADF), not a stream's lost state.
+  size_t done = 0;
+  while (done < data.size()) {
+    ssize_t n = ::write(STDOUT_FILENO, data.data() + done, data.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0)
+      throw InputError("standard output", "cannot write the " + what + ": write failed: " + std::strerror(errno));
+    done += static_cast<size_t>(n);
+  }
+}
+
+void write_output(const std::string& path, const std::string& data, const std::string& what) {
+  if (path.empty()) return write_stdout(data, what);
+  try {
+    write_file_atomic(path, data);
+  } catch (const std::runtime_error& e) {
+    throw InputError(path, "cannot write the " + what + ": " + e.what());
+  }
+}
+
+void write_file_atomic(const std::string& path, const std::string& data) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+    if (S_ISDIR(st.st_mode)) throw std::runtime_error("it is a directory");
+    write_in_place(path, data);
+    return;
+  }
+  std::string tmp = path + ".tmp-XXXXXX";
+  int fd = ::mkstemp(tmp.data());
+  if (fd < 0) throw std::runtime_error(std::string("cannot create a file beside it: ") + std::strerror(errno));
+  auto fail = [&](const char* what) {
+    int err = errno;
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw std::runtime_error(std::string(what) + ": " + std::strerror(err));
+  };
+  size_t done = 0;
+  while (done < data.size()) {
+    ssize_t n = ::write(fd, data.data() + done, data.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      fail("write failed");
+    }
+    done += static_cast<size_t>(n);
+  }
+  // mkstemp makes the file 0600; give it the permissions a plain create would.
+  mode_t mask = ::umask(0);
+  ::umask(mask);
+  if (::fchmod(fd, 0666 & ~mask) != 0) fail("chmod failed");
+  if (::fsync(fd) != 0) fail("sync failed");
+  if (::close(fd) != 0) {
+    int err = errno;
+    ::unlink(tmp.c_str());
+    throw std::runtime_error(std::string("close failed: ") + std::strerror(err));
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    int err = errno;
+    ::unlink(tmp.c_str());
+    throw std::runtime_error(std::string("rename failed: ") + std::strerror(err));
+  }
+}
+
+}  // namespace fsdp_plan
