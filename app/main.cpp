@@ -117,7 +117,7 @@ const CLI::Validator kPositiveCount(
 void log_plan_details(const fsdp_plan::Plan& plan) {
   using namespace fsdp_plan;
   spdlog::debug("policy in effect: {}", policy_to_json(plan.policy).dump());
-  const MemorySettings& s = plan.memory.settings;
+  const FsdpSettings& s = plan.memory.settings;
   spdlog::debug("memory settings: world size {}, {} (runs as {}), shard group {}, optimizer {}{}", s.world_size,
                 strategy_name(s.strategy), strategy_name(plan.memory.effective_strategy),
                 plan.memory.shard_group_size, optimizer_name(s.optimizer),
@@ -154,17 +154,17 @@ int run(const Options& opt) {
       policy = parse_policy(text, opt.policy);
     }
   }
-  MemorySettings& fsdp = policy.fsdp;
+  FsdpSettings& fsdp = policy.fsdp;
   if (opt.world_size) fsdp.world_size = *opt.world_size;
   if (opt.shard_group_size) fsdp.shard_group_size = *opt.shard_group_size;
-  if (opt.strategy) fsdp.strategy = *parse_strategy(*opt.strategy);
-  if (opt.optimizer) fsdp.optimizer = *parse_optimizer(*opt.optimizer);
+  if (opt.strategy) fsdp.strategy = *strategy_names().parse(*opt.strategy);
+  if (opt.optimizer) fsdp.optimizer = *optimizer_names().parse(*opt.optimizer);
   if (opt.use_orig_params) fsdp.use_orig_params = true;
   if (opt.warn_root_share) policy.checks.warn_root_share = opt.warn_root_share;
-  if (opt.fsdp_version) fsdp.fsdp_version = *opt.fsdp_version;
+  if (opt.fsdp_version) fsdp.version = *parse_version(*opt.fsdp_version);
   // Accelerate derives the dtypes for the version that runs the config.
   if (accelerate && opt.fsdp_version)
-    policy.mixed_precision = accelerate_dtypes(accelerate->mixed_precision, fsdp.fsdp_version);
+    policy.mixed_precision = accelerate_dtypes(accelerate->mixed_precision, fsdp.version);
   if (opt.aliases) policy.module_aliases = true;
   if (std::string why = settings_error(fsdp); !why.empty()) throw UsageError(why);
   if (fsdp.shard_group_size > 0 && fsdp.strategy != ShardingStrategy::HybridShard)
@@ -196,7 +196,7 @@ int run(const Options& opt) {
     if (accelerate) {
       // Accelerate's class and ignored-module lookups need the model.
       resolve_accelerate_config(*accelerate, tree);
-      if (accelerate->fsdp_version == 2) apply_accelerate_fsdp2(*accelerate, tree);
+      if (accelerate->policy.fsdp.v2()) apply_accelerate_fsdp2(*accelerate, tree);
       policy.module_classes = accelerate->policy.module_classes;
       policy.min_num_params = accelerate->policy.min_num_params;
       policy.groups = accelerate->policy.groups;
@@ -285,13 +285,13 @@ int main(int argc, char** argv) {
   app.add_option("--world-size", opt.world_size, "ranks, for the memory model (default 1)")
       ->check(kPositiveCount);
   app.add_option("--sharding-strategy", opt.strategy, "FSDP sharding strategy (default FULL_SHARD)")
-      ->check(CLI::IsMember({"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"}));
+      ->check(CLI::IsMember(fsdp_plan::strategy_names().names()));
   app.add_option("--shard-group-size", opt.shard_group_size,
                  "HYBRID_SHARD: ranks a parameter is sharded over (default min(8, world size))")
       ->check(kPositiveCount);
   app.add_flag("--use-orig-params", opt.use_orig_params, "FSDP use_orig_params=True (adds alignment padding)");
   app.add_option("--optimizer", opt.optimizer, "optimizer state for the memory model (default adam)")
-      ->check(CLI::IsMember({"adam", "adamw", "sgd", "sgd-momentum", "none"}));
+      ->check(CLI::IsMember(fsdp_plan::optimizer_names().names()));
   app.add_option("--warn-root-share", opt.warn_root_share,
                  "warn (root_too_large) when the root unit holds more than this share of the parameters "
                  "(default 0.5)")

@@ -46,9 +46,9 @@ int suggest_main(int argc, char** argv) {
   app.add_option("--world-size", world_size, "ranks (overrides the base policy's fsdp.world_size)")
       ->check(CLI::Range(int64_t{1}, kMaxWorldSize));
   app.add_option("--sharding-strategy", strategy, "FSDP sharding strategy (default FULL_SHARD)")
-      ->check(CLI::IsMember({"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"}));
+      ->check(CLI::IsMember(strategy_names().names()));
   app.add_option("--optimizer", optimizer, "optimizer state for the memory model (default adam)")
-      ->check(CLI::IsMember({"adam", "adamw", "sgd", "sgd-momentum", "none"}));
+      ->check(CLI::IsMember(optimizer_names().names()));
   app.add_option("--fsdp-version", fsdp_version,
                  "1: FullyShardedDataParallel (default); 2: fully_shard, every candidate planned and its "
                  "memory estimated as FSDP2's (the base policy's fsdp.version otherwise)")
@@ -76,9 +76,9 @@ int suggest_main(int argc, char** argv) {
     Policy base;
     if (!policy_file.empty()) base = load_policy_file(policy_file);
     if (world_size) base.fsdp.world_size = *world_size;
-    if (!strategy.empty()) base.fsdp.strategy = *parse_strategy(strategy);
-    if (!optimizer.empty()) base.fsdp.optimizer = *parse_optimizer(optimizer);
-    if (fsdp_version) base.fsdp.fsdp_version = *fsdp_version;
+    if (!strategy.empty()) base.fsdp.strategy = *strategy_names().parse(strategy);
+    if (!optimizer.empty()) base.fsdp.optimizer = *optimizer_names().parse(optimizer);
+    if (fsdp_version) base.fsdp.version = *parse_version(*fsdp_version);
     std::string why = settings_error(base.fsdp);
     if (why.empty()) why = base.combination_error();
     if (!why.empty()) {

@@ -227,12 +227,10 @@ class Reader {
     read_fsdp_config();
     read_mixed_precision();
     read_parallelism();
-    Warning info;
-    info.kind = "accelerate_config";
-    info.severity = Severity::Info;
-    info.message = "Accelerate " + std::string(kAccelerateVersion) +
-                   " (accelerate launch) effective values: " + join(out_.effective, "; ");
-    out_.warnings.insert(out_.warnings.begin(), std::move(info));
+    out_.warnings.insert(out_.warnings.begin(),
+                         make_warning("accelerate_config", "Accelerate " + std::string(kAccelerateVersion) +
+                                                               " (accelerate launch) effective values: " +
+                                                               join(out_.effective, "; ")));
     return std::move(out_);
   }
 
@@ -242,10 +240,7 @@ class Reader {
   }
 
   void key_warning(const std::string& key, const std::string& message, std::vector<std::string> suggestions = {}) {
-    Warning w;
-    w.kind = "accelerate_config_key";
-    w.severity = Severity::Warning;
-    w.message = key + ": " + message;
+    Warning w = make_warning("accelerate_config_key", key + ": " + message);
     w.suggestions = std::move(suggestions);
     out_.warnings.push_back(std::move(w));
   }
@@ -370,10 +365,9 @@ class Reader {
     Env version = always("fsdp_version");
     if (version.value != "1" && version.value != "2")
       refuse("fsdp_version: FSDP_VERSION=" + version.value + " (1 or 2)");
-    out_.fsdp_version = version.value == "2" ? 2 : 1;
-    out_.policy.fsdp.fsdp_version = out_.fsdp_version;
+    out_.policy.fsdp.version = version.value == "2" ? FsdpVersion::V2 : FsdpVersion::V1;
     note("fsdp_version", version.value, version.given);
-    const bool v2 = out_.fsdp_version == 2;
+    const bool v2 = out_.policy.fsdp.v2();
     unknown_and_stale_keys(v2);
 
     // The launcher's own check, on the raw values (Python truthiness).
@@ -381,7 +375,7 @@ class Reader {
     if (py_truthy(ram.raw) && !py_truthy(sync.raw))
       refuse("ValueError: When using `--fsdp_cpu_ram_efficient_loading` set `--fsdp_sync_module_states` to `True`");
 
-    MemorySettings& fsdp = out_.policy.fsdp;
+    FsdpSettings& fsdp = out_.policy.fsdp;
     if (!v2) {
       Env strategy = always("fsdp_sharding_strategy");
       int i = enum_index(strategy, "fsdp_sharding_strategy", kStrategies,
@@ -503,7 +497,7 @@ class Reader {
       int64_t n = parse_int(min.raw.kind == PyValue::None ? PyValue{PyValue::Str, false, "None", {}, {}} : min.raw,
                             "fsdp_min_num_params");
       note("min_num_params", std::to_string(n), min.given);
-      if (out_.fsdp_version == 1) {
+      if (!out_.policy.fsdp.v2()) {
         if (n > 0) {
           out_.policy.min_num_params = n;
         } else {
@@ -573,7 +567,7 @@ class Reader {
       refuse("ValueError: Unknown mixed_precision mode: " + mp + ". Choose between ['no', 'fp8', 'fp16', 'bf16'].");
     note("mixed_precision", mp, given);
     out_.mixed_precision = mp;
-    out_.policy.mixed_precision = accelerate_dtypes(mp, out_.fsdp_version);
+    out_.policy.mixed_precision = accelerate_dtypes(mp, out_.policy.fsdp.version);
   }
 
   void read_parallelism() {
@@ -581,7 +575,7 @@ class Reader {
     const PyValue& pc = top_["parallelism_config"];
     if (pc.kind != PyValue::Dict) fail("parallelism_config must be a mapping");
     if (pc.entries.empty()) return;
-    if (out_.fsdp_version == 1) {
+    if (!out_.policy.fsdp.v2()) {
       key_warning("parallelism_config", "is for FSDP2 (fsdp_version 2); under FSDP1 hybrid sharding is "
                                         "fsdp_sharding_strategy: HYBRID_SHARD. fsdp-plan ignores it");
       return;
@@ -596,7 +590,7 @@ class Reader {
                                       "parallel sizes must be 1)");
     }
     if (replicate < 1) fail("parallelism_config_dp_replicate_size must be at least 1");
-    MemorySettings& fsdp = out_.policy.fsdp;
+    FsdpSettings& fsdp = out_.policy.fsdp;
     if (shard == -1) shard = fsdp.world_size / replicate;
     if (shard < 1 || replicate * shard != fsdp.world_size)
       refuse("parallelism_config: dp_replicate_size " + std::to_string(replicate) + " x dp_shard_size " +
@@ -629,12 +623,12 @@ bool is_accelerate_config(const std::string& text) {
   }
 }
 
-std::optional<MixedPrecision> accelerate_dtypes(const std::string& mode, int fsdp_version) {
+std::optional<MixedPrecision> accelerate_dtypes(const std::string& mode, FsdpVersion version) {
   if (mode == "no") return std::nullopt;
   MixedPrecision p;
   const std::string d = mode == "fp16" ? "float16" : "bfloat16";
   p.param_dtype = p.reduce_dtype = p.buffer_dtype = d;
-  if (fsdp_version == 2) p.output_dtype = d;  // MixedPrecisionPolicy(..., output_dtype=d)
+  if (version == FsdpVersion::V2) p.output_dtype = d;  // MixedPrecisionPolicy(..., output_dtype=d)
   return p;
 }
 
@@ -667,12 +661,10 @@ void resolve_accelerate_config(AccelerateConfig& config, const ModuleTree& tree)
       if (found.empty()) {
         std::vector<std::string> candidates(model_classes.begin(), model_classes.end());
         auto near = closest(name, candidates);
-        Warning w;
-        w.kind = "accelerate_class_missing";
-        w.severity = Severity::Error;
-        w.message = "Accelerate would stop: ValueError: Could not find the transformer layer class " + name +
-                    " in the model." +
-                    (near.empty() ? "" : " Closest class names in the model: " + join(near) + ".");
+        Warning w = make_warning("accelerate_class_missing",
+                                 "Accelerate would stop: ValueError: Could not find the transformer layer class " +
+                                     name + " in the model." +
+                                     (near.empty() ? "" : " Closest class names in the model: " + join(near) + "."));
         w.classes = {name};
         w.suggestions = std::move(near);
         config.warnings.push_back(std::move(w));
@@ -692,12 +684,9 @@ void resolve_accelerate_config(AccelerateConfig& config, const ModuleTree& tree)
       if (std::regex_match(path, re)) paths.push_back(path);
     }
     if (paths.empty()) {
-      Warning w;
-      w.kind = "accelerate_config_key";
-      w.severity = Severity::Warning;
-      w.message = "fsdp_ignored_modules: \"" + *config.ignored_modules_regex +
-                  "\" fully matches no module path, so Accelerate ignores no module";
-      config.warnings.push_back(std::move(w));
+      config.warnings.push_back(make_warning("accelerate_config_key",
+                                             "fsdp_ignored_modules: \"" + *config.ignored_modules_regex +
+                                                 "\" fully matches no module path, so Accelerate ignores no module"));
     }
     config.policy.ignored_modules = paths;
   }

@@ -23,7 +23,6 @@ constexpr const char* kAccelerateVersion = "1.15.0";
 struct AccelerateConfig {
   Policy policy;  // module_classes still holds Accelerate's bare names (see resolve)
   std::vector<Warning> warnings;
-  int fsdp_version = 1;
   std::string auto_wrap_policy = "NO_WRAP";  // TRANSFORMER_BASED_WRAP, SIZE_BASED_WRAP or NO_WRAP
   // fsdp_transformer_layer_cls_to_wrap split at commas as Accelerate splits it;
   // nullopt: not set, so Accelerate takes model._no_split_modules.
@@ -43,7 +42,7 @@ bool is_accelerate_config(const std::string& text);
 // under FSDP `fsdp_version`: param, reduce and buffer dtype alike (fp8 trains
 // with bf16), and under FSDP2 the output dtype too. nullopt for "no". The
 // CLI asks again when --fsdp-version overrides the config's version.
-std::optional<MixedPrecision> accelerate_dtypes(const std::string& mode, int fsdp_version);
+std::optional<MixedPrecision> accelerate_dtypes(const std::string& mode, FsdpVersion version);
 
 // Parses and validates; throws InputError naming `file` where `accelerate
 // launch` would refuse the file.

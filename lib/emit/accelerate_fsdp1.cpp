@@ -28,7 +28,7 @@ std::string mixed_precision_key(const Policy& p) {
   if (mp.keep_low_grads())
     refuse_accelerate("mixed_precision.keep_low_precision_grads is true; Accelerate's MixedPrecision keeps the default "
                       "(false)");
-  if (mp.casts_forward_inputs(1))
+  if (mp.casts_forward_inputs(FsdpVersion::V1))
     refuse_accelerate("mixed_precision.cast_forward_inputs is true; Accelerate's MixedPrecision keeps the default (false)");
   if (!mp.casts_root_forward_inputs())
     refuse_accelerate("mixed_precision.cast_root_forward_inputs is false; Accelerate's MixedPrecision keeps the default "
@@ -45,7 +45,7 @@ std::string unit_difference(const Plan& want, const Plan& got) {
   for (size_t i = 0; i < want.units.size(); ++i)
     if (want.units[i].mixed_precision != got.units[i].mixed_precision)
       return "mixed precision differs on unit " + want.tree->path(want.units[i].module);
-  const MemorySettings &a = want.memory.settings, &b = got.memory.settings;
+  const FsdpSettings &a = want.memory.settings, &b = got.memory.settings;
   if (a.world_size != b.world_size || a.strategy != b.strategy ||
       want.memory.shard_group_size != got.memory.shard_group_size || a.use_orig_params != b.use_orig_params)
     return "the FSDP settings differ";
@@ -55,7 +55,7 @@ std::string unit_difference(const Plan& want, const Plan& got) {
 }  // namespace
 
 std::string plan_to_accelerate(const Plan& plan) {
-  if (plan.fsdp_version == 2) return plan_to_accelerate_fsdp2(plan);
+  if (plan.v2()) return plan_to_accelerate_fsdp2(plan);
   const Policy& p = plan.policy;
   const ModuleTree& tree = *plan.tree;
   if (!p.ignored_params.empty())
@@ -67,7 +67,7 @@ std::string plan_to_accelerate(const Plan& plan) {
   if (p.min_num_params && *p.min_num_params == 0)
     refuse_accelerate("min_num_params 0 wraps every module in PyTorch, but Accelerate reads fsdp_min_num_params: 0 as no "
                       "auto-wrap at all");
-  const MemorySettings& s = plan.memory.settings;
+  const FsdpSettings& s = plan.memory.settings;
   const std::string mixed_precision = mixed_precision_key(p);
 
   const std::vector<std::string> classes = bare_class_names(p);

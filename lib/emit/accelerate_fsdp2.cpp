@@ -44,7 +44,7 @@ std::string group_difference(const Plan& want, const Plan& got) {
     if (!same_reshard(want.units[i], got.units[i]))
       return "reshard_after_forward differs on group " + unit_text(want, want.units[i]) +
              " (Accelerate sets one fsdp_reshard_after_forward for all groups, false for its tail group)";
-  const MemorySettings &a = want.memory.settings, &b = got.memory.settings;
+  const FsdpSettings &a = want.memory.settings, &b = got.memory.settings;
   if (a.world_size != b.world_size || a.strategy != b.strategy || a.cpu_offload != b.cpu_offload ||
       want.memory.shard_group_size != got.memory.shard_group_size)
     return "the FSDP settings differ";
@@ -59,7 +59,7 @@ struct Wrap {
 };
 
 std::string yaml_for(const Plan& plan, const Wrap& wrap, const std::string& mixed_precision, bool reshard) {
-  const MemorySettings& s = plan.memory.settings;
+  const FsdpSettings& s = plan.memory.settings;
   std::string y = accelerate_yaml_head("Accelerate " + std::string(kAccelerateVersion) +
                                        " config (FSDP2) for the fsdp-plan plan of " + plan.model.path + " (" +
                                        std::to_string(plan.units.size()) + " fully_shard groups)");
@@ -124,7 +124,7 @@ std::string plan_to_accelerate_fsdp2(const Plan& plan) {
     if (mp.output_dtype && mp.output_dtype != mp.param_dtype)
       refuse_accelerate("mixed_precision.output_dtype " + *mp.output_dtype + " differs from param_dtype " +
                         *mp.param_dtype + "; Accelerate's MixedPrecisionPolicy sets output_dtype to the param dtype");
-    if (!mp.casts_forward_inputs(2))
+    if (!mp.casts_forward_inputs(FsdpVersion::V2))
       refuse_accelerate("mixed_precision.cast_forward_inputs is false; Accelerate's MixedPrecisionPolicy keeps the "
                         "default (true)");
     mixed_precision = accelerate_mixed_precision(*mp.param_dtype);

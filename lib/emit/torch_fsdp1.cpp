@@ -13,7 +13,7 @@
 namespace fsdp_plan {
 
 std::string plan_to_torch(const Plan& plan) {
-  if (plan.fsdp_version == 2) return plan_to_torch_fsdp2(plan);
+  if (plan.v2()) return plan_to_torch_fsdp2(plan);
   const Policy& p = plan.policy;
   const ModuleTree& tree = *plan.tree;
   std::vector<std::string> units;
@@ -28,7 +28,7 @@ std::string plan_to_torch(const Plan& plan) {
     ignored_modules.clear();
   }
   const bool size_policy = p.min_num_params && !p.module_classes && !p.force_leaf_given && !p.exclude_wrap_given;
-  const MemorySettings& s = plan.memory.settings;
+  const FsdpSettings& s = plan.memory.settings;
   // The strategy asked for: FSDP itself falls back to NO_SHARD on one rank.
   const bool hybrid = s.strategy == ShardingStrategy::HybridShard;
 
@@ -67,7 +67,7 @@ std::string plan_to_torch(const Plan& plan) {
       << ", reduce_dtype=" << py_dtype(mp.reduce_dtype) << ", buffer_dtype=" << py_dtype(mp.buffer_dtype);
     // Only what differs from MixedPrecision's defaults.
     if (mp.keep_low_grads()) o << ", keep_low_precision_grads=True";
-    if (mp.casts_forward_inputs(1)) o << ", cast_forward_inputs=True";
+    if (mp.casts_forward_inputs(FsdpVersion::V1)) o << ", cast_forward_inputs=True";
     if (!mp.casts_root_forward_inputs()) o << ", cast_root_forward_inputs=False";
     if (mp.ignore_classes_given) {
       o << ",\n        _module_classes_to_ignore=tuple({type(m) for m in model.modules()\n"

@@ -29,7 +29,7 @@ std::string plan_to_torch_fsdp2(const Plan& plan) {
   const Policy& p = plan.policy;
   const ModuleTree& tree = *plan.tree;
   const MemoryPlan& mem = plan.memory;
-  const MemorySettings& s = mem.settings;
+  const FsdpSettings& s = mem.settings;
 
   std::vector<const Unit*> calls;
   for (const Unit& u : plan.units) calls.push_back(&u);
@@ -46,7 +46,7 @@ std::string plan_to_torch_fsdp2(const Plan& plan) {
     mp = "MixedPrecisionPolicy(param_dtype=" + py_dtype(m.param_dtype) + ", reduce_dtype=" + py_dtype(m.reduce_dtype);
     // Only what differs from MixedPrecisionPolicy's defaults.
     if (m.output_dtype) mp += ", output_dtype=" + py_dtype(m.output_dtype);
-    if (!m.casts_forward_inputs(2)) mp += ", cast_forward_inputs=False";
+    if (!m.casts_forward_inputs(FsdpVersion::V2)) mp += ", cast_forward_inputs=False";
     mp += ")";
   }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "model/dtype.h"
 #include "plan/plan.h"
 
 namespace fsdp_plan {
@@ -49,90 +50,7 @@ int64_t trainable_in_first_shard(const Plan& plan, const Unit& u, int64_t itemsi
 
 }  // namespace
 
-int optimizer_states(Optimizer o) {
-  switch (o) {
-    case Optimizer::Adam: return 2;  // exp_avg, exp_avg_sq
-    case Optimizer::SgdMomentum: return 1;  // momentum_buffer
-    case Optimizer::Sgd:
-    case Optimizer::None: return 0;
-  }
-  return 0;
-}
-
-const char* strategy_name(ShardingStrategy s) {
-  switch (s) {
-    case ShardingStrategy::FullShard: return "FULL_SHARD";
-    case ShardingStrategy::ShardGradOp: return "SHARD_GRAD_OP";
-    case ShardingStrategy::NoShard: return "NO_SHARD";
-    case ShardingStrategy::HybridShard: return "HYBRID_SHARD";
-  }
-  return "FULL_SHARD";
-}
-
-std::optional<ShardingStrategy> parse_strategy(const std::string& name) {
-  for (auto s : {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp, ShardingStrategy::NoShard,
-                 ShardingStrategy::HybridShard})
-    if (name == strategy_name(s)) return s;
-  return std::nullopt;
-}
-
-const char* optimizer_name(Optimizer o) {
-  switch (o) {
-    case Optimizer::Adam: return "adam";
-    case Optimizer::Sgd: return "sgd";
-    case Optimizer::SgdMomentum: return "sgd-momentum";
-    case Optimizer::None: return "none";
-  }
-  return "adam";
-}
-
-std::optional<Optimizer> parse_optimizer(const std::string& name) {
-  if (name == "adamw") return Optimizer::Adam;  // same state as adam
-  for (auto o : {Optimizer::Adam, Optimizer::Sgd, Optimizer::SgdMomentum, Optimizer::None})
-    if (name == optimizer_name(o)) return o;
-  return std::nullopt;
-}
-
-bool is_floating_dtype(const std::string& dtype) {
-  return dtype.rfind("float", 0) == 0 || dtype.rfind("bfloat", 0) == 0;
-}
-
-int64_t dtype_itemsize(const std::string& dtype) {
-  if (dtype == "float32") return 4;
-  if (dtype == "float16" || dtype == "bfloat16") return 2;
-  if (dtype == "float64") return 8;
-  return 0;
-}
-
-int64_t hybrid_group_size(const MemorySettings& settings) {
-  if (settings.shard_group_size > 0) return settings.shard_group_size;
-  // FSDP1 without a process group shards within a node of device_count()
-  // ranks and needs it to divide the world size (dist.new_subgroups): assume
-  // the largest node of at most 8 devices that does.
-  for (int64_t g = std::min<int64_t>(8, settings.world_size); g > 1; --g)
-    if (settings.world_size % g == 0) return g;
-  return 1;
-}
-
-std::string settings_error(const MemorySettings& settings) {
-  if (settings.world_size < 1 || settings.world_size > kMaxWorldSize)
-    return "the world size must be from 1 to " + std::to_string(kMaxWorldSize);
-  if (settings.strategy == ShardingStrategy::HybridShard) {
-    const int64_t g = hybrid_group_size(settings);
-    if (g > settings.world_size || settings.world_size % g != 0) {
-      std::string divisors;
-      int shown = 0;
-      for (int64_t d = 1; d <= settings.world_size && shown < 8; ++d)
-        if (settings.world_size % d == 0) divisors += (shown++ ? ", " : "") + std::to_string(d);
-      return "the hybrid shard group size (" + std::to_string(g) + ") must divide the world size (" +
-             std::to_string(settings.world_size) + "): set --shard-group-size (or fsdp.shard_group_size) to the "
-             "GPUs per node, one of " + divisors + (shown == 8 ? ", ..." : "");
-    }
-  }
-  return "";
-}
-
-MemoryPlan estimate_memory(const Plan& plan, const MemorySettings& settings, bool timeline) {
+MemoryPlan estimate_memory(const Plan& plan, const FsdpSettings& settings, bool timeline) {
   if (std::string why = settings_error(settings); !why.empty()) throw std::invalid_argument(why);
   MemoryPlan mem;
   mem.settings = settings;

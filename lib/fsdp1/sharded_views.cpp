@@ -7,7 +7,7 @@
 
 namespace fsdp_plan {
 
-ShardedViews::ShardedViews(const ModuleTree& tree, const Ignored& ignored, const MemorySettings& settings,
+ShardedViews::ShardedViews(const ModuleTree& tree, const Ignored& ignored, const FsdpSettings& settings,
                            int64_t rank)
     : tree_(tree), ignored_(ignored), rank_(rank), uses_(tree.num_tensors(), 0), flattened_(tree.num_tensors(), false) {
   // As estimate_memory: one rank, or NO_SHARD, keeps whole parameters.
@@ -82,7 +82,7 @@ int64_t ShardedViews::shrink(ModuleId m) const {
 
 namespace fsdp_plan {
 
-std::string rank_disagreement(const ModuleTree& tree, const Ignored& ignored, const MemorySettings& settings,
+std::string rank_disagreement(const ModuleTree& tree, const Ignored& ignored, const FsdpSettings& settings,
                               const WrapPolicy& policy, const std::vector<bool>& wrapped, const ShardedViews& rank0) {
   constexpr size_t kMaxRanks = 64;  // stretches checked; a handful in practice
   size_t checked = 0;

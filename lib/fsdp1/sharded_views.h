@@ -24,7 +24,7 @@ namespace fsdp_plan {
 
 class ShardedViews {
  public:
-  ShardedViews(const ModuleTree& tree, const Ignored& ignored, const MemorySettings& settings, int64_t rank = 0);
+  ShardedViews(const ModuleTree& tree, const Ignored& ignored, const FsdpSettings& settings, int64_t rank = 0);
 
   // FSDP1 has just built the unit at `unit` (`wrapped` marks the units
   // inside it, all built already): its flat parameter takes what the unit's
@@ -64,7 +64,7 @@ class ShardedViews {
 // on different ranks), as a message naming one such rank and the modules; ""
 // when every rank agrees. `rank0` is the views rank 0's selection left; one
 // rank per stretch of equal views is checked.
-std::string rank_disagreement(const ModuleTree& tree, const Ignored& ignored, const MemorySettings& settings,
+std::string rank_disagreement(const ModuleTree& tree, const Ignored& ignored, const FsdpSettings& settings,
                               const WrapPolicy& policy, const std::vector<bool>& wrapped, const ShardedViews& rank0);
 
 }  // namespace fsdp_plan

@@ -7,6 +7,7 @@
 
 #include "fsdp1/memory.h"
 #include "model/class_names.h"
+#include "model/dtype.h"
 #include "plan/policy_fix.h"
 #include "plan/refusals.h"
 #include "util/strings.h"
@@ -58,10 +59,7 @@ class FlatParamChecks {
 
   void add(std::string kind, Severity sev, std::string message, std::vector<std::string> units,
            std::vector<std::string> params, const std::optional<PolicyFix>& fix) {
-    Warning w;
-    w.kind = std::move(kind);
-    w.severity = sev;
-    w.message = std::move(message);
+    Warning w = make_warning(kind, sev, std::move(message));
     w.modules = std::move(units);
     w.params = std::move(params);
     if (fix) w.fix = fix->fragment;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "model/dtype.h"
 #include "plan/plan.h"
 
 namespace fsdp_plan {
@@ -23,7 +24,7 @@ struct Group {
 
 }  // namespace
 
-Fsdp2Mesh fsdp2_mesh(const MemorySettings& s) {
+Fsdp2Mesh fsdp2_mesh(const FsdpSettings& s) {
   Fsdp2Mesh mesh;
   mesh.shard = s.world_size;
   if (s.strategy == ShardingStrategy::HybridShard) {
@@ -112,11 +113,11 @@ Fsdp2Memory::Fsdp2Memory(const Plan& plan) {
   }
 }
 
-MemoryPlan estimate_memory_fsdp2(const Plan& plan, const MemorySettings& settings, bool timeline) {
+MemoryPlan estimate_memory_fsdp2(const Plan& plan, const FsdpSettings& settings, bool timeline) {
   return Fsdp2Memory(plan).estimate(settings, timeline);
 }
 
-MemoryPlan Fsdp2Memory::estimate(const MemorySettings& settings, bool timeline) const {
+MemoryPlan Fsdp2Memory::estimate(const FsdpSettings& settings, bool timeline) const {
   if (std::string why = settings_error(settings); !why.empty()) throw std::invalid_argument(why);
   if (settings.strategy == ShardingStrategy::ShardGradOp || settings.strategy == ShardingStrategy::NoShard)
     throw std::invalid_argument("FSDP2 has no sharding strategy " + std::string(strategy_name(settings.strategy)));

@@ -18,7 +18,7 @@ struct Plan;
 struct Fsdp2Mesh {
   int64_t replicate = 1, shard = 1;
 };
-Fsdp2Mesh fsdp2_mesh(const MemorySettings& settings);
+Fsdp2Mesh fsdp2_mesh(const FsdpSettings& settings);
 
 // The local shape of a parameter on rank 0, which is also every rank's padded
 // shard: ceil(d0 / shard) rows (a 0-dim parameter, refused by fully_shard, as [1]).
@@ -35,7 +35,7 @@ class Fsdp2Memory {
   // Throws std::invalid_argument for settings FSDP2 has no meaning for.
   // Without `timeline`, MemoryPlan::timeline stays empty (the peak is the same):
   // suggest's searches ask only for the peak.
-  MemoryPlan estimate(const MemorySettings& settings, bool timeline = true) const;
+  MemoryPlan estimate(const FsdpSettings& settings, bool timeline = true) const;
 
  private:
   struct Param {              // one parameter of a unit
@@ -64,6 +64,6 @@ class Fsdp2Memory {
 };
 
 // Fsdp2Memory(plan).estimate(settings, timeline).
-MemoryPlan estimate_memory_fsdp2(const Plan& plan, const MemorySettings& settings, bool timeline = true);
+MemoryPlan estimate_memory_fsdp2(const Plan& plan, const FsdpSettings& settings, bool timeline = true);
 
 }  // namespace fsdp_plan

@@ -29,10 +29,7 @@ class Refusals {
  private:
   void add(const std::string& kind, Severity sev, std::string message, std::vector<std::string> modules = {},
            std::vector<std::string> params = {}) {
-    Warning w;
-    w.kind = kind;
-    w.severity = sev;
-    w.message = std::move(message);
+    Warning w = make_warning(kind, sev, std::move(message));
     w.modules = std::move(modules);
     w.params = std::move(params);
     plan_.warnings.push_back(std::move(w));

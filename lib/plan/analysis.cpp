@@ -24,7 +24,7 @@ class Analysis {
     summarise_model();
     size_units();
     nested_wrap();
-    if (plan_.fsdp_version == 1) {  // FSDP2's own rules: fsdp2/warnings.cpp
+    if (!plan_.v2()) {  // FSDP2's own rules: fsdp2/warnings.cpp
       mixed_precision();
       shared_params();
     }
@@ -37,10 +37,7 @@ class Analysis {
  private:
   void add(std::string kind, Severity sev, std::string message, std::vector<std::string> modules = {},
            std::vector<std::string> classes = {}) {
-    Warning w;
-    w.kind = std::move(kind);
-    w.severity = sev;
-    w.message = std::move(message);
+    Warning w = make_warning(kind, sev, std::move(message));
     w.modules = std::move(modules);
     w.classes = std::move(classes);
     plan_.warnings.push_back(std::move(w));
@@ -227,7 +224,7 @@ class Analysis {
       } else {
         const std::string owner =
             held.empty() ? "none" : quoted_path(tree_.path(plan_.units[static_cast<size_t>(held.front())].module));
-        const MemorySettings& fsdp = plan_.policy.fsdp;
+        const FsdpSettings& fsdp = plan_.policy.fsdp;
         const bool sharded = fsdp.world_size > 1 && fsdp.strategy != ShardingStrategy::NoShard;
         message += "FSDP1 (use_orig_params=True) flattens it into the first unit built, " + owner +
                    " (units are built bottom-up); ";
@@ -241,10 +238,7 @@ class Analysis {
       for (int u : units_below_common(f.units)) to_unwrap.push_back(quoted_path(tree_.path(plan_.units[static_cast<size_t>(u)].module)));
       message += "; fix: let " + common_unit_name(f.units) + " hold every use by not wrapping " +
                  join(to_unwrap);
-      Warning w;
-      w.kind = "shared_param_across_units";
-      w.severity = Severity::Warning;
-      w.message = std::move(message) + alias_hint(list);
+      Warning w = make_warning("shared_param_across_units", std::move(message) + alias_hint(list));
       w.modules = std::move(modules);
       w.params = std::move(names);
       plan_.warnings.push_back(std::move(w));
@@ -331,13 +325,10 @@ class Analysis {
           near.erase(std::remove(near.begin(), near.end(), exact), near.end());
           near.insert(near.begin(), exact);
         }
-        Warning w;
-        w.kind = "unmatched_class";
-        w.severity = Severity::Warning;
-        w.message = "\"" + key + "\" names " + p + ", which matches no module in the model" +
+        Warning w = make_warning("unmatched_class", "\"" + key + "\" names " + p + ", which matches no module in the model" +
                     (!exact.empty() ? "; did you mean " + exact + "?"
                      : near.empty() ? ""
-                                    : "; closest class names in the model: " + join(near));
+                                    : "; closest class names in the model: " + join(near)));
         w.classes = {p};
         w.suggestions = std::move(near);
         plan_.warnings.push_back(std::move(w));

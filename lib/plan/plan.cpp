@@ -8,15 +8,6 @@ bool one_dtype(const ModuleTree& tree, const std::vector<Owned>& owned) {
   return true;
 }
 
-const char* severity_name(Severity s) {
-  switch (s) {
-    case Severity::Error: return "error";
-    case Severity::Warning: return "warning";
-    case Severity::Info: return "info";
-  }
-  return "warning";
-}
-
 bool Plan::has_errors() const {
   for (const auto& w : warnings)
     if (w.severity == Severity::Error) return true;

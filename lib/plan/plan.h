@@ -10,10 +10,11 @@
 
 #include <nlohmann/json.hpp>
 
-#include "fsdp1/memory.h"
 #include "model/aliases.h"
 #include "model/module_tree.h"
+#include "plan/memory.h"
 #include "policy/policy.h"
+#include "util/warnings.h"
 
 namespace fsdp_plan {
 
@@ -44,22 +45,6 @@ struct Unit {
 // when empty): the dtype checks have nothing to say about those.
 bool one_dtype(const ModuleTree& tree, const std::vector<Owned>& owned);
 
-enum class Severity { Error, Warning, Info };
-const char* severity_name(Severity s);
-
-struct Warning {
-  std::string kind;
-  Severity severity;
-  std::string message;
-  std::vector<std::string> modules;  // module paths concerned
-  std::vector<std::string> classes;  // class names concerned
-  std::vector<std::string> params;   // parameter names concerned
-  std::vector<std::string> suggestions;
-  // A policy fragment that removes the warning, checked by planning again:
-  // arrays add to the policy's, objects merge into it. Null when none is known.
-  nlohmann::ordered_json fix;
-};
-
 struct ModelSummary {
   std::string path;
   std::string root_class;
@@ -72,13 +57,15 @@ struct Plan {
   // The loaded tree without module aliases (aliases.h), when it had any: `tree` points here.
   std::shared_ptr<const ModuleTree> dealiased_tree;
   std::vector<Alias> aliases;
-  int fsdp_version = 1;  // 1: FullyShardedDataParallel units; 2: fully_shard groups
   Policy policy;
   ModelSummary model;
   std::vector<Unit> units;
   std::vector<Warning> warnings;
   MemoryPlan memory;
 
+  // FSDP1: FullyShardedDataParallel units; FSDP2: fully_shard groups.
+  FsdpVersion version() const { return policy.fsdp.version; }
+  bool v2() const { return policy.fsdp.v2(); }
   bool has_errors() const;
   // Full dotted name of an owned parameter or buffer.
   std::string param_name(const Owned& o) const;

@@ -104,10 +104,7 @@ class RootChecks {
 
   void add(std::string kind, std::string message, std::vector<std::string> modules,
            const std::optional<PolicyFix>& fix) {
-    Warning w;
-    w.kind = std::move(kind);
-    w.severity = Severity::Warning;
-    w.message = std::move(message);
+    Warning w = make_warning(kind, std::move(message));
     w.modules = std::move(modules);
     if (fix) w.fix = fix->fragment;
     plan_.warnings.push_back(std::move(w));

@@ -38,9 +38,8 @@ Plan plan_with(const ModuleTree& loaded, const Policy& policy, const std::string
   plan.aliases = std::move(dealiased.aliases);
   plan.policy = policy;
   plan.model.path = model_path;
-  plan.fsdp_version = policy.fsdp.fsdp_version;
   const Replan replan = [&](const Policy& p) { return plan_with(tree, p, model_path, matcher, false, purpose); };
-  if (plan.fsdp_version == 2) {
+  if (plan.v2()) {
     // FSDP2: fully_shard calls, bottom-up, then the root.
     Fsdp2Calls calls = fsdp2_calls(tree, policy, matcher, ignored);
     plan.units = group_units_fsdp2(tree, calls.calls, ignored.tensor);
@@ -62,14 +61,12 @@ Plan plan_with(const ModuleTree& loaded, const Policy& policy, const std::string
   plan.units = group_units(tree, wrapped, ignored.tensor, policy.fsdp.use_orig_params);
   analyse(plan, ignored, matcher);
   if (!ranks_differ.empty()) {
-    Warning w;
-    w.kind = "shared_param_across_units";
-    w.severity = Severity::Warning;
-    w.message = "ranks would not build the same units: " + ranks_differ +
+    plan.warnings.push_back(make_warning(
+        "shared_param_across_units",
+        "ranks would not build the same units: " + ranks_differ +
                 " (with use_orig_params=True each rank counts a tied weight an earlier unit flattened at its own "
                 "shard of it, and this policy decides by size); their collectives would not match and the job "
-                "hangs or fails; fix: let one unit hold every use of the tied weight, or wrap by module_classes";
-    plan.warnings.push_back(std::move(w));
+                "hangs or fails; fix: let one unit hold every use of the tied weight, or wrap by module_classes"));
   }
   flat_param_refusals(plan, search_fixes ? &replan : nullptr);
   if (report) root_warnings(plan, search_fixes ? &replan : nullptr);

@@ -10,6 +10,7 @@
 #include "util/file_io.h"
 #include "util/json_input.h"
 #include "util/strings.h"
+#include "util/warnings.h"
 
 namespace fsdp_plan {
 namespace {
@@ -40,8 +41,6 @@ const std::vector<std::string> kFsdpKeys = {"world_size", "sharding_strategy", "
                                             "use_orig_params", "optimizer", "version",
                                             "reshard_after_forward", "cpu_offload"};
 const std::vector<std::string> kGroupKeys = {"modules", "reshard_after_forward"};
-const std::vector<std::string> kStrategies = {"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"};
-const std::vector<std::string> kOptimizers = {"adam", "adamw", "sgd", "sgd-momentum", "none"};
 const std::vector<std::string> kDtypes = {"float32", "float16", "bfloat16", "float64"};
 
 class Parser {
@@ -131,7 +130,7 @@ class Parser {
          (near.empty() ? ", not one of " + join(allowed) : "; did you mean \"" + near[0] + "\"?"));
   }
 
-  void parse_fsdp(const json& v, MemorySettings& out) const {
+  void parse_fsdp(const json& v, FsdpSettings& out) const {
     if (!v.is_object()) fail("\"fsdp\" must be an object, not " + type_of(v));
     check_keys(v, kFsdpKeys, " in \"fsdp\"");
     if (auto it = v.find("world_size"); it != v.end()) {
@@ -140,7 +139,7 @@ class Parser {
         fail("\"fsdp.world_size\" must be from 1 to " + std::to_string(kMaxWorldSize));
     }
     if (auto it = v.find("sharding_strategy"); it != v.end())
-      out.strategy = *parse_strategy(one_of(*it, "fsdp.sharding_strategy", kStrategies));
+      out.strategy = *strategy_names().parse(one_of(*it, "fsdp.sharding_strategy", strategy_names().names()));
     if (auto it = v.find("shard_group_size"); it != v.end()) {
       out.shard_group_size = count(*it, "fsdp.shard_group_size");
       if (out.shard_group_size < 1 || out.shard_group_size > kMaxWorldSize)
@@ -151,11 +150,11 @@ class Parser {
       out.use_orig_params = it->get<bool>();
     }
     if (auto it = v.find("optimizer"); it != v.end())
-      out.optimizer = *parse_optimizer(one_of(*it, "fsdp.optimizer", kOptimizers));
+      out.optimizer = *optimizer_names().parse(one_of(*it, "fsdp.optimizer", optimizer_names().names()));
     if (auto it = v.find("version"); it != v.end()) {
       if (!it->is_number_integer() || (it->get<int64_t>() != 1 && it->get<int64_t>() != 2))
         fail("\"fsdp.version\" must be 1 (FullyShardedDataParallel) or 2 (fully_shard), not " + it->dump());
-      out.fsdp_version = it->get<int>();
+      out.version = *parse_version(it->get<int>());
     }
     if (auto it = v.find("reshard_after_forward"); it != v.end())
       out.reshard_after_forward = reshard(*it, "fsdp.reshard_after_forward");
@@ -323,8 +322,8 @@ Policy load_policy_file(const std::string& file) {
   return parse_policy(text, file);
 }
 
-std::string MixedPrecision::field_not_in(int fsdp_version) const {
-  if (fsdp_version == 2) {
+std::string MixedPrecision::field_not_in(FsdpVersion version) const {
+  if (version == FsdpVersion::V2) {
     if (keep_low_precision_grads) return "keep_low_precision_grads";
     if (cast_root_forward_inputs) return "cast_root_forward_inputs";
   } else if (output_dtype) {
@@ -335,18 +334,18 @@ std::string MixedPrecision::field_not_in(int fsdp_version) const {
 
 std::string Policy::combination_error() const {
   if (mixed_precision) {
-    const std::string field = mixed_precision->field_not_in(fsdp.fsdp_version);
+    const std::string field = mixed_precision->field_not_in(fsdp.version);
     if (!field.empty())
-      return fsdp.fsdp_version == 2
+      return fsdp.v2()
                  ? "FSDP2's MixedPrecisionPolicy has no " + field + " (FSDP1's MixedPrecision has): remove "
                    "\"mixed_precision." + field + "\" or plan FSDP1"
                  : "FSDP1's MixedPrecision has no " + field + " (FSDP2's MixedPrecisionPolicy has): remove "
                    "\"mixed_precision." + field + "\" or plan FSDP2 (\"fsdp\": {\"version\": 2} or --fsdp-version 2)";
   }
-  if (!groups.empty() && fsdp.fsdp_version != 2)
+  if (!groups.empty() && !fsdp.v2())
     return "the policy's \"groups\" are fully_shard calls: they need FSDP2 (\"fsdp\": {\"version\": 2} or "
            "--fsdp-version 2)";
-  if (fsdp.fsdp_version == 2 &&
+  if (fsdp.v2() &&
       (fsdp.strategy == ShardingStrategy::ShardGradOp || fsdp.strategy == ShardingStrategy::NoShard))
     return std::string("FSDP2 has no sharding strategy ") + strategy_name(fsdp.strategy) +
            ": use fsdp.reshard_after_forward false for SHARD_GRAD_OP's behaviour, HYBRID_SHARD for a "
@@ -379,12 +378,12 @@ nlohmann::ordered_json policy_to_json(const Policy& p) {
                               {"ignore_classes", mp.ignore_classes}};
     // The version's own fields, PyTorch's defaults filled in.
     auto& j = out["mixed_precision"];
-    if (p.fsdp.fsdp_version == 2) {
+    if (p.fsdp.v2()) {
       j["output_dtype"] = opt(mp.output_dtype);
-      j["cast_forward_inputs"] = mp.casts_forward_inputs(2);
+      j["cast_forward_inputs"] = mp.casts_forward_inputs(FsdpVersion::V2);
     } else {
       j["keep_low_precision_grads"] = mp.keep_low_grads();
-      j["cast_forward_inputs"] = mp.casts_forward_inputs(1);
+      j["cast_forward_inputs"] = mp.casts_forward_inputs(FsdpVersion::V1);
       j["cast_root_forward_inputs"] = mp.casts_root_forward_inputs();
     }
   } else {
@@ -398,7 +397,7 @@ nlohmann::ordered_json policy_to_json(const Policy& p) {
                                                                   : nlohmann::ordered_json(nullptr)},
                  {"use_orig_params", p.fsdp.use_orig_params},
                  {"optimizer", optimizer_name(p.fsdp.optimizer)}};
-  if (p.fsdp.fsdp_version == 2) {
+  if (p.fsdp.v2()) {
     out["fsdp"]["version"] = 2;
     out["fsdp"]["reshard_after_forward"] = reshard_to_json(p.fsdp.reshard_after_forward);
     out["fsdp"]["cpu_offload"] = p.fsdp.cpu_offload;
@@ -445,7 +444,7 @@ nlohmann::ordered_json policy_file_json(const Policy& p) {
   fsdp["use_orig_params"] = p.fsdp.use_orig_params;
   fsdp["optimizer"] = optimizer_name(p.fsdp.optimizer);
   if (p.fsdp.cpu_offload) fsdp["cpu_offload"] = true;
-  if (p.fsdp.fsdp_version == 2) {
+  if (p.fsdp.v2()) {
     fsdp["version"] = 2;
     if (!(p.fsdp.reshard_after_forward == ReshardAfterForward{}))
       fsdp["reshard_after_forward"] = reshard_to_json(p.fsdp.reshard_after_forward);

@@ -9,8 +9,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "fsdp1/memory.h"
-#include "report/budgets.h"
+#include "policy/budgets.h"
+#include "policy/settings.h"
 
 namespace fsdp_plan {
 
@@ -26,10 +26,10 @@ struct MixedPrecision {
   bool ignore_classes_given = false;
 
   bool keep_low_grads() const { return keep_low_precision_grads.value_or(false); }
-  bool casts_forward_inputs(int fsdp_version) const { return cast_forward_inputs.value_or(fsdp_version == 2); }
+  bool casts_forward_inputs(FsdpVersion v) const { return cast_forward_inputs.value_or(v == FsdpVersion::V2); }
   bool casts_root_forward_inputs() const { return cast_root_forward_inputs.value_or(true); }
   // The first field given that the FSDP version's class lacks, or "".
-  std::string field_not_in(int fsdp_version) const;
+  std::string field_not_in(FsdpVersion version) const;
 };
 
 // FSDP2: one fully_shard([modules...]) call the user names ("groups").
@@ -49,7 +49,7 @@ struct Policy {
   std::vector<std::string> ignored_modules;  // module path globs
   std::vector<std::string> ignored_params;   // parameter path globs
   // FSDP and training settings for the memory model ("fsdp" in JSON).
-  MemorySettings fsdp;
+  FsdpSettings fsdp;
   Budgets checks;                            // CI budgets; not part of the wrapping
   // --aliases: a module with exactly the tensors of an earlier one is that
   // module under a second name (aliases.h). A saved file cannot tell this from

@@ -30,35 +30,6 @@ std::string show(const std::string& rule, const ojson& v) {
 
 }  // namespace
 
-bool Budgets::empty() const {
-  return !max_unit_numel && !max_units && !max_root_share && !max_peak_bytes && fail_on.empty();
-}
-
-void Budgets::override_with(const Budgets& over) {
-  if (over.max_unit_numel) max_unit_numel = over.max_unit_numel;
-  if (over.max_units) max_units = over.max_units;
-  if (over.max_root_share) max_root_share = over.max_root_share;
-  if (over.max_peak_bytes) max_peak_bytes = over.max_peak_bytes;
-  if (over.warn_root_share) warn_root_share = over.warn_root_share;
-  for (const auto& k : over.fail_on)
-    if (std::find(fail_on.begin(), fail_on.end(), k) == fail_on.end()) fail_on.push_back(k);
-}
-
-const std::vector<std::string>& warning_kinds() {
-  // Keep in step with lib/plan/analysis.cpp and the README's table of kinds.
-  static const std::vector<std::string> kinds = {
-      "nested_wrap",  "mixed_precision_override", "shared_param_across_units", "empty_unit",
-      "unmatched_class", "unmatched_ignore",      "ignored_root", "unrecorded_class", "inferred_class",
-      // Read from an Accelerate config (lib/accelerate/config.cpp).
-      "accelerate_config", "accelerate_config_key", "accelerate_class_missing",
-      // lib/fsdp1/warnings.cpp (FSDP1) and lib/plan/root_warnings.cpp
-      "mixed_requires_grad", "mixed_dtype", "integer_param", "scalar_param", "root_too_large", "single_unit",
-      // FSDP2 (lib/fsdp2/warnings.cpp)
-      "unmatched_group", "fsdp2_applied_twice", "fsdp2_container", "fsdp2_scalar_param", "fsdp2_mixed_dtype",
-      "fsdp2_frozen_dtype", "fsdp2_shared_param", "fsdp2_reshard_ranks"};
-  return kinds;
-}
-
 bool CheckReport::passed() const {
   return std::all_of(results.begin(), results.end(), [](const CheckResult& r) { return r.passed; });
 }

@@ -18,7 +18,7 @@ ojson tensor_list(const Plan& plan, const std::vector<Owned>& owned, bool params
                {"numel", t.numel()}};
     if (params) j["requires_grad"] = t.requires_grad;
     // FSDP2 shards each parameter: its local (padded) shape on rank 0.
-    if (params && plan.fsdp_version == 2)
+    if (params && plan.v2())
       j["sharded_shape"] = fsdp2_sharded_shape(t.shape, plan.memory.shard_group_size);
     out.push_back(std::move(j));
   }
@@ -66,7 +66,7 @@ ojson memory_json(const Plan& plan) {
                 {"unit_path", r.peak_unit < 0 ? ojson(nullptr)
                                               : ojson(plan.tree->path(plan.units[static_cast<size_t>(r.peak_unit)].module))},
                 {"gathered_units", std::move(gathered)}};
-  if (plan.fsdp_version == 2) {
+  if (plan.v2()) {
     ojson categories = ojson::object();
     for (const auto& [name, bytes] : r.peak_categories) categories[name] = bytes;
     peak["categories"] = std::move(categories);
@@ -86,8 +86,8 @@ ojson memory_json(const Plan& plan) {
           {"peak", std::move(peak)},
           {"notes", m.notes},
           {"timeline", timeline_json(m)}};
-  out["fsdp_version"] = plan.fsdp_version;
-  if (plan.fsdp_version == 2) {
+  out["fsdp_version"] = version_number(plan.version());
+  if (plan.v2()) {
     out["replicate_size"] = m.replicate_size;
     out["cpu_offload"] = m.settings.cpu_offload;
     out["per_rank"]["host_bytes"] = r.host_bytes;
@@ -102,7 +102,7 @@ nlohmann::ordered_json plan_to_json(const Plan& plan) {
   const ModelSummary& m = plan.model;
   ojson out;
   out["schema_version"] = kPlanSchemaVersion;
-  out["fsdp_version"] = plan.fsdp_version;
+  out["fsdp_version"] = version_number(plan.version());
   out["model"] = {{"path", m.path},
                   {"root_class", m.root_class},
                   {"num_modules", m.num_modules},
@@ -138,7 +138,7 @@ nlohmann::ordered_json plan_to_json(const Plan& plan) {
                      {"buffers", tensor_list(plan, u.buffers, false)},
                      {"mixed_precision", optional_bool(u.mixed_precision)},
                      {"memory", unit_memory(plan.memory.units[i])}});
-    if (plan.fsdp_version == 2) {
+    if (plan.v2()) {
       ojson modules = ojson::array();
       for (ModuleId mod : u.modules) modules.push_back(tree.path(mod));
       units.back()["modules"] = std::move(modules);

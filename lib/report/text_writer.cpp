@@ -20,25 +20,26 @@ bool is_index(const std::string& s) {
   return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
 }
 
-std::string describe_policy(const Policy& p, int fsdp_version) {
+std::string describe_policy(const Policy& p) {
+  const bool v2 = p.fsdp.v2();
   std::vector<std::string> parts;
   if (p.module_classes) parts.push_back("module_classes [" + join(*p.module_classes) + "]");
   if (p.min_num_params) parts.push_back("min_num_params " + format_count(*p.min_num_params));
   if (p.mixed_precision) {
     const auto& mp = *p.mixed_precision;
     parts.push_back("mixed precision " + mp.param_dtype.value_or("(param dtype unchanged)") +
-                    (p.auto_wrap() && fsdp_version == 1 ? ", full precision for [" + join(mp.ignore_classes) + "]"
+                    (p.auto_wrap() && !v2 ? ", full precision for [" + join(mp.ignore_classes) + "]"
                                                         : ""));
     // PyTorch's defaults go unsaid; what differs from them is shown.
     if (mp.output_dtype) parts.back() += ", output " + *mp.output_dtype;
     if (mp.keep_low_grads()) parts.back() += ", keep_low_precision_grads";
-    if (mp.casts_forward_inputs(fsdp_version) != (fsdp_version == 2))
-      parts.back() += std::string(", cast_forward_inputs ") + (fsdp_version == 2 ? "false" : "true");
+    if (mp.casts_forward_inputs(p.fsdp.version) != v2)
+      parts.back() += std::string(", cast_forward_inputs ") + (v2 ? "false" : "true");
     if (!mp.casts_root_forward_inputs()) parts.back() += ", cast_root_forward_inputs false";
   }
   if (!p.ignored_modules.empty()) parts.push_back("ignored modules [" + join(p.ignored_modules) + "]");
   if (!p.ignored_params.empty()) parts.push_back("ignored params [" + join(p.ignored_params) + "]");
-  if (fsdp_version == 2) {
+  if (v2) {
     for (const auto& g : p.groups) parts.push_back("group [" + join(g.modules) + "]");
     if (!p.auto_wrap() && p.groups.empty()) parts.insert(parts.begin(), "no calls but the root's");
   } else if (!p.auto_wrap()) {
@@ -145,7 +146,7 @@ std::string fsdp2_memory_text(const Plan& plan) {
 }
 
 std::string memory_text(const Plan& plan) {
-  if (plan.fsdp_version == 2) return fsdp2_memory_text(plan);
+  if (plan.v2()) return fsdp2_memory_text(plan);
   const MemoryPlan& m = plan.memory;
   const RankMemory& r = m.per_rank;
   std::string strategy = strategy_name(m.effective_strategy);
@@ -179,8 +180,8 @@ std::string plan_to_text(const Plan& plan, const TextOptions& options) {
   out += "model   " + m.path + "  (" + m.root_class + ", " + std::to_string(m.num_modules) + " modules)\n";
   out += "params  " + format_count(m.param_numel) + " (" + format_bytes(m.param_bytes) + "), buffers " +
          format_count(m.buffer_numel) + " (" + format_bytes(m.buffer_bytes) + ")\n";
-  out += wrap("policy  " + describe_policy(plan.policy, plan.fsdp_version), 100, std::string(8, ' '));
-  if (plan.fsdp_version == 2) {
+  out += wrap("policy  " + describe_policy(plan.policy), 100, std::string(8, ' '));
+  if (plan.v2()) {
     int calls = static_cast<int>(plan.units.size());
     out += "fsdp    FSDP2: " + std::to_string(calls) + " fully_shard call" + (calls == 1 ? "" : "s") +
            ", bottom-up, the root last; units in forward order, [call] reshard_after_forward\n";

@@ -140,7 +140,7 @@ std::optional<FixedPolicy> fix_refusals(const Plan& plan) {
     users.clear();
     for (ModuleId m : ids) users.push_back(plan.tree->path(m));
     if (users.size() < 2) continue;
-    tied = (plan.fsdp_version == 2 ? tie_in_one_group(p, users) : tie_fsdp1(p, plan, users)) || tied;
+    tied = (plan.v2() ? tie_in_one_group(p, users) : tie_fsdp1(p, plan, users)) || tied;
   }
   if (tied) what.push_back("tied weights in one unit");
   if (what.empty()) return std::nullopt;

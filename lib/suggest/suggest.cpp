@@ -85,7 +85,7 @@ Policy with_classes(const Policy& base, std::vector<std::string> classes) {
 Policy with_threshold(const Policy& base, int64_t threshold) {
   Policy p = base;
   p.module_classes.reset();
-  p.min_num_params = base.fsdp.fsdp_version == 2 ? threshold - 1 : threshold;
+  p.min_num_params = base.fsdp.v2() ? threshold - 1 : threshold;
   p.groups.clear();
   return p;
 }
@@ -153,7 +153,7 @@ std::vector<Candidate> suggest_candidates(const ModuleTree& tree, const Policy& 
       push("module_classes [" + a + ", " + b + "]", "class pair", with_classes(base, {a, b}));
     }
   // FSDP2: the block class with groups for the modules around the blocks.
-  if (base.fsdp.fsdp_version == 2 && !classes.empty() && classes[0].own && classes[0].count > 1) {
+  if (base.fsdp.v2() && !classes.empty() && classes[0].own && classes[0].count > 1) {
     const std::string& block = names[classes[0].qualified];
     EdgeModules edges = edge_modules(tree, instances_of(tree, classes[0].qualified), ignored.module, numel);
     for (auto& v : edge_group_variants(edges)) {
@@ -180,7 +180,7 @@ UnitSet unit_set(const Plan& plan) {
   UnitSet out;
   for (const auto& u : plan.units) {
     out.push_back(u.module);
-    if (plan.fsdp_version != 2) continue;
+    if (!plan.v2()) continue;
     for (size_t i = 1; i < u.modules.size(); ++i) out.push_back(u.modules[i]);
     const ReshardAfterForward r = u.reshard_after_forward.value_or(ReshardAfterForward{});
     out.push_back(-1 - static_cast<int64_t>(r.kind) - 3 * r.ranks);  // negative: no module id
@@ -198,7 +198,7 @@ std::string unit_name(const ModuleTree& tree, const Unit& u) {
 
 // FSDP2 groups all-gathered again in backward (resharded after forward).
 int64_t regathered(const Plan& plan) {
-  if (plan.fsdp_version != 2 || plan.policy.fsdp.world_size == 1) return 0;
+  if (!plan.v2() || plan.policy.fsdp.world_size == 1) return 0;
   int64_t n = 0;
   for (const auto& u : plan.units)
     n += u.reshard_after_forward.value_or(ReshardAfterForward{}).kind != ReshardAfterForward::Kind::False;
@@ -210,8 +210,8 @@ int64_t regathered(const Plan& plan) {
 // row, so FSDP2's per-plan part is kept for the plan asked about last.
 class PeakFor {
  public:
-  int64_t operator()(const Plan& plan, const MemorySettings& s) {
-    if (plan.fsdp_version != 2) return estimate_memory(plan, s, false).per_rank.peak_bytes;
+  int64_t operator()(const Plan& plan, const FsdpSettings& s) {
+    if (!plan.v2()) return estimate_memory(plan, s, false).per_rank.peak_bytes;
     if (fsdp2_plan_ != &plan) {
       fsdp2_.emplace(plan);
       fsdp2_plan_ = &plan;
@@ -279,7 +279,7 @@ std::optional<FitAdvice> world_size_advice(const std::vector<Candidate>& ranked,
   auto at = [&](const Candidate& c, int64_t w) {
     auto it = known.find({&c, w});
     if (it != known.end()) return it->second;
-    MemorySettings s = c.policy.fsdp;
+    FsdpSettings s = c.policy.fsdp;
     s.world_size = w;
     const int64_t need = settings_error(s).empty()
                              ? peak_for(*c.plan, s) + opt.activation_bytes
@@ -354,12 +354,12 @@ std::vector<FitAdvice> fit_advice(const ModuleTree& tree, const std::vector<Cand
       if (!c.policy.fsdp.cpu_offload &&
           r.params_bytes + r.grads_bytes + r.buffers_bytes + opt.activation_bytes > opt.budget_bytes)
         return false;
-      MemorySettings s = c.policy.fsdp;
+      FsdpSettings s = c.policy.fsdp;
       s.optimizer = o;
       return peak_for(*c.plan, s) + opt.activation_bytes <= opt.budget_bytes;
     });
     if (fits != ranked.end()) {
-      MemorySettings s = fits->policy.fsdp;
+      FsdpSettings s = fits->policy.fsdp;
       s.optimizer = o;
       out.push_back({"optimizer", optimizer_name(o), peak_for(*fits->plan, s) + opt.activation_bytes,
                      std::string("fsdp.optimizer: \"") + optimizer_name(o) + "\"", fits->label});

@@ -55,7 +55,7 @@ std::string suggestion_to_text(const Suggestion& s, const SuggestContext& ctx) {
          std::to_string(tree.num_modules()) + " modules, " + format_count(total) + " params)\n";
   out += "budget  " + format_bytes(o.budget_bytes) + " per rank for the memory model's peak + activations " +
          format_bytes(o.activation_bytes) + " (--activation-bytes)\n";
-  out += std::string("        ") + (base.fsdp.fsdp_version == 2 ? "FSDP2 (fully_shard)" : "FSDP1") + ", world size " +
+  out += std::string("        ") + (base.fsdp.v2() ? "FSDP2 (fully_shard)" : "FSDP1") + ", world size " +
          std::to_string(base.fsdp.world_size) + ", " + strategy_name(base.fsdp.strategy) +
          ", " + optimizer_name(base.fsdp.optimizer) + ", mixed precision " + mixed_precision_name(base) + "\n";
   size_t fitting = 0;
@@ -130,7 +130,7 @@ nlohmann::ordered_json suggestion_to_json(const Suggestion& s, const SuggestCont
   out["settings"] = {{"budget_bytes", ctx.options.budget_bytes},
                      {"activation_bytes", ctx.options.activation_bytes},
                      {"world_size", base.fsdp.world_size},
-                     {"fsdp_version", base.fsdp.fsdp_version},
+                     {"fsdp_version", version_number(base.fsdp.version)},
                      {"sharding_strategy", strategy_name(base.fsdp.strategy)},
                      {"optimizer", optimizer_name(base.fsdp.optimizer)},
                      {"mixed_precision", base.mixed_precision && base.mixed_precision->param_dtype

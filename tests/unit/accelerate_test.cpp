@@ -60,7 +60,7 @@ TEST_CASE("an Accelerate config is recognised by content, a JSON policy is not")
 
 TEST_CASE("missing keys take the launcher's defaults, not the plugin's") {
   AccelerateConfig c = read("  fsdp_auto_wrap_policy: SIZE_BASED_WRAP\n");
-  CHECK(c.fsdp_version == 1);
+  CHECK(c.policy.fsdp.version == FsdpVersion::V1);
   CHECK(c.policy.min_num_params == 100000000);  // launcher 1e8; the plugin alone would say 0
   CHECK(c.policy.fsdp.use_orig_params);          // launcher "true"; the plugin alone False
   CHECK(c.policy.fsdp.world_size == 8);
@@ -141,7 +141,7 @@ TEST_CASE("unknown, stale and version-dead keys are warnings naming the key") {
   CHECK(v1.policy.fsdp.strategy == ShardingStrategy::FullShard);
   CHECK(warning_about(v1, "fsdp_reshard_after_forward"));
   AccelerateConfig v2 = read("  fsdp_version: 2\n  fsdp_sharding_strategy: FULL_SHARD\n  fsdp_use_orig_params: true\n");
-  CHECK(v2.fsdp_version == 2);
+  CHECK(v2.policy.fsdp.v2());
   CHECK(warning_about(v2, "fsdp_sharding_strategy"));
   CHECK(warning_about(v2, "fsdp_use_orig_params"));
 }

@@ -37,7 +37,7 @@ const char* kBlocks = R"({"module_classes": ["Block"], "fsdp": {"version": 2, "w
 TEST_CASE("fsdp2: one call per selected module, bottom-up, the root last; units in forward order") {
   auto b = tied_lm();
   auto plan = plan_of(b, kBlocks);
-  CHECK(plan.fsdp_version == 2);
+  CHECK(plan.v2());
   CHECK(unit_paths(plan) == Names{"", "layers.0", "layers.1"});
   CHECK(plan.units[0].call == 2);
   CHECK(plan.units[1].call == 0);

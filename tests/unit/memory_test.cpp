@@ -25,13 +25,13 @@ TreeBuilder blocks(bool with_c = false) {
   return b;
 }
 
-MemoryPlan memory_of(const TreeBuilder& b, const std::string& json, MemorySettings s) {
+MemoryPlan memory_of(const TreeBuilder& b, const std::string& json, FsdpSettings s) {
   Plan plan = plan_of(b, json);
   return estimate_memory(plan, s);
 }
 
-MemorySettings ranks(int64_t world, ShardingStrategy st = ShardingStrategy::FullShard) {
-  MemorySettings s;
+FsdpSettings ranks(int64_t world, ShardingStrategy st = ShardingStrategy::FullShard) {
+  FsdpSettings s;
   s.world_size = world;
   s.strategy = st;
   return s;
@@ -103,7 +103,7 @@ TEST_CASE("use_orig_params aligns each parameter to 16 bytes and pads to the wor
   TreeBuilder b;
   b.param("", "x", {3});
   b.param("", "y", {5});
-  MemorySettings s = ranks(4);
+  FsdpSettings s = ranks(4);
   CHECK(memory_of(b, "{}", s).units[0].flat_numel == 8);
   CHECK(memory_of(b, "{}", s).units[0].sharded_numel == 2);
   s.use_orig_params = true;
@@ -133,7 +133,7 @@ TEST_CASE("world size 1 is NO_SHARD, as FSDP switches it") {
 
 TEST_CASE("HYBRID_SHARD shards within groups and replicates across them") {
   auto b = blocks();
-  MemorySettings s = ranks(16, ShardingStrategy::HybridShard);
+  FsdpSettings s = ranks(16, ShardingStrategy::HybridShard);
   s.shard_group_size = 4;
   auto hybrid = memory_of(b, R"({"module_classes": ["Block"]})", s);
   auto full4 = memory_of(b, R"({"module_classes": ["Block"]})", ranks(4));
@@ -144,7 +144,7 @@ TEST_CASE("HYBRID_SHARD shards within groups and replicates across them") {
 }
 
 TEST_CASE("HYBRID_SHARD's default group is the largest divisor of the world size up to 8") {
-  MemorySettings s = ranks(12, ShardingStrategy::HybridShard);
+  FsdpSettings s = ranks(12, ShardingStrategy::HybridShard);
   CHECK(hybrid_group_size(s) == 6);
   CHECK(settings_error(s).empty());
   s.world_size = 64;
@@ -165,7 +165,7 @@ TEST_CASE("HYBRID_SHARD's default group is the largest divisor of the world size
 
 TEST_CASE("optimizers hold different state; ignored parameters stay whole on every rank") {
   auto b = blocks();
-  MemorySettings s = ranks(4);
+  FsdpSettings s = ranks(4);
   s.optimizer = Optimizer::SgdMomentum;
   CHECK(memory_of(b, R"({"module_classes": ["Block"]})", s).per_rank.optimizer_bytes == 68);
   s.optimizer = Optimizer::None;
@@ -267,7 +267,7 @@ TEST_CASE("keep_low_precision_grads: sharded gradients are param_dtype for the o
   CHECK(low.per_rank.optimizer_bytes == full.per_rank.optimizer_bytes);
   CHECK(std::any_of(low.notes.begin(), low.notes.end(),
                     [](const std::string& n) { return n.find("torch.optim.Adam and AdamW raise") != std::string::npos; }));
-  MemorySettings momentum = ranks(4);
+  FsdpSettings momentum = ranks(4);
   momentum.optimizer = Optimizer::SgdMomentum;
   CHECK(memory_of(b, mp + R"(, "keep_low_precision_grads": true}})", momentum).per_rank.optimizer_bytes == 34);
   CHECK(memory_of(b, mp + "}}", momentum).per_rank.optimizer_bytes == 68);

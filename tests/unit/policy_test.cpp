@@ -105,25 +105,25 @@ TEST_CASE("mixed precision's other fields: PyTorch's defaults per FSDP version, 
   Policy none = parse_policy(R"({"mixed_precision": {"param_dtype": "bfloat16"}})", "p.json");
   const MixedPrecision& d = *none.mixed_precision;
   CHECK_FALSE(d.keep_low_grads());
-  CHECK_FALSE(d.casts_forward_inputs(1));  // MixedPrecision: False
-  CHECK(d.casts_forward_inputs(2));        // MixedPrecisionPolicy: True
+  CHECK_FALSE(d.casts_forward_inputs(FsdpVersion::V1));  // MixedPrecision: False
+  CHECK(d.casts_forward_inputs(FsdpVersion::V2));        // MixedPrecisionPolicy: True
   CHECK(d.casts_root_forward_inputs());
   CHECK(none.combination_error().empty());
 
   Policy p = parse_policy(R"({"mixed_precision": {"keep_low_precision_grads": true, "cast_forward_inputs": false,
                               "cast_root_forward_inputs": false}})", "p.json");
   CHECK(p.mixed_precision->keep_low_grads());
-  CHECK_FALSE(p.mixed_precision->casts_forward_inputs(2));
+  CHECK_FALSE(p.mixed_precision->casts_forward_inputs(FsdpVersion::V2));
   CHECK_FALSE(p.mixed_precision->casts_root_forward_inputs());
   CHECK(p.combination_error().empty());
-  p.fsdp.fsdp_version = 2;
+  p.fsdp.version = FsdpVersion::V2;
   CHECK(p.combination_error().find("FSDP2's MixedPrecisionPolicy has no keep_low_precision_grads") == 0);
 
   Policy o = parse_policy(R"({"mixed_precision": {"output_dtype": "torch.float32", "cast_forward_inputs": true}})",
                           "p.json");
   CHECK(*o.mixed_precision->output_dtype == "float32");
   CHECK(o.combination_error().find("FSDP1's MixedPrecision has no output_dtype") == 0);
-  o.fsdp.fsdp_version = 2;
+  o.fsdp.version = FsdpVersion::V2;
   CHECK(o.combination_error().empty());
   // null is the default, given or not.
   CHECK(parse_policy(R"({"mixed_precision": {"output_dtype": null}})", "p").combination_error().empty());

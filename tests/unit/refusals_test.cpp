@@ -232,7 +232,7 @@ TEST_CASE("FSDP2: the root group stays unsharded too, so both root warnings appl
   b.linear("blocks.0.fc", 8, 8);
   b.linear("head", 8, 4);
   auto plan = plan_of(b, R"({"module_classes": ["Block"], "fsdp": {"version": 2}})");
-  REQUIRE(plan.fsdp_version == 2);
+  REQUIRE(plan.v2());
   const Warning* w = find_warning(plan, "root_too_large");
   REQUIRE(w);
   CHECK(w->modules == Names{"embed", "head"});

@@ -210,7 +210,7 @@ TEST_CASE("policy_file_json keeps the mixed-precision fields the user set, FSDP1
   CHECK(policy_to_json(parse_policy(j.dump(), "p.json")) == policy_to_json(p));
 
   Policy q = world(8);
-  q.fsdp.fsdp_version = 2;
+  q.fsdp.version = FsdpVersion::V2;
   q.mixed_precision = MixedPrecision{};
   q.mixed_precision->param_dtype = "bfloat16";
   q.mixed_precision->output_dtype = "float32";
@@ -225,7 +225,7 @@ namespace {
 
 Policy fsdp2(int64_t w) {
   Policy p = world(w);
-  p.fsdp.fsdp_version = 2;
+  p.fsdp.version = FsdpVersion::V2;
   return p;
 }
 
@@ -274,7 +274,7 @@ TEST_CASE("FSDP2: the block class with groups for the embedding and the head, se
     const Candidate* c = find(cs, blk + g);
     REQUIRE_MESSAGE(c != nullptr, g);
     CHECK(c->origin == "groups");
-    CHECK(c->policy.fsdp.fsdp_version == 2);
+    CHECK(c->policy.fsdp.v2());
     CHECK(c->policy.module_classes == std::vector<std::string>{"Block"});
   }
   const Candidate* kept = find(cs, blk + "[emb], [norm, head] kept after forward");
@@ -296,7 +296,7 @@ TEST_CASE("FSDP2: every candidate is planned and measured as FSDP2; groups count
   REQUIRE(!s.ranked.empty());
   for (const auto& c : s.ranked) {
     Plan p = make_plan(b.tree, c.policy, "m.pt");
-    CHECK(p.fsdp_version == 2);
+    CHECK(p.v2());
     CHECK(c.peak_bytes == p.memory.per_rank.peak_bytes);
     CHECK(c.units == static_cast<int64_t>(p.units.size()));
   }
@@ -429,7 +429,7 @@ TEST_CASE("a ranking plan has the report's units, refusals and peak, without roo
     CAPTURE(version);
     Policy p = policy(R"({"module_classes": ["LayerNorm"]})");  // the root keeps nearly everything
     p.fsdp.world_size = 4;
-    p.fsdp.fsdp_version = version;
+    p.fsdp.version = *parse_version(version);
     const ClassMatcher matcher;
     Plan report = make_plan(b.tree, p, "m.pt", matcher);
     Plan ranking = make_plan(b.tree, p, "m.pt", matcher, PlanPurpose::Ranking);

@@ -14,8 +14,8 @@
 #include <string_view>
 #include <unordered_map>
 
+#include "model/dtype.h"
 #include "model/loaders/class_decls.h"
-#include "model/loaders/dtype.h"
 #include "model/loaders/loader.h"
 #include "model/loaders/printable.h"
 #include "model/loaders/unpickler.h"

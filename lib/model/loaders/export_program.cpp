@@ -7,7 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "model/loaders/dtype.h"
+#include "model/dtype.h"
 #include "util/errors.h"
 
 namespace fsdp_plan {

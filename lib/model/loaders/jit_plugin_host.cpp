@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "model/loaders/dtype.h"
+#include "model/dtype.h"
 #include "model/loaders/jit_plugin.h"
 #include "model/loaders/loader.h"
 #include "util/errors.h"

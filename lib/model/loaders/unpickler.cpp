@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "model/loaders/dtype.h"
+#include "model/dtype.h"
 
 namespace fsdp_plan::pickle {
 namespace {

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "model/loaders/dtype.h"
+#include "model/dtype.h"
 
 namespace fsdp_plan::pickle {
 

@@ -22,4 +22,10 @@ const DtypeInfo* dtype_from_stem(const std::string& stem);
 const DtypeInfo* dtype_from_export_code(int code);
 std::vector<std::string> dtype_stems();
 
+// Bytes per element of a floating dtype a MixedPrecision can name (float32,
+// float16, bfloat16, float64: "bfloat16" -> 2); 0 for any other name.
+int64_t dtype_itemsize(const std::string& dtype);
+// torch.is_floating_point by dtype name: float16/32/64, bfloat16, the float8 kinds.
+bool is_floating_dtype(const std::string& dtype);
+
 }  // namespace fsdp_plan

@@ -1,4 +1,4 @@
-#include "model/loaders/dtype.h"
+#include "model/dtype.h"
 
 namespace fsdp_plan {
 namespace {
@@ -61,6 +61,17 @@ std::vector<std::string> dtype_stems() {
   std::vector<std::string> out;
   for (const DtypeInfo& d : kDtypes) out.emplace_back(d.stem);
   return out;
+}
+
+bool is_floating_dtype(const std::string& dtype) {
+  return dtype.rfind("float", 0) == 0 || dtype.rfind("bfloat", 0) == 0;
+}
+
+int64_t dtype_itemsize(const std::string& dtype) {
+  if (dtype == "float32") return 4;
+  if (dtype == "float16" || dtype == "bfloat16") return 2;
+  if (dtype == "float64") return 8;
+  return 0;
 }
 
 }  // namespace fsdp_plan

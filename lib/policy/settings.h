@@ -1,0 +1,94 @@
+// The settings vocabulary: the FSDP version, strategy, optimizer and
+// reshard_after_forward a policy, the command line and the writers all name,
+// each spelled in one table (settings.cpp), and the "fsdp" settings object.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace fsdp_plan {
+
+// FullyShardedDataParallel (FSDP1) or fully_shard (FSDP2); policy "fsdp.version",
+// --fsdp-version, Accelerate's fsdp_version.
+enum class FsdpVersion { V1 = 1, V2 = 2 };
+enum class ShardingStrategy { FullShard, ShardGradOp, NoShard, HybridShard };
+enum class Optimizer { Adam, Sgd, SgdMomentum, None };
+
+// One enum's names: the first row of a value is how it is written, later rows
+// are other spellings read as it ("adamw" is Adam: the same state).
+template <class E>
+class NameTable {
+ public:
+  NameTable(std::vector<std::pair<const char*, E>> rows) : rows_(std::move(rows)) {}
+  const char* name(E value) const {
+    for (const auto& [n, v] : rows_)
+      if (v == value) return n;
+    return rows_.front().first;
+  }
+  std::optional<E> parse(const std::string& text) const {
+    for (const auto& [n, v] : rows_)
+      if (text == n) return v;
+    return std::nullopt;
+  }
+  // Every spelling, in table order: what a command line or a policy accepts.
+  std::vector<std::string> names() const {
+    std::vector<std::string> out;
+    for (const auto& row : rows_) out.push_back(row.first);
+    return out;
+  }
+
+ private:
+  std::vector<std::pair<const char*, E>> rows_;
+};
+
+const NameTable<ShardingStrategy>& strategy_names();  // FULL_SHARD, ... (PyTorch's ShardingStrategy)
+const NameTable<Optimizer>& optimizer_names();        // adam, adamw, sgd, sgd-momentum, none
+inline const char* strategy_name(ShardingStrategy s) { return strategy_names().name(s); }
+inline const char* optimizer_name(Optimizer o) { return optimizer_names().name(o); }
+inline int version_number(FsdpVersion v) { return static_cast<int>(v); }
+std::optional<FsdpVersion> parse_version(int64_t number);
+
+// Full-size optimizer states per trainable element: Adam's exp_avg and
+// exp_avg_sq, SGD's momentum buffer. (Adam's 0-dim step is not counted here.)
+int optimizer_states(Optimizer o);
+
+// Far beyond any real job; keeps every byte count well inside int64.
+constexpr int64_t kMaxWorldSize = int64_t{1} << 24;
+
+// fully_shard's reshard_after_forward: true, false, or an int k (reshard to
+// k ranks after forward; k must divide the shard size).
+struct ReshardAfterForward {
+  enum class Kind { True, False, Ranks };
+  Kind kind = Kind::True;
+  int64_t ranks = 0;  // Kind::Ranks only
+  bool operator==(const ReshardAfterForward& o) const { return kind == o.kind && ranks == o.ranks; }
+};
+
+// The policy's "fsdp" object: how FSDP is run, which the memory model and the
+// writers read (the wrapping itself is the rest of the Policy).
+struct FsdpSettings {
+  FsdpVersion version = FsdpVersion::V1;
+  int64_t world_size = 1;
+  ShardingStrategy strategy = ShardingStrategy::FullShard;
+  int64_t shard_group_size = 0;  // HYBRID_SHARD only; 0: one node, see hybrid_group_size
+  bool use_orig_params = false;
+  Optimizer optimizer = Optimizer::Adam;
+  // FSDP2 only: the default for non-root calls (the root's is None -> False),
+  // and CPUOffloadPolicy.
+  ReshardAfterForward reshard_after_forward;
+  bool cpu_offload = false;
+
+  bool v2() const { return version == FsdpVersion::V2; }
+};
+
+// HYBRID_SHARD's shard group: as set, or one node: the largest divisor of
+// the world size up to 8 (FSDP1 uses the node's device count, which must divide it).
+int64_t hybrid_group_size(const FsdpSettings& settings);
+// Why FSDP would reject these settings (a hybrid shard group that does not
+// divide the world size, say), or "" if it would not.
+std::string settings_error(const FsdpSettings& settings);
+
+}  // namespace fsdp_plan
