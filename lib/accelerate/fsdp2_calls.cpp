@@ -2,9 +2,8 @@
 #include <set>
 
 #include "accelerate/config.h"
-#include "fsdp1/select.h"
-#include "fsdp1/wrap_policy.h"
 #include "model/class_names.h"
+#include "model/module_tree.h"
 
 namespace fsdp_plan {
 namespace {

@@ -12,9 +12,8 @@
 #include "emit/accelerate_yaml.h"
 #include "emit/emit.h"
 #include "emit/emit_text.h"
-#include "fsdp1/select.h"
-#include "fsdp1/wrap_policy.h"
 #include "model/class_names.h"
+#include "model/module_tree.h"
 #include "planner/planner.h"
 
 namespace fsdp_plan {

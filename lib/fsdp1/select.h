@@ -11,11 +11,6 @@
 
 namespace fsdp_plan {
 
-// numel of the parameters in each module's subtree, each tensor counted once
-// (tied weights once) and ignored parameters left out: `sum(p.numel() for p
-// in module.parameters() if p not in ignored_params)`.
-std::vector<int64_t> subtree_numel(const ModuleTree& tree, const std::vector<bool>& ignored_tensor);
-
 class ShardedViews;
 
 // wrapped[m] is true for each module the policy wraps (the root only if the

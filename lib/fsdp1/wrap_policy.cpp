@@ -6,17 +6,6 @@
 
 namespace fsdp_plan {
 
-ClassSet::ClassSet(const ModuleTree& tree, const ClassMatcher& matcher,
-                   const std::vector<std::string>& classes)
-    : member_(tree.num_modules(), false) {
-  if (classes.empty()) return;
-  // Models repeat a few classes many times: decide once per class.
-  const TreeClasses& tc = matcher.classes(tree);
-  std::vector<bool> is(tc.size());
-  for (size_t c = 0; c < tc.size(); ++c) is[c] = matcher.is_instance(tc.qualified(static_cast<int32_t>(c)), classes);
-  for (size_t i = 0; i < tree.num_modules(); ++i) member_[i] = is[static_cast<size_t>(tc.of(i))];
-}
-
 WrapPolicy module_class_policy(ClassSet classes) {
   return [classes = std::move(classes)](ModuleId m, bool recurse, int64_t) {
     return recurse || classes.contains(m);

@@ -17,16 +17,6 @@ namespace fsdp_plan {
 
 using WrapPolicy = std::function<bool(ModuleId module, bool recurse, int64_t nonwrapped_numel)>;
 
-// isinstance(module, one of the listed classes), precomputed per module.
-class ClassSet {
- public:
-  ClassSet(const ModuleTree& tree, const ClassMatcher& matcher, const std::vector<std::string>& classes);
-  bool contains(ModuleId m) const { return member_[static_cast<size_t>(m)]; }
-
- private:
-  std::vector<bool> member_;
-};
-
 // transformer_auto_wrap_policy / ModuleWrapPolicy.
 WrapPolicy module_class_policy(ClassSet classes);
 // size_based_auto_wrap_policy.

@@ -8,7 +8,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "fsdp1/memory.h"
+#include "plan/memory.h"
+#include "policy/settings.h"
 
 namespace fsdp_plan {
 

@@ -4,8 +4,9 @@
 #include <string_view>
 #include <unordered_map>
 
-#include "fsdp1/select.h"
-#include "fsdp1/wrap_policy.h"
+#include "model/class_names.h"
+#include "model/module_tree.h"
+
 
 namespace fsdp_plan {
 namespace {

@@ -143,4 +143,15 @@ std::string bare_class(const ModuleTree& tree, int32_t module) {
   return std::string(short_name(demangle(tree.module(module).type_name)));
 }
 
+ClassSet::ClassSet(const ModuleTree& tree, const ClassMatcher& matcher,
+                   const std::vector<std::string>& classes)
+    : member_(tree.num_modules(), false) {
+  if (classes.empty()) return;
+  // Models repeat a few classes many times: decide once per class.
+  const TreeClasses& tc = matcher.classes(tree);
+  std::vector<bool> is(tc.size());
+  for (size_t c = 0; c < tc.size(); ++c) is[c] = matcher.is_instance(tc.qualified(static_cast<int32_t>(c)), classes);
+  for (size_t i = 0; i < tree.num_modules(); ++i) member_[i] = is[static_cast<size_t>(tc.of(i))];
+}
+
 }  // namespace fsdp_plan

@@ -14,6 +14,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "model/module_tree.h"
+
 namespace fsdp_plan {
 
 // "__torch__.a.___torch_mangle_3.B" -> "a.B"
@@ -77,6 +79,16 @@ class ClassMatcher {
   mutable const ModuleTree* tree_ = nullptr;
   mutable size_t tree_modules_ = 0;
   mutable std::unique_ptr<TreeClasses> tree_classes_;
+};
+
+// isinstance(module, one of the listed classes), precomputed per module.
+class ClassSet {
+ public:
+  ClassSet(const ModuleTree& tree, const ClassMatcher& matcher, const std::vector<std::string>& classes);
+  bool contains(ModuleId m) const { return member_[static_cast<size_t>(m)]; }
+
+ private:
+  std::vector<bool> member_;
 };
 
 }  // namespace fsdp_plan

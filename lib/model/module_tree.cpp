@@ -1,6 +1,7 @@
 #include "model/module_tree.h"
 
 #include <algorithm>
+#include <unordered_map>
 #include <utility>
 
 namespace fsdp_plan {
@@ -77,6 +78,42 @@ std::vector<ModuleId> ModuleTree::preorder(ModuleId from) const {
     for (auto it = ch.rbegin(); it != ch.rend(); ++it) stack.push_back(*it);
   }
   return order;
+}
+
+std::vector<int64_t> subtree_numel(const ModuleTree& tree, const std::vector<bool>& ignored_tensor) {
+  const size_t n = tree.num_modules();
+  // How many slots hold each tensor: most hold one, tied weights more.
+  std::vector<int32_t> uses(tree.num_tensors(), 0);
+  for (const auto& m : tree.modules())
+    for (const auto& s : m.params) ++uses[static_cast<size_t>(s.tensor)];
+
+  // Tensors used once add to every ancestor: a bottom-up sum does it.
+  std::vector<int64_t> own(n, 0);
+  for (size_t i = 0; i < n; ++i)
+    for (const auto& s : tree.modules()[i].params)
+      if (!ignored_tensor[static_cast<size_t>(s.tensor)] && uses[static_cast<size_t>(s.tensor)] == 1)
+        own[i] += tree.numel(s.tensor);
+  std::vector<int64_t> total = own;
+  for (size_t i = n; i-- > 1;) total[static_cast<size_t>(tree.modules()[i].parent)] += total[i];
+
+  // A tied tensor counts once in each module above any of its uses: walk up
+  // from each use, stopping where an earlier walk for this tensor passed.
+  std::unordered_map<TensorId, std::vector<ModuleId>> tied_uses;
+  for (size_t i = 0; i < n; ++i)
+    for (const auto& s : tree.modules()[i].params)
+      if (!ignored_tensor[static_cast<size_t>(s.tensor)] && uses[static_cast<size_t>(s.tensor)] > 1)
+        tied_uses[s.tensor].push_back(static_cast<ModuleId>(i));
+  std::vector<TensorId> marked_by(n, -1);
+  for (const auto& [t, mods] : tied_uses) {
+    const int64_t numel = tree.numel(t);
+    for (ModuleId m : mods) {
+      for (ModuleId cur = m; cur >= 0 && marked_by[static_cast<size_t>(cur)] != t; cur = tree.module(cur).parent) {
+        marked_by[static_cast<size_t>(cur)] = t;
+        total[static_cast<size_t>(cur)] += numel;
+      }
+    }
+  }
+  return total;
 }
 
 }  // namespace fsdp_plan

@@ -99,4 +99,9 @@ class ModuleTree {
   std::vector<Sizes> sizes_;  // parallel to tensors_
 };
 
+// numel of the parameters in each module's subtree, each tensor counted once
+// (tied weights once) and ignored parameters left out: `sum(p.numel() for p
+// in module.parameters() if p not in ignored_params)`.
+std::vector<int64_t> subtree_numel(const ModuleTree& tree, const std::vector<bool>& ignored_tensor);
+
 }  // namespace fsdp_plan

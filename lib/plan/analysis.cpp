@@ -8,8 +8,9 @@
 #include <unordered_map>
 #include <unordered_set>
 
-#include "fsdp1/wrap_policy.h"
 #include "model/aliases.h"
+#include "model/class_names.h"
+#include "model/module_tree.h"
 #include "util/strings.h"
 
 namespace fsdp_plan {

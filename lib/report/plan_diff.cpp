@@ -3,6 +3,10 @@
 #include <map>
 #include <set>
 
+#include "util/errors.h"
+#include "util/file_io.h"
+#include "util/json_input.h"
+
 namespace fsdp_plan {
 namespace {
 
@@ -244,6 +248,12 @@ PlanDiff diff_plans(const json& a, const json& b) {
     d.notes.push_back("schema_version " + std::to_string(d.old_schema) + " -> " + std::to_string(d.new_schema) +
                       ": some fields changed meaning, so the plans count as different");
   return d;
+}
+
+nlohmann::json load_plan_file(const std::string& file) {
+  nlohmann::json doc = parse_json(read_text_file(file), file);
+  if (std::string why = plan_shape_error(doc); !why.empty()) throw InputError(file, why);
+  return doc;
 }
 
 }  // namespace fsdp_plan

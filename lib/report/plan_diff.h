@@ -67,4 +67,7 @@ std::string plan_shape_error(const nlohmann::json& doc);
 // Both documents must pass plan_shape_error.
 PlanDiff diff_plans(const nlohmann::json& old_plan, const nlohmann::json& new_plan);
 
+// A plan file (read_text_file + parse_json), and the document must look like a plan.
+nlohmann::json load_plan_file(const std::string& file);
+
 }  // namespace fsdp_plan

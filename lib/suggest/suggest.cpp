@@ -8,9 +8,9 @@
 #include <unordered_set>
 
 #include "fsdp1/memory.h"
-#include "fsdp1/select.h"
 #include "fsdp2/memory.h"
 #include "model/class_names.h"
+#include "model/module_tree.h"
 #include "planner/planner.h"
 #include "policy/ignored.h"
 #include "suggest/fixes.h"

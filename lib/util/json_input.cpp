@@ -1,8 +1,6 @@
 #include "util/json_input.h"
 
-#include "report/plan_diff.h"
 #include "util/errors.h"
-#include "util/file_io.h"
 
 namespace fsdp_plan {
 
@@ -16,12 +14,6 @@ nlohmann::json parse_json(const std::string& text, const std::string& file) {
     auto tag_end = msg.find("] ");
     throw InputError(file, "invalid JSON: " + (tag_end == std::string::npos ? msg : msg.substr(tag_end + 2)));
   }
-}
-
-nlohmann::json load_plan_file(const std::string& file) {
-  nlohmann::json doc = parse_json(read_text_file(file), file);
-  if (std::string why = plan_shape_error(doc); !why.empty()) throw InputError(file, why);
-  return doc;
 }
 
 }  // namespace fsdp_plan

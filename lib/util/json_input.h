@@ -12,7 +12,4 @@ namespace fsdp_plan {
 // InputError(file, "invalid JSON: <what nlohmann says, without its tag>").
 nlohmann::json parse_json(const std::string& text, const std::string& file);
 
-// read_text_file + parse_json, and the document must look like a plan.
-nlohmann::json load_plan_file(const std::string& file);
-
 }  // namespace fsdp_plan

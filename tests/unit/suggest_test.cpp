@@ -4,7 +4,8 @@
 #include <algorithm>
 #include <optional>
 
-#include "fsdp1/select.h"
+#include "model/class_names.h"
+#include "model/module_tree.h"
 #include "suggest/groups.h"
 #include "suggest/suggest.h"
 #include "tree_builder.h"
