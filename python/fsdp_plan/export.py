@@ -92,6 +92,7 @@ def export_module(module: Any, args: Sequence[Any], kwargs: Dict[str, Any], path
     record = dict(metadata or {})
     record.update(_common_metadata(module, ep))
     _stand_in_weights(ep)
+    _drop_stack_traces(ep)
     # Through a temporary directory beside `path`, under path's own name: torch
     # names the archive's root folder after the file.
     directory = os.path.dirname(os.path.abspath(path))
@@ -142,6 +143,7 @@ def _common_metadata(module: Any, ep: Any) -> Dict[str, Any]:
         "tied_parameters": _tied_parameters(module),
         "num_parameters": sum(p.numel() for p in module.parameters()),
         "weights": "stand-in",
+        "stack_traces": False,
         "loss_in_graph": _loss_in_graph(ep),
     }
 
@@ -169,6 +171,16 @@ def _stand_in_weights(ep: Any) -> None:
         for k, v in list(table.items()):
             if isinstance(v, torch.Tensor):
                 table[k] = stand_in(v)
+
+
+def _drop_stack_traces(ep: Any) -> None:
+    """Each graph node's Python stack trace is debug text for torch users: for
+    a Llama 3 70B at seq 8192 it is a third of the file and half of
+    torch.export.save's time (bench/export_bench.py). fsdp-plan reads
+    nn_module_stack, which stays; so does everything torch.export.load needs."""
+    for gm in [ep.graph_module, *[m for _, m in ep.graph_module.named_modules() if hasattr(m, "graph")]]:
+        for node in gm.graph.nodes:
+            node.meta.pop("stack_trace", None)
 
 
 def _tied_parameters(module: Any) -> List[List[str]]:
@@ -503,7 +515,7 @@ def next_command(path: str, classes: Optional[List[str]]) -> str:
     plan = f"fsdp-plan {_shell(path)}"
     if not classes:
         return f"{plan} --world-size 8   # no _no_split_modules recorded: try `fsdp-plan suggest {_shell(path)}`"
-    has_flag = True
+    has_flag = False  # no binary to ask: the form every fsdp-plan takes
     with contextlib.suppress(FsdpPlanError, OSError, ValueError):
         import subprocess
         r = subprocess.run([find_binary(), "--help"], capture_output=True, text=True, timeout=30)
@@ -557,8 +569,10 @@ def _quiet():
 
 
 def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    line = text.splitlines()[0] if text else ""
+    lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
+    line = lines[0] if lines else ""
+    if line.endswith(":") and len(lines) > 1:  # "Class validation error for validator ...:" then the reason
+        line = f"{line} {lines[1]}"
     return f"{type(e).__name__}: {line[:300]}" if line else type(e).__name__
 
 

@@ -29,7 +29,7 @@ the .pt2 path (example_inputs) against the reference and real FSDP1, and
 without inputs (the tree path, which this binary does not read yet).
 
     $FSDP_PLAN_VENV/bin/python tests/python/test_export_cli.py BINARY [-k SUBSTRING] [--keep DIR] [-v]
-        [--exporter COMMAND]
+        [--exporter COMMAND] [-j JOBS]
 
 BINARY is the fsdp-plan to plan with (a build's, or the one a wheel
 installed). The exporter runs as `python -m fsdp_plan.export` from this
@@ -37,6 +37,7 @@ checkout's python/ unless --exporter names an installed `fsdp-plan-export`.
 The last line is `N passed, M failed`; exit 1 on any failure.
 """
 import argparse
+import concurrent.futures
 import contextlib
 import json
 import os
@@ -76,6 +77,7 @@ class Runner:
         self.args = args
         self.passed = self.failed = 0
         self.exporter = shlex.split(args.exporter) if args.exporter else [sys.executable, "-m", "fsdp_plan.export"]
+        self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs))
         self.env = dict(os.environ, FSDP_PLAN=args.binary,
                         PYTHONPATH=os.pathsep.join([os.path.join(REPO, "python"), os.environ.get("PYTHONPATH", "")]))
 
@@ -90,6 +92,11 @@ class Runner:
     def export(self, *argv: str, cwd: Optional[str] = None) -> subprocess.CompletedProcess:
         return subprocess.run([*self.exporter, *argv], capture_output=True, text=True, env=self.env, cwd=cwd,
                               timeout=900)
+
+    def export_later(self, *argv: str):
+        """The export in the background (-j at a time): the next models export while
+        this process compares the last one with FSDP."""
+        return self.pool.submit(self.export, *argv)
 
 
 # ---------------------------------------------------------------------------
@@ -192,18 +199,22 @@ def write_config(name: str, model: torch.nn.Module, out: str) -> str:
 # ---------------------------------------------------------------------------
 # Cases
 # ---------------------------------------------------------------------------
+def out_path(work: str, label: str) -> str:
+    return os.path.join(work, label.replace(" ", "_").replace("/", "_").replace(":", "_") + ".pt2")
+
+
 def model_case(run: Runner, name: str, work: str, live: torch.nn.Module, export_args: List[str],
-               label: str) -> Optional[str]:
-    """Export with the CLI, then tree, metadata and plan checks. Returns the .pt2 path."""
-    out = os.path.join(work, label.replace(" ", "_").replace("/", "_").replace(":", "_") + ".pt2")
-    t0 = time.time()
-    r = run.export(*export_args, "-o", out)
+               label: str, pending=None) -> Optional[str]:
+    """Export with the CLI (or take `pending`, an export_later of the same), then tree,
+    metadata and plan checks. Returns the .pt2 path."""
+    out = out_path(work, label)
+    r = pending.result() if pending is not None else run.export(*export_args, "-o", out)
     if r.returncode != 0:
         run.report(False, f"{label} / export", [f"exit {r.returncode}: {r.stderr.strip()[-800:]}"])
         return None
     lines = r.stderr.strip().splitlines()
     ok = any(ln.startswith("fsdp-plan-export: wrote") for ln in lines) and any(ln.startswith("next: ") for ln in lines)
-    run.report(ok, f"{label} / export ({time.time() - t0:.0f} s)", [f"stderr does not say what it wrote: {lines}"])
+    run.report(ok, f"{label} / export", [f"stderr does not say what it wrote: {lines}"])
 
     dumped, err = dump_tree(run.args.binary, out)
     if dumped is None:
@@ -236,13 +247,18 @@ def model_case(run: Runner, name: str, work: str, live: torch.nn.Module, export_
 
 
 def corpus_cases(run: Runner, work: str, cfg_dir: str) -> None:
+    cases = []
     for name in corpus.SMALL:
         if run.args.only and run.args.only not in name:
             continue
         live = corpus.build(name)
         live.train()
         src = write_config(name, live, cfg_dir)
-        model_case(run, name, work, live, [src, "--seq", str(SEQ)], f"corpus:{name}")
+        label = f"corpus:{name}"
+        argv = [src, "--seq", str(SEQ)]
+        cases.append((name, live, argv, label, run.export_later(*argv, "-o", out_path(work, label))))
+    for name, live, argv, label, pending in cases:
+        model_case(run, name, work, live, argv, label, pending)
 
 
 def lora_case(run: Runner, work: str, cfg_dir: str) -> None:
@@ -415,16 +431,20 @@ def error_cases(run: Runner, work: str, cfg_dir: str) -> None:
         f.write("{ this is not json")
     unbuildable = os.path.join(bad_dir, "unbuildable")
     os.makedirs(unbuildable, exist_ok=True)
-    with open(os.path.join(unbuildable, "config.json"), "w") as f:  # 30 is not a multiple of 4 heads
-        json.dump({"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 30,
+    with open(os.path.join(unbuildable, "config.json"), "w") as f:  # reads, but names no activation there is
+        json.dump({"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 32,
                    "num_attention_heads": 4, "num_hidden_layers": 1, "intermediate_size": 8, "vocab_size": 64,
-                   "head_dim": None}, f)
+                   "hidden_act": "no_such_activation"}, f)
+    invalid = os.path.join(bad_dir, "invalid.json")
+    with open(invalid, "w") as f:  # transformers 5 validates the config: 30 is not a multiple of 4 heads
+        json.dump({"model_type": "llama", "hidden_size": 30, "num_attention_heads": 4}, f)
     fdir = os.path.join(work, "factory")
     cases = [
         ("missing file", [os.path.join(bad_dir, "nope.json")], {}, "nope.json: no such file"),
         ("directory without config.json", [work], {}, "no config.json"),
         ("not JSON", [not_json], {}, "not JSON"),
         ("unknown model_type", [unknown], {}, "transformers cannot read this config"),
+        ("config transformers refuses", [invalid], {}, "transformers cannot read this config"),
         ("config that does not build", [unbuildable], {}, "does not build from this config"),
         ("export failure", ["--factory", "my_models:broken"], {"cwd": fdir}, "torch.export.export failed"),
         ("bad --dynamic", [os.path.join(cfg_dir, "llama"), "--dynamic", "heads"], {}, "unknown dimension"),
@@ -498,6 +518,7 @@ def main(argv: List[str]) -> int:
     ap.add_argument("-k", dest="only", default=None)
     ap.add_argument("--keep", default=None)
     ap.add_argument("-v", dest="verbose", action="store_true")
+    ap.add_argument("-j", dest="jobs", type=int, default=2, help="exports running at once (default 2)")
     args = ap.parse_args(argv)
     args.binary = os.path.abspath(args.binary)
     tmp = tempfile.TemporaryDirectory(prefix="fsdp-export-cli-")
@@ -513,6 +534,7 @@ def main(argv: List[str]) -> int:
     factory_case(run, work)
     error_cases(run, work, cfg_dir)
     plan_api_cases(run, work)
+    run.pool.shutdown()
     print(f"# {time.time() - t0:.0f} s, torch {torch.__version__}, binary {args.binary}")
     print(f"{run.passed} passed, {run.failed} failed")
     return 1 if run.failed else 0
