@@ -155,7 +155,7 @@ def _stand_in_weights(ep: Any) -> None:
     (torch/export/pt2_archive/_package_weights.py: group_weights), which for
     meta tensors is one group per dtype, losing ties; one storage per tensor
     keeps them, in torch's own record (same path_name, same view: what
-    lib/loaders/export_program.cpp reads as one tensor), at a few bytes each."""
+    lib/model/loaders/export_program.cpp reads as one tensor), at a few bytes each."""
     import torch
 
     made: Dict[int, Any] = {}

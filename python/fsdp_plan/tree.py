@@ -1,5 +1,5 @@
 """A live module's structure as fsdp-plan's module-tree JSON: the format of
-`fsdp-plan MODEL --dump-tree` (lib/tree_json.cpp), plus what a live module
+`fsdp-plan MODEL --dump-tree` (lib/model/tree_json.cpp), plus what a live module
 knows and a file does not:
 
 - `bases` per module: the class's MRO after the class itself, `object` left
