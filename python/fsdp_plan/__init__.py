@@ -8,18 +8,25 @@ for a training script's pre-flight check.
 
 Nothing here imports torch until plan() or the exporter runs.
 """
-import json
 import os
-import tempfile
 from typing import Any, Dict, Mapping, Optional, Sequence, Union
 
+# Light on purpose: the `fsdp-plan` console script imports this package before
+# it execs the binary, so every import here is paid on every fsdp-plan run.
 from ._binary import FsdpPlanError, find_binary
 
-try:
-    from importlib.metadata import PackageNotFoundError, version as _dist_version
-    __version__ = _dist_version("fsdp-plan")
-except (ImportError, PackageNotFoundError):  # a source checkout on sys.path
-    __version__ = "0+unknown"
+
+def __getattr__(name: str) -> Any:
+    if name == "__version__":  # importlib.metadata is slow to import: only when asked
+        try:
+            from importlib.metadata import PackageNotFoundError, version
+            try:
+                return version("fsdp-plan")
+            except PackageNotFoundError:  # a source checkout on sys.path
+                return "0+unknown"
+        except ImportError:
+            return "0+unknown"
+    raise AttributeError(f"module 'fsdp_plan' has no attribute {name!r}")
 
 __all__ = ["plan", "settings_to_args", "FsdpPlanError", "find_binary", "__version__"]
 
@@ -48,6 +55,8 @@ def plan(module: Any, policy: Policy = None, example_inputs: Any = None, *, bina
     Exit 1 of the binary (FSDP would refuse, a budget is violated) still returns
     the plan: its `warnings` say why. Anything else raises FsdpPlanError.
     """
+    import json
+    import tempfile
     work = keep or tempfile.mkdtemp(prefix="fsdp-plan-")
     os.makedirs(work, exist_ok=True)
     try:
@@ -145,6 +154,7 @@ def _policy_file(policy: Policy, work: str) -> Optional[str]:
         if "ignore_classes" in mp:
             mp["ignore_classes"] = [_class_ref(c) for c in mp["ignore_classes"]]
         data["mixed_precision"] = mp
+    import json
     path = os.path.join(work, "policy.json")
     with open(path, "w", encoding="utf-8") as f:
         json.dump(data, f, indent=1, sort_keys=True)

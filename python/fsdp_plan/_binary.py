@@ -1,8 +1,6 @@
 """Finding and running the fsdp-plan binary. Imports nothing heavy: the
 console script and fsdp_plan.plan() start with it."""
 import os
-import shutil
-import subprocess
 from typing import List, Optional, Sequence
 
 # The binary's exit codes (README "Exit codes").
@@ -38,6 +36,7 @@ def find_binary(explicit: Optional[str] = None) -> str:
         if os.path.isfile(given) and os.access(given, os.X_OK):
             return given
         raise FsdpPlanError(f"{given}: no such executable (the fsdp-plan binary)")
+    import shutil
     path = packaged_binary() or shutil.which("fsdp-plan")
     if path:
         return path
@@ -45,9 +44,9 @@ def find_binary(explicit: Optional[str] = None) -> str:
                         "(pip install fsdp-plan, or set FSDP_PLAN to the binary)")
 
 
-def run(args: Sequence[str], binary: Optional[str] = None, timeout: Optional[float] = None
-        ) -> subprocess.CompletedProcess:
+def run(args: Sequence[str], binary: Optional[str] = None, timeout: Optional[float] = None):
     """Runs the binary with `args`; raises FsdpPlanError on exit 2 or 3."""
+    import subprocess
     cmd = [find_binary(binary), *args]
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
