@@ -1,6 +1,7 @@
 #include "suggest_command.h"
 
 #include <CLI/CLI.hpp>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <chrono>
@@ -9,10 +10,9 @@
 
 #include "command.h"
 #include "emit/emit.h"
-#include "fsdp1/memory.h"
+#include "fsdp_options.h"
 #include "model/loaders/loader.h"
 #include "planner/planner.h"
-#include "policy/policy.h"
 #include "suggest/suggest.h"
 #include "suggest/writer.h"
 #include "util/errors.h"
@@ -28,9 +28,8 @@ const CLI::Validator kSize(
 }  // namespace
 
 int suggest_main(int argc, char** argv) {
-  std::string model, policy_file, format = "text", output, budget, activations = "0", strategy, optimizer, emit;
-  std::optional<int64_t> world_size;
-  std::optional<int> fsdp_version;
+  std::string model, format = "text", output, budget, activations = "0", emit;
+  FsdpOptions fsdp;
   size_t top = 10;
   bool verbose = false;
   CLI::App app{"fsdp-plan suggest: the wrapping policies that fit a per-rank memory budget, ranked",
@@ -41,18 +40,11 @@ int suggest_main(int argc, char** argv) {
   app.add_option("--activation-bytes", activations, "allowance for activations, added to the memory model's "
                                                     "peak (it has none of its own)")
       ->check(kSize)->capture_default_str();
-  app.add_option("-p,--policy", policy_file, "base policy: its settings (mixed precision, strategy, ignored "
-                                             "parameters, world size) are kept; what is wrapped varies");
-  app.add_option("--world-size", world_size, "ranks (overrides the base policy's fsdp.world_size)")
-      ->check(CLI::Range(int64_t{1}, kMaxWorldSize));
-  app.add_option("--sharding-strategy", strategy, "FSDP sharding strategy (default FULL_SHARD)")
-      ->check(CLI::IsMember(strategy_names().names()));
-  app.add_option("--optimizer", optimizer, "optimizer state for the memory model (default adam)")
-      ->check(CLI::IsMember(optimizer_names().names()));
-  app.add_option("--fsdp-version", fsdp_version,
-                 "1: FullyShardedDataParallel (default); 2: fully_shard, every candidate planned and its "
-                 "memory estimated as FSDP2's (the base policy's fsdp.version otherwise)")
-      ->check(CLI::IsMember({1, 2}));
+  add_fsdp_options(app, fsdp,
+                   "base policy (JSON, or an Accelerate config): its settings (mixed precision, strategy, "
+                   "ignored parameters, world size) are kept; what is wrapped varies",
+                   "1: FullyShardedDataParallel (default); 2: fully_shard, every candidate planned and its "
+                   "memory estimated as FSDP2's (the base policy's fsdp.version otherwise)");
   app.add_option("--top", top, "how many ranked policies to show")->check(CLI::Range(size_t{1}, size_t{100000}))
       ->capture_default_str();
   app.add_flag("-v,--verbose", verbose, "timings on stderr");
@@ -72,21 +64,20 @@ int suggest_main(int argc, char** argv) {
              "own, tied weights in one unit) as a candidate of its own. Ranked: fits the budget, then fewer units, then lower peak, then smaller root "
              "share.\nExit codes: 0 a policy fits; 1 none fits; 2 usage, input or output error; 3 internal error.");
   if (auto done = parse_command(app, argc, argv, "suggest")) return *done;
+  setup_logging(verbose ? 1 : 0, false);
   return run_guarded([&] {
-    Policy base;
-    if (!policy_file.empty()) base = load_policy_file(policy_file);
-    if (world_size) base.fsdp.world_size = *world_size;
-    if (!strategy.empty()) base.fsdp.strategy = *strategy_names().parse(strategy);
-    if (!optimizer.empty()) base.fsdp.optimizer = *optimizer_names().parse(optimizer);
-    if (fsdp_version) base.fsdp.version = *parse_version(*fsdp_version);
-    std::string why = settings_error(base.fsdp);
-    if (why.empty()) why = base.combination_error();
-    if (!why.empty()) {
-      std::cerr << "fsdp-plan: error: suggest: " << why << "\n";
+    PolicyFile policy_file;
+    try {
+      policy_file = load_policy(fsdp);
+    } catch (const UsageError& e) {
+      spdlog::error("suggest: {}", e.what());
       return kExitInputError;
     }
     check_readable_file(model);
     ModuleTree tree = load_model(model, LoaderKind::Archive);
+    // An Accelerate config's ignored modules are resolved on the model; its classes are what suggest varies.
+    resolve_policy_file(policy_file, tree);
+    const Policy& base = policy_file.policy;
 
     SuggestContext ctx;
     ctx.model_path = model;
@@ -97,13 +88,10 @@ int suggest_main(int argc, char** argv) {
     ctx.top = top;
     auto t0 = std::chrono::steady_clock::now();
     Suggestion s = suggest(tree, base, ctx.options);
-    if (verbose) {
-      double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-      std::cerr << "fsdp-plan: info: suggest: " << s.tried << " candidates on " << tree.num_modules()
-                << " modules evaluated in " << static_cast<int64_t>(ms) << " ms ("
-                << static_cast<int64_t>(static_cast<double>(s.tried) * 1000.0 / std::max(ms, 1e-3))
-                << " candidates/s)\n";
-    }
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    spdlog::info("suggest: {} candidates on {} modules evaluated in {} ms ({} candidates/s)", s.tried,
+                 tree.num_modules(), static_cast<int64_t>(ms),
+                 static_cast<int64_t>(static_cast<double>(s.tried) * 1000.0 / std::max(ms, 1e-3)));
     bool fits = !s.ranked.empty() && s.ranked.front().fits;
 
     std::string report = format == "json" ? suggestion_to_json(s, ctx).dump(1) + "\n" : suggestion_to_text(s, ctx);
@@ -111,7 +99,7 @@ int suggest_main(int argc, char** argv) {
       // stdout carries only the hand-off (it is piped into a file); the ranking is for the person.
       std::cerr << report;
       if (!fits) {
-        std::cerr << "fsdp-plan: error: suggest: --emit " << emit << ": nothing written: no policy fits the budget\n";
+        spdlog::error("suggest: --emit {}: nothing written: no policy fits the budget", emit);
         return kExitRefused;
       }
       const Candidate& best = s.ranked.front();
@@ -120,7 +108,7 @@ int suggest_main(int argc, char** argv) {
       try {
         text = emit == "torch" ? plan_to_torch(plan) : plan_to_accelerate(plan);
       } catch (const EmitError& e) {
-        std::cerr << "fsdp-plan: error: suggest: --emit " << emit << ": " << best.label << ": " << e.what() << "\n";
+        spdlog::error("suggest: --emit {}: {}: {}", emit, best.label, e.what());
         return kExitInputError;
       }
       if (!output.empty()) write_output(output, policy_file_json(best.policy).dump(2) + "\n", "policy");

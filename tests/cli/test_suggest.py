@@ -49,6 +49,23 @@ class Suggest(Scratch):
         # The written policy, planned on its own, is under the budget.
         self.assertLessEqual(peak(GPT, out), 1 << 20)
 
+    def test_accelerate_config_as_base(self):
+        # The base may be an Accelerate config, read as the plan reads it: its world size and
+        # mixed precision are kept (num_processes 8, bf16), its wrap classes are what suggest varies.
+        cfg = os.path.join(ROOT, "policies", "accelerate_fsdp1.yaml")
+        out = os.path.join(self.tmp, "best.json")
+        r = self.suggest(GPT, "--policy", cfg, "--budget", "1MiB", "-o", out)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        with open(out) as f:
+            best = json.load(f)
+        self.assertEqual(best["fsdp"]["world_size"], 8)
+        self.assertEqual(best["mixed_precision"]["param_dtype"], "bfloat16")
+        self.assertLessEqual(peak(GPT, out), 1 << 20)
+        # The same command-line settings as the plan's, and the same message for a bad one.
+        r = self.suggest(GPT, "--budget", "1MiB", "--world-size", "0")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("must be a whole number from 1 to", r.stderr)
+
     def test_json_report(self):
         r = self.suggest(GPT, "--world-size", "8", "--budget", "1MiB", "-f", "json", "--top", "3")
         self.assertEqual(r.returncode, 0, r.stderr)

@@ -1,0 +1,58 @@
+#include "fsdp_options.h"
+
+#include <spdlog/spdlog.h>
+
+namespace fsdp_plan {
+namespace {
+
+// CLI11's PositiveNumber prints its whole double range; say it plainly instead.
+const CLI::Validator kPositiveCount(
+    [](std::string& text) -> std::string {
+      try {
+        size_t used = 0;
+        long long v = std::stoll(text, &used);
+        if (used == text.size() && v >= 1 && v <= kMaxWorldSize) return "";
+      } catch (const std::exception&) {
+      }
+      return "must be a whole number from 1 to " + std::to_string(kMaxWorldSize) + ", not " + text;
+    },
+    "N");
+
+}  // namespace
+
+void add_fsdp_options(CLI::App& app, FsdpOptions& opt, const std::string& policy_help,
+                      const std::string& version_help) {
+  app.add_option("-p,--policy", opt.policy, policy_help);
+  const char* group = "FSDP settings (override the policy's \"fsdp\")";
+  app.add_option("--world-size", opt.world_size, "ranks, for the memory model (default 1)")->check(kPositiveCount)->group(group);
+  app.add_option("--sharding-strategy", opt.strategy, "FSDP sharding strategy (default FULL_SHARD)")
+      ->check(CLI::IsMember(strategy_names().names()))->group(group);
+  app.add_option("--shard-group-size", opt.shard_group_size,
+                 "HYBRID_SHARD: ranks a parameter is sharded over (default min(8, world size))")
+      ->check(kPositiveCount)
+      ->group(group);
+  app.add_flag("--use-orig-params", opt.use_orig_params, "FSDP use_orig_params=True (adds alignment padding)")
+      ->group(group);
+  app.add_option("--optimizer", opt.optimizer, "optimizer state for the memory model (default adam)")
+      ->check(CLI::IsMember(optimizer_names().names()))->group(group);
+  app.add_option("--fsdp-version", opt.fsdp_version, version_help)->check(CLI::IsMember({1, 2}))->group(group);
+}
+
+PolicyFile load_policy(const FsdpOptions& opt) {
+  PolicyFile file = read_policy_file(opt.policy);
+  FsdpSettings& fsdp = file.policy.fsdp;
+  if (opt.world_size) fsdp.world_size = *opt.world_size;
+  if (opt.shard_group_size) fsdp.shard_group_size = *opt.shard_group_size;
+  if (opt.strategy) fsdp.strategy = *strategy_names().parse(*opt.strategy);
+  if (opt.optimizer) fsdp.optimizer = *optimizer_names().parse(*opt.optimizer);
+  if (opt.use_orig_params) fsdp.use_orig_params = true;
+  if (opt.fsdp_version) set_fsdp_version(file, *parse_version(*opt.fsdp_version));
+  if (std::string why = settings_error(fsdp); !why.empty()) throw UsageError(why);
+  if (fsdp.shard_group_size > 0 && fsdp.strategy != ShardingStrategy::HybridShard)
+    spdlog::warn("the shard group size ({}) is ignored: only HYBRID_SHARD uses it, and the strategy is {}",
+                 fsdp.shard_group_size, strategy_name(fsdp.strategy));
+  if (std::string why = file.policy.combination_error(); !why.empty()) throw UsageError(why);
+  return file;
+}
+
+}  // namespace fsdp_plan

@@ -1,0 +1,39 @@
+// The options of every command that plans (fsdp-plan, fsdp-plan suggest):
+// the policy file and the FSDP settings that override its "fsdp" object,
+// added to a command line and applied to the policy in one place.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+
+#include "planner/policy_file.h"
+
+namespace fsdp_plan {
+
+// A command line that parses but makes no sense (exit 2, no file to name).
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct FsdpOptions {
+  std::string policy;  // --policy: a JSON policy or an Accelerate config
+  std::optional<int64_t> world_size, shard_group_size;
+  std::optional<std::string> strategy, optimizer;
+  std::optional<int> fsdp_version;
+  bool use_orig_params = false;
+};
+
+// `policy_help` and `version_help` say what the policy and --fsdp-version
+// mean to the command.
+void add_fsdp_options(CLI::App& app, FsdpOptions& opt, const std::string& policy_help,
+                      const std::string& version_help);
+
+// Reads the policy file and applies the settings given on the command line.
+// Throws InputError for a bad file, UsageError for settings FSDP would refuse.
+PolicyFile load_policy(const FsdpOptions& opt);
+
+}  // namespace fsdp_plan
