@@ -190,6 +190,10 @@ def step_time(comm: Dict[str, Any], flops: Dict[str, Any], hw: Hardware, a: Assu
     Waiting time of the compute stream is charged to the collective it waits for (exposed)."""
     version = comm["config"]["version"]
     units = [u["unit"] for u in comm["units"]]
+    unknown = [u for u in units if u and u not in flops["modules"]]
+    if unknown:
+        raise ValueError(f"the FLOP case has no module for the units {unknown}: comm and FLOP cases of "
+                         f"different models?")
     res: Dict[str, UnitResult] = {u: UnitResult(u) for u in units}
     mp_dtype = {u["unit"]: _unit_param_dtype(u) for u in comm["units"]}
     peak = hw.bf16_flops if all(d in ("bfloat16", "float16") for d in mp_dtype.values()) else hw.tf32_flops
