@@ -2,29 +2,6 @@
 
 namespace fsdp_plan {
 
-std::vector<int> build_order(const std::vector<Unit>& units) {
-  // Units are in pre-order, so a unit's children follow it in order; a
-  // post-order emits each unit after all later units it encloses.
-  std::vector<std::vector<int>> children(units.size());
-  for (size_t i = 1; i < units.size(); ++i) children[static_cast<size_t>(units[i].parent)].push_back(static_cast<int>(i));
-  std::vector<int> order;
-  order.reserve(units.size());
-  if (units.empty()) return order;
-  std::vector<std::pair<int, size_t>> stack{{0, 0}};  // unit, next child
-  while (!stack.empty()) {
-    auto& [u, next] = stack.back();
-    const auto& kids = children[static_cast<size_t>(u)];
-    if (next < kids.size()) {
-      int child = kids[next++];
-      stack.push_back({child, 0});
-    } else {
-      order.push_back(u);
-      stack.pop_back();
-    }
-  }
-  return order;
-}
-
 std::vector<Unit> group_units(const ModuleTree& tree, const std::vector<bool>& wrapped,
                               const std::vector<bool>& ignored_tensor, bool use_orig_params) {
   auto is_unit = [&](ModuleId m) { return m == 0 || wrapped[static_cast<size_t>(m)]; };
@@ -67,7 +44,7 @@ std::vector<Unit> group_units(const ModuleTree& tree, const std::vector<bool>& w
   std::vector<bool> flattened = ignored_tensor;
   flattened.resize(tree.num_tensors(), false);
   std::vector<int> taken_by(tree.num_tensors(), -1);
-  for (int ui : build_order(units)) {
+  for (int ui : unit_postorder(units)) {
     Unit& u = units[static_cast<size_t>(ui)];
     walk(u, [&](ModuleId m, const Module& mod) {
       for (size_t i = 0; i < mod.params.size(); ++i) {

@@ -24,7 +24,4 @@ namespace fsdp_plan {
 std::vector<Unit> group_units(const ModuleTree& tree, const std::vector<bool>& wrapped,
                               const std::vector<bool>& ignored_tensor, bool use_orig_params);
 
-// Unit indices in the order FSDP1 builds them: post-order, the root last.
-std::vector<int> build_order(const std::vector<Unit>& units);
-
 }  // namespace fsdp_plan

@@ -28,7 +28,7 @@ class FlatParamChecks {
 
  private:
   const TensorInfo& info(const Owned& o) const { return tree_.tensor(o.tensor); }
-  std::string unit_name(const Unit& u) const { return quoted_path(tree_.path(u.module)); }
+  std::string unit_name(const Unit& u) const { return fsdp_plan::unit_name(tree_, u, true); }
   std::string unit_class(const Unit& u) const {
     return bare_class(tree_, u.module);
   }

@@ -89,13 +89,11 @@ Fsdp2Memory::Fsdp2Memory(const Plan& plan) {
   forward_closes_.assign(n, 0);
   std::vector<size_t> stack;
   for (size_t j = 0; j < n; ++j) {
-    for (; !stack.empty() && !is_ancestor(stack.back(), j); stack.pop_back()) {
-      post_order_.push_back(stack.back());
-      ++forward_closes_[j];
-    }
+    for (; !stack.empty() && !is_ancestor(stack.back(), j); stack.pop_back()) ++forward_closes_[j];
     stack.push_back(j);
   }
-  for (; !stack.empty(); stack.pop_back()) post_order_.push_back(stack.back());
+  stack.clear();
+  for (int u : unit_postorder(plan.units)) post_order_.push_back(static_cast<size_t>(u));
   backward_closes_.assign(n, 0);
   for (size_t k = n; k-- > 0;) {
     const size_t j = post_order_[k];

@@ -14,18 +14,7 @@ namespace {
 std::vector<size_t> postorder_index(const ModuleTree& tree) {
   std::vector<size_t> index(tree.num_modules(), 0);
   size_t next = 0;
-  std::vector<std::pair<ModuleId, size_t>> stack{{0, 0}};
-  while (!stack.empty()) {
-    auto& [m, child] = stack.back();
-    const Module& mod = tree.module(m);
-    if (child < mod.children.size()) {
-      ModuleId c = mod.children[child++];
-      stack.push_back({c, 0});
-      continue;
-    }
-    index[static_cast<size_t>(m)] = next++;
-    stack.pop_back();
-  }
+  for (ModuleId m : tree.postorder()) index[static_cast<size_t>(m)] = next++;
   return index;
 }
 

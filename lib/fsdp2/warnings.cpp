@@ -35,11 +35,7 @@ class Refusals {
     plan_.warnings.push_back(std::move(w));
   }
 
-  std::string unit_name(const Unit& u) const {
-    std::vector<std::string> paths;
-    for (ModuleId m : u.modules) paths.push_back(quoted_path(tree_.path(m)));
-    return paths.size() == 1 ? paths[0] : "[" + join(paths) + "]";
-  }
+  std::string unit_name(const Unit& u) const { return fsdp_plan::unit_name(tree_, u, true); }
 
   void group_paths() {
     for (const auto& p : calls_.unknown_paths)

@@ -80,6 +80,23 @@ std::vector<ModuleId> ModuleTree::preorder(ModuleId from) const {
   return order;
 }
 
+std::vector<ModuleId> ModuleTree::postorder(ModuleId from) const {
+  std::vector<ModuleId> order;
+  std::vector<std::pair<ModuleId, size_t>> stack{{from, 0}};  // module, next child
+  while (!stack.empty()) {
+    auto& [m, child] = stack.back();
+    const auto& ch = module(m).children;
+    if (child < ch.size()) {
+      const ModuleId c = ch[child++];
+      stack.push_back({c, 0});
+      continue;
+    }
+    order.push_back(m);
+    stack.pop_back();
+  }
+  return order;
+}
+
 std::vector<int64_t> subtree_numel(const ModuleTree& tree, const std::vector<bool>& ignored_tensor) {
   const size_t n = tree.num_modules();
   // How many slots hold each tensor: most hold one, tied weights more.

@@ -88,6 +88,8 @@ class ModuleTree {
   // Modules in `root.modules()` order: pre-order, children in registration
   // order. Iterative, so a 100,000-deep chain is fine.
   std::vector<ModuleId> preorder(ModuleId from = 0) const;
+  // Children before their parent, in order; `from` last.
+  std::vector<ModuleId> postorder(ModuleId from = 0) const;
 
  private:
   std::vector<Module> modules_;

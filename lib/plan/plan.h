@@ -43,6 +43,15 @@ struct Unit {
 
 // Whether all of `owned` share one dtype, as most units' parameters do (true
 // when empty): the dtype checks have nothing to say about those.
+// A unit as messages and reports name it: its module's path, or an FSDP2
+// group's paths in brackets; with `quoted`, each as quoted_path writes it
+// ('blocks.0', (root)).
+std::string unit_name(const ModuleTree& tree, const Unit& u, bool quoted = false);
+
+// Unit indices in post-order (a unit after every unit it encloses, the root
+// last): the order FSDP1 builds its units, and FSDP2's post-forward hooks.
+std::vector<int> unit_postorder(const std::vector<Unit>& units);
+
 bool one_dtype(const ModuleTree& tree, const std::vector<Owned>& owned);
 
 struct ModelSummary {

@@ -14,12 +14,6 @@
 namespace fsdp_plan {
 namespace {
 
-std::string percent(double share) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f%%", 100.0 * share);
-  return buf;
-}
-
 // A module whose parameters stay in the root unit: a whole subtree without
 // units (whole), or a module's own parameters beside its wrapped children.
 struct Held {

@@ -12,13 +12,6 @@ namespace {
 
 using ojson = nlohmann::ordered_json;
 
-std::string percent(double share) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f%%", 100.0 * share);
-  return buf;
-}
-
-
 // How a limit or an actual value reads in the text output.
 std::string show(const std::string& rule, const ojson& v) {
   if (v.is_string()) return v.get<std::string>();

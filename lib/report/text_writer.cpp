@@ -83,13 +83,6 @@ std::string shorten_path(const std::string& path, size_t width) {
 
 namespace {
 
-std::string percent(int64_t part, int64_t whole) {
-  if (whole <= 0) return "0%";
-  char buf[16];
-  std::snprintf(buf, sizeof buf, "%.1f%%", 100.0 * static_cast<double>(part) / static_cast<double>(whole));
-  return buf;
-}
-
 // Word-wraps `text` to `width` columns; lines after the first start with `indent`.
 std::string wrap(const std::string& text, size_t width, const std::string& indent, const std::string& first = "") {
   std::string out, line = first;

@@ -188,14 +188,6 @@ UnitSet unit_set(const Plan& plan) {
   return out;
 }
 
-// A unit as the report names it: its module, or an FSDP2 group's modules.
-std::string unit_name(const ModuleTree& tree, const Unit& u) {
-  if (u.modules.size() < 2) return tree.path(u.module);
-  std::string out = "[";
-  for (size_t i = 0; i < u.modules.size(); ++i) out += (i ? ", " : "") + tree.path(u.modules[i]);
-  return out + "]";
-}
-
 // FSDP2 groups all-gathered again in backward (resharded after forward).
 int64_t regathered(const Plan& plan) {
   if (!plan.v2() || plan.policy.fsdp.world_size == 1) return 0;

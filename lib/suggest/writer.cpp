@@ -23,12 +23,6 @@ int64_t model_param_numel(const ModuleTree& tree) {
   return n;
 }
 
-std::string percent(double share) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f%%", share * 100);
-  return buf;
-}
-
 std::string mixed_precision_name(const Policy& p) {
   return p.mixed_precision && p.mixed_precision->param_dtype ? *p.mixed_precision->param_dtype : "none";
 }

@@ -35,6 +35,10 @@ std::string join(const std::vector<std::string>& items, std::string_view sep = "
 std::string format_bytes(int64_t bytes);
 // 1234567 -> "1.23M"; 999 -> "999"
 std::string format_count(int64_t n);
+// A share as the reports print it: 0.271 -> "27.1%" (printf's %.1f, ties to even).
+std::string percent(double share);
+// part of whole as percent() prints it; "0%" when whole is not positive.
+std::string percent(int64_t part, int64_t whole);
 
 // `s` filled with spaces to `width` columns (one per byte), on the left when
 // right-aligned; a longer `s` is left as it is.
