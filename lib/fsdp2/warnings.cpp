@@ -52,23 +52,58 @@ class Refusals {
           {p});
   }
 
+  // _fsdp_init.py: _validate_module refuses a ModuleList/ModuleDict (no
+  // forward of its own). A .pt2 records a class only for modules whose
+  // forward ran during torch.export; the loader guesses ModuleList/ModuleDict
+  // for the rest from their children (export_program.cpp: infer_class). A
+  // Sequential the parent iterates over, or peft's LoraModel (PeftModel.forward
+  // calls the model inside it), looks the same and has a forward, so a guess
+  // only warns. What the guess cannot change: FSDP2 all-gathers a group in the
+  // forward pre-hook of its module (_fsdp_state.py: FSDPState.init registers
+  // _pre_forward), so a module that is never called leaves the parameters it
+  // manages sharded, and the first module using them fails on a DTensor.
   void containers() {
     const TreeClasses& classes = matcher_.classes(tree_);
     std::vector<int8_t> container(classes.size(), -1);  // per class, once asked
-    for (const Unit& u : plan_.units)
+    static const std::string kRefusal = "\"fully_shard does not support containers that do not implement forward\"";
+    static const std::string kSharded =
+        "FSDP2 all-gathers a group's parameters in the forward pre-hook of its module, so if training does not "
+        "call that forward either, they stay sharded and the first module that uses them fails on a DTensor "
+        "(\"got mixed torch.Tensor and DTensor\")";
+    for (const Unit& u : plan_.units) {
+      bool warned = false, called = false;
       for (ModuleId m : u.modules) {
+        called = called || m == 0 || tree_.module(m).class_source == ClassSource::Recorded;
         if (m == 0) continue;
         const int32_t c = classes.of(static_cast<size_t>(m));
         int8_t& known = container[static_cast<size_t>(c)];
         if (known < 0) known = matcher_.is_instance(classes.qualified(c), module_container_classes());
         if (!known) continue;
-        const std::string& cls = classes.qualified(c);
-        add("fsdp2_container", Severity::Error,
-            "fully_shard is called on " + quoted_path(tree_.path(m)) + " (" + std::string(short_name(cls)) +
-                "), and PyTorch refuses it: \"fully_shard does not support containers that do not implement "
-                "forward\"; shard its elements instead, or name them in one group (fully_shard([a, b]))",
+        const std::string cls(short_name(classes.qualified(c)));
+        if (tree_.module(m).class_source != ClassSource::Inferred) {
+          add("fsdp2_container", Severity::Error,
+              "fully_shard is called on " + quoted_path(tree_.path(m)) + " (" + cls + "), and PyTorch refuses it: " +
+                  kRefusal + "; shard its elements instead, or name them in one group (fully_shard([a, b]))",
+              {tree_.path(m)});
+          continue;
+        }
+        const bool alone = u.modules.size() == 1 && !u.params.empty();
+        add("fsdp2_container", Severity::Warning,
+            "fully_shard is called on " + quoted_path(tree_.path(m)) + ", whose class is inferred as " + cls +
+                " (not recorded: its forward never ran during torch.export): if it is a ModuleList or ModuleDict, "
+                "PyTorch refuses it (" + kRefusal + "); if it has a forward that its parent iterates over or skips " +
+                "(a Sequential, peft's LoraModel), fully_shard accepts it" + (alone ? ", but " + kSharded : "") +
+                ". Shard its elements instead, or name them in one group (fully_shard([a, b]))",
             {tree_.path(m)});
+        warned = true;
       }
+      if (warned || called || u.params.empty()) continue;
+      add("fsdp2_not_called", Severity::Warning,
+          "fully_shard is called on " + unit_name(u) + ", whose forward never ran during torch.export" +
+              (u.modules.size() == 1 ? "" : " (none of the group's modules ran)") + ": " + kSharded +
+              "; shard the module that uses its parameters instead",
+          {tree_.path(u.module)});
+    }
   }
 
   void scalars() {

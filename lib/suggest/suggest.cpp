@@ -226,6 +226,12 @@ void evaluate(Candidate& c, const Plan& plan, const ModuleTree& tree, const Sugg
       c.dropped = "splits a tied weight across units";
       return;
     }
+    // A call on a module torch.export never ran only warns (fsdp2_refusals.cpp):
+    // it may be a real ModuleList, or never gathered; a suggestion does not count on it.
+    if (w.kind == "fsdp2_container" || w.kind == "fsdp2_not_called") {
+      c.dropped = "FSDP2 may refuse or fail on it: " + w.kind + " (a module torch.export never ran)";
+      return;
+    }
   }
   c.units = static_cast<int64_t>(plan.units.size());
   int64_t total = 0;

@@ -41,12 +41,13 @@ const std::vector<WarningKind>& warning_table() {
       // FSDP2 (fsdp2/warnings.cpp).
       {"unmatched_group", S::Error, std::nullopt, W::Fsdp2},
       {"fsdp2_applied_twice", S::Error, std::nullopt, W::Fsdp2},
-      {"fsdp2_container", S::Error, std::nullopt, W::Fsdp2},
+      {"fsdp2_container", S::Error, S::Warning, W::Fsdp2},  // a warning on a class a .pt2 only infers
       {"fsdp2_scalar_param", S::Error, std::nullopt, W::Fsdp2},
       {"fsdp2_mixed_dtype", S::Error, std::nullopt, W::Fsdp2},
       {"fsdp2_frozen_dtype", S::Warning, std::nullopt, W::Fsdp2},
       {"fsdp2_shared_param", S::Error, std::nullopt, W::Fsdp2},
       {"fsdp2_reshard_ranks", S::Error, std::nullopt, W::Fsdp2},
+      {"fsdp2_not_called", S::Warning, std::nullopt, W::Fsdp2},  // a .pt2 module whose forward never ran
   };
   return table;
 }

@@ -12,6 +12,11 @@ For each model (small hand-built ones, plus corpus models when --corpus is given
    sharded parameters, sharded gradients (after backward), optimizer state (after the step) and
    buffers exactly, and the peak of the non-activation categories within TOLERANCE.
 
+Also (cases "inferred_class ..."): a module whose class a .pt2 only infers (never called during
+torch.export: a Sequential iterated over, peft's LoraModel, a real ModuleList) may draw an
+fsdp2_container warning, never the error; the TorchScript plan of a real ModuleList keeps the
+error; each is checked against what fully_shard does on the live module.
+
     /work/venv/bin/python tests/differential/test_fsdp2.py BINARY [--corpus DIR] [-k SUBSTRING] [-v]
 
 Exits 1 on any failure.
@@ -339,6 +344,144 @@ def check_against_torch(plan, builder, make_input, world, group, bf16, verbose):
     return failures if failures else None, off
 
 
+# ---------------------------------------------------------------------------- classes a .pt2 infers
+
+class IteratedSequential(nn.Module):
+    """A Sequential the parent iterates over instead of calling: torch.export never sees its forward
+    run, so the .pt2 records no class for it, and its children named 0..n-1 make it look like a
+    ModuleList. fully_shard accepts it (a Sequential has a forward)."""
+
+    def __init__(self, d=16, hidden=24):
+        super().__init__()
+        self.body = nn.Sequential(Block(d, hidden), Block(d, hidden))
+        self.head = nn.Linear(d, 5)
+
+    def forward(self, x):
+        for block in self.body:
+            x = block(x)
+        return self.head(x)
+
+
+class RealList(nn.Module):
+    """A real ModuleList: fully_shard refuses it, and the .pt2 cannot tell it from the above."""
+
+    def __init__(self, d=16, hidden=24):
+        super().__init__()
+        self.layers = nn.ModuleList([Block(d, hidden), Block(d, hidden)])
+        self.head = nn.Linear(d, 5)
+
+    def forward(self, x):
+        for block in self.layers:
+            x = block(x)
+        return self.head(x)
+
+
+def lora_model():
+    """peft's PeftModel -> LoraModel (base_model) -> the model: PeftModel.forward calls the model
+    itself, so LoraModel's forward never runs and the .pt2 infers a ModuleDict for it."""
+    from peft import LoraConfig, get_peft_model
+    return get_peft_model(RealList(), LoraConfig(r=2, target_modules=["fc1"]))
+
+
+# name: (builder, example input, policy without "fsdp", the container's path, file kind). The
+# thresholds select the container and the blocks' parent but, for LoRA, not the real ModuleList.
+INFERRED = {
+    "sequential_pt2": (IteratedSequential, lambda: (torch.randn(2, 16),), {"min_num_params": 1000}, "body", "pt2"),
+    "lora_pt2": (lora_model, lambda: (torch.randn(2, 16),), {"min_num_params": 1850}, "base_model", "pt2"),
+    "modulelist_pt2": (RealList, lambda: (torch.randn(2, 16),), {"min_num_params": 1000}, "layers", "pt2"),
+    "modulelist_torchscript": (RealList, lambda: (torch.randn(2, 16),), {"min_num_params": 1000}, "layers", "pt"),
+}
+
+
+def fake_mesh(world):
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
+    return init_device_mesh("cpu", (world,))
+
+
+def fully_shard_raises(builder, path):
+    """What real fully_shard says when called on the module at `path` (fake backend, meta device)."""
+    mesh = fake_mesh(2)
+    with torch.device("meta"):
+        torch.manual_seed(0)
+        model = builder()
+    try:
+        fully_shard(model.get_submodule(path), mesh=mesh)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def first_forward_error(builder, plan, make_input):
+    """The plan's calls made for real (CPU, fake backend, world 1), then one forward: its error or None."""
+    mesh = fake_mesh(1)
+    torch.manual_seed(0)
+    model = builder()
+    for u in sorted(plan["units"], key=lambda u: u["call"]):
+        mods = [model.get_submodule(p) if p else model for p in u["modules"]]
+        fully_shard(mods if len(mods) > 1 else mods[0], mesh=mesh, reshard_after_forward=u["reshard_after_forward"])
+    try:
+        model(*make_input())
+    except RuntimeError as e:
+        return str(e)
+    return None
+
+
+def check_inferred(binary, name, tmp):
+    """A class the .pt2 infers may warn, never refuse (issue 24, item 3): the plan's fsdp2_container
+    for `name` against what torch 2.13's fully_shard does on the live module."""
+    builder, make_input, policy, path, kind = INFERRED[name]
+    torch.manual_seed(0)
+    model = builder().eval()
+    model_file = os.path.join(tmp, name + "." + kind)
+    if kind == "pt2":
+        torch.export.save(torch.export.export(model, make_input(), strict=False), model_file)
+    else:
+        torch.jit.save(torch.jit.trace(model, make_input()), model_file)
+    plan = plan_of(binary, model_file, dict(policy, fsdp={"version": 2}), tmp)
+    said = [w for w in plan["warnings"] if w["kind"] == "fsdp2_container" and w["modules"] == [path]]
+    if len(said) != 1:
+        return [f"plan: {len(said)} fsdp2_container warnings on {path!r}, want 1: {plan['warnings']}"]
+    w, raised = said[0], fully_shard_raises(builder, path)
+    if raised is not None and "containers that do not implement forward" not in raised:
+        return [f"fully_shard({path}) raised something else: {raised}"]
+    if kind != "pt2":
+        # A recorded class: the refusal is PyTorch's, and stays an error.
+        ok = raised is not None and w["severity"] == "error"
+        return [] if ok else [f"{path!r}: plan {w['severity']}, fully_shard {'raises' if raised else 'accepts it'}"]
+    # The class is a guess: a warning that says so, whatever the module really is.
+    if w["severity"] != "warning" or "inferred" not in w["message"]:
+        return [f"{path!r}: {w['severity']} {w['message']!r}; want a warning saying the class is inferred"
+                f" (fully_shard {'raises' if raised else 'accepts it'})"]
+    if raised is not None:
+        return []
+    # fully_shard accepts it. Whether training runs depends on what the group manages: its module's
+    # forward never runs, so FSDP2 never gathers it; the plan says which.
+    owns = any(u["params"] for u in plan["units"] if u["modules"] == [path])
+    error = first_forward_error(builder, plan, make_input)
+    failures = []
+    if owns != ("stay sharded" in w["message"]):
+        failures.append(f"{path!r} manages parameters: {owns}; the warning says: {w['message']!r}")
+    if owns:
+        if error is None or "mixed torch.Tensor and DTensor" not in error:
+            failures.append(f"{path!r} manages parameters and is never called, yet the first forward gives {error!r}")
+        # The fix the warning gives: its elements in one group, which torch runs and the plan agrees with.
+        elements = [path + "." + n for n, _ in builder().get_submodule(path).named_children()]
+        fixed = dict(policy)
+        fixed.pop("min_num_params")
+        fixed.update(groups=[{"modules": elements}], fsdp={"version": 2})
+        plan = plan_of(binary, model_file, fixed, tmp)
+        bad = [x for x in plan["warnings"] if x["severity"] != "info"]
+        if bad:
+            return failures + [f"the fix {fixed} still warns: {bad}"]
+    elif error is not None:
+        failures.append(f"{path!r} manages nothing, yet the first forward fails: {error}")
+    result = check_against_torch(plan, builder, make_input, 1, 1, False, False)
+    result = result[0] if isinstance(result, tuple) else result
+    return failures + (result or [])
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("binary")
@@ -351,6 +494,22 @@ def main():
     passed = failed = 0
     worst = 0.0
     with tempfile.TemporaryDirectory() as tmp:
+        for name in INFERRED:
+            case = f"inferred_class {name}"
+            if args.k and args.k not in case:
+                continue
+            try:
+                failures = check_inferred(args.binary, name, tmp)
+            except Exception:
+                failures = [traceback.format_exc()]
+            if failures:
+                failed += 1
+                print(f"FAIL {case}")
+                for f in failures:
+                    print("     " + f)
+            else:
+                passed += 1
+                print(f"ok   {case}")
         for name, spec in MODELS.items():
             if len(spec) > 3:
                 model_file = spec[3]

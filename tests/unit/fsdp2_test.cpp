@@ -91,6 +91,33 @@ TEST_CASE("fsdp2: min_num_params follows Accelerate's rule: the whole count, str
         Names{"", "emb", "layers", "layers.0", "layers.0.fc", "layers.1", "layers.1.fc", "head"});
 }
 
+TEST_CASE("fsdp2: a container class a .pt2 only infers warns, never refuses (issue 24)") {
+  auto b = tied_lm();
+  auto plan = plan_of(b, R"({"min_num_params": 20, "fsdp": {"version": 2}})");
+  const Warning* recorded = find_warning(plan, "fsdp2_container");
+  REQUIRE(recorded);
+  CHECK(recorded->severity == Severity::Error);
+  // The same tree as torch.export writes it: layers never ran, its class guessed from its children.
+  b.tree.module(b.id("layers")).class_source = ClassSource::Inferred;
+  plan = plan_of(b, R"({"min_num_params": 20, "fsdp": {"version": 2}})");
+  const Warning* w = find_warning(plan, "fsdp2_container");
+  REQUIRE(w);
+  CHECK(w->severity == Severity::Warning);
+  CHECK(w->message.find("inferred as ModuleList") != std::string::npos);
+  CHECK(w->message.find("stay sharded") != std::string::npos);  // the call manages nothing else: layers' own
+  CHECK(count_warnings(plan, "fsdp2_not_called") == 0);
+  // A never-called module with parameters of its own, sharded alone: its group is never gathered.
+  b.tree.module(b.id("norm")).class_source = ClassSource::Unrecorded;
+  plan = plan_of(b, R"({"fsdp": {"version": 2}, "groups": [{"modules": ["norm"]}]})");
+  w = find_warning(plan, "fsdp2_not_called");
+  REQUIRE(w);
+  CHECK(w->severity == Severity::Warning);
+  CHECK(w->modules == Names{"norm"});
+  // In a group with a module that runs, the group is gathered when that one does.
+  plan = plan_of(b, R"({"fsdp": {"version": 2}, "groups": [{"modules": ["norm", "layers.0"]}]})");
+  CHECK(count_warnings(plan, "fsdp2_not_called") == 0);
+}
+
 TEST_CASE("fsdp2 refusals: 0-dim, mixed trainable dtypes, frozen of another dtype, bad int, unknown path") {
   TreeBuilder b;
   b.add("a", "Block");
