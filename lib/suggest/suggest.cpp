@@ -250,13 +250,21 @@ void evaluate(Candidate& c, const Plan& plan, const ModuleTree& tree, const Sugg
   c.regathered = regathered(plan);
 }
 
-bool better(const Candidate& a, const Candidate& b) {
-  if (a.fits != b.fits) return a.fits;
+// The order among candidates that fit: fewer units, then lower peak, ...
+bool better_if_fitting(const Candidate& a, const Candidate& b) {
   if (a.units != b.units) return a.units < b.units;
   if (a.peak_bytes != b.peak_bytes) return a.peak_bytes < b.peak_bytes;
   if (a.regathered != b.regathered) return a.regathered < b.regathered;  // fewer all-gathers in backward
   if (a.root_share != b.root_share) return a.root_share < b.root_share;
   return a.label < b.label;
+}
+
+// Those that fit first; among those that do not, the nearest miss first: it
+// is the one a change of settings brings in soonest.
+bool better(const Candidate& a, const Candidate& b) {
+  if (a.fits != b.fits) return a.fits;
+  if (!a.fits && a.needed_bytes != b.needed_bytes) return a.needed_bytes < b.needed_bytes;
+  return better_if_fitting(a, b);
 }
 
 int64_t needed(const ModuleTree& tree, const Policy& p, const SuggestOptions& opt, const ClassMatcher& matcher) {
@@ -268,7 +276,7 @@ int64_t needed(const ModuleTree& tree, const Policy& p, const SuggestOptions& op
 // world size): doublings, then the smallest count between the last two. The
 // peak need not fall forever (flat parameters are padded to the world size),
 // so the search stops at 2^20 ranks.
-std::optional<FitAdvice> world_size_advice(const std::vector<Candidate>& ranked, const SuggestOptions& opt,
+std::optional<FitAdvice> world_size_advice(const std::vector<const Candidate*>& ranked, const SuggestOptions& opt,
                                            PeakFor& peak_for) {
   constexpr int64_t kMaxRanks = int64_t{1} << 20;
   int64_t pick_hi = kMaxRanks + 1;
@@ -286,7 +294,8 @@ std::optional<FitAdvice> world_size_advice(const std::vector<Candidate>& ranked,
     return need;
   };
   // Doublings first, each candidate only as far as the best so far got.
-  for (const Candidate& c : ranked) {
+  for (const Candidate* cp : ranked) {
+    const Candidate& c = *cp;
     if (c.policy.fsdp.strategy == ShardingStrategy::NoShard) continue;
     int64_t lo = c.policy.fsdp.world_size, hi = lo;
     while (hi < std::min(kMaxRanks, pick_hi) && at(c, hi) > opt.budget_bytes) {
@@ -302,31 +311,54 @@ std::optional<FitAdvice> world_size_advice(const std::vector<Candidate>& ranked,
   // Then the smallest count between the last two doublings, for each
   // candidate that got as far as the best.
   std::optional<FitAdvice> best;
+  const Candidate* best_c = nullptr;
   for (auto [c, lo] : tied) {
     int64_t hi = pick_hi;
     while (hi - lo > 1) {  // at(lo) does not fit, at(hi) does
       int64_t mid = lo + (hi - lo) / 2;
       (at(*c, mid) <= opt.budget_bytes ? hi : lo) = mid;
     }
-    if (!best || hi < std::stoll(best->value))
+    if (!best || hi < std::stoll(best->value)) {
       best = FitAdvice{"world_size", std::to_string(hi), at(*c, hi), "fsdp.world_size: " + std::to_string(hi), c->label};
+      best_c = c;
+    }
   }
-  return best;
+  // Ranks come in whole nodes: past one node, the advice is a multiple of the
+  // GPUs per node, the first at which some candidate fits (the peak need not
+  // fall at every count, so each is checked; a few nodes on at most).
+  const int64_t g = std::max<int64_t>(1, opt.gpus_per_node);
+  if (!best || std::stoll(best->value) <= g) return best;
+  std::vector<const Candidate*> order{best_c};  // the one that fits soonest, first
+  for (const Candidate* c : ranked)
+    if (c != best_c && c->policy.fsdp.strategy != ShardingStrategy::NoShard) order.push_back(c);
+  const int64_t first = (std::stoll(best->value) + g - 1) / g * g;
+  for (int64_t w = first; w <= kMaxRanks && w < first + 64 * g; w += g)
+    for (const Candidate* c : order)
+      if (at(*c, w) <= opt.budget_bytes)
+        return FitAdvice{"world_size", std::to_string(w), at(*c, w), "fsdp.world_size: " + std::to_string(w), c->label};
+  return std::nullopt;
 }
 
 // Nothing fits: which one setting, changed on some candidate, would bring it
 // under the budget; each with the best candidate it works for.
-std::vector<FitAdvice> fit_advice(const ModuleTree& tree, const std::vector<Candidate>& ranked,
+std::vector<FitAdvice> fit_advice(const ModuleTree& tree, const std::vector<Candidate>& candidates,
                                   const SuggestOptions& opt, const ClassMatcher& matcher) {
+  // In the order they would rank once they fit: the advice names the
+  // candidate that would be best after the change.
+  std::vector<const Candidate*> ranked;
+  for (const Candidate& c : candidates) ranked.push_back(&c);
+  std::stable_sort(ranked.begin(), ranked.end(),
+                   [](const Candidate* a, const Candidate* b) { return better_if_fitting(*a, *b); });
   std::vector<FitAdvice> out;
   PeakFor peak_for;
   if (auto a = world_size_advice(ranked, opt, peak_for)) out.push_back(*a);
-  const Policy& base = ranked.front().policy;  // every candidate shares the base's settings
+  const Policy& base = ranked.front()->policy;  // every candidate shares the base's settings
   // Mixed precision: bf16 compute halves what is gathered. Sharded parameters,
   // gradients and optimizer state keep their dtype, so a candidate whose
   // steady state alone is over the budget is not replanned.
   if (!base.mixed_precision || !base.mixed_precision->param_dtype) {
-    for (const Candidate& c : ranked) {  // rank order: the first that fits is the best
+    for (const Candidate* cp : ranked) {  // rank order: the first that fits is the best
+      const Candidate& c = *cp;
       if (c.plan->memory.per_rank.steady_bytes + opt.activation_bytes > opt.budget_bytes) continue;
       Policy p = c.policy;
       MixedPrecision mp = p.mixed_precision.value_or(MixedPrecision{});
@@ -343,7 +375,8 @@ std::vector<FitAdvice> fit_advice(const ModuleTree& tree, const std::vector<Cand
   if (base.fsdp.optimizer == Optimizer::Adam) cheaper = {Optimizer::SgdMomentum, Optimizer::Sgd};
   if (base.fsdp.optimizer == Optimizer::SgdMomentum) cheaper = {Optimizer::Sgd};
   for (Optimizer o : cheaper) {  // the units stay: only the memory estimate changes
-    auto fits = std::find_if(ranked.begin(), ranked.end(), [&](const Candidate& c) {
+    auto fits = std::find_if(ranked.begin(), ranked.end(), [&](const Candidate* cp) {
+      const Candidate& c = *cp;
       // Whatever the optimizer, its step holds every sharded parameter and
       // gradient and the buffers (both models' peak is at least that, FSDP2's
       // unless CPU offload moves them): a candidate over the budget with those
@@ -357,10 +390,11 @@ std::vector<FitAdvice> fit_advice(const ModuleTree& tree, const std::vector<Cand
       return peak_for(*c.plan, s) + opt.activation_bytes <= opt.budget_bytes;
     });
     if (fits != ranked.end()) {
-      FsdpSettings s = fits->policy.fsdp;
+      const Candidate& c = **fits;
+      FsdpSettings s = c.policy.fsdp;
       s.optimizer = o;
-      out.push_back({"optimizer", optimizer_name(o), peak_for(*fits->plan, s) + opt.activation_bytes,
-                     std::string("fsdp.optimizer: \"") + optimizer_name(o) + "\"", fits->label});
+      out.push_back({"optimizer", optimizer_name(o), peak_for(*c.plan, s) + opt.activation_bytes,
+                     std::string("fsdp.optimizer: \"") + optimizer_name(o) + "\"", c.label});
       break;
     }
   }

@@ -19,6 +19,7 @@ struct SuggestOptions {
   int64_t budget_bytes = 0;      // per rank
   int64_t activation_bytes = 0;  // allowance added to the memory model's peak
   size_t max_thresholds = 64;    // size-policy thresholds tried at most
+  int64_t gpus_per_node = 8;     // world sizes past one node are advised in whole nodes
 };
 
 // One policy tried, and what its plan says.
@@ -66,7 +67,8 @@ std::vector<Candidate> suggest_candidates(const ModuleTree& tree, const Policy& 
 
 // Plans every candidate and ranks them: fits the budget, then fewer units,
 // then lower peak, then fewer FSDP2 groups gathered again in backward, then
-// smaller root share, then label. The memory model is the base policy's
+// smaller root share, then label; among those that do not fit, the lowest
+// need first. The memory model is the base policy's
 // FSDP version's (fsdp.fsdp_version).
 Suggestion suggest(const ModuleTree& tree, const Policy& base, const SuggestOptions& opt);
 

@@ -1,5 +1,6 @@
 #include "suggest/writer.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <map>
 #include <vector>
@@ -103,10 +104,18 @@ std::string suggestion_to_text(const Suggestion& s, const SuggestContext& ctx) {
   if (s.advice.empty()) {
     out += "no single change of world size, mixed precision or optimizer makes any candidate fit\n";
   } else {
-    out += "it fits with one change:\n";
+    const bool nodes = std::any_of(s.advice.begin(), s.advice.end(), [&](const FitAdvice& a) {
+      return a.setting == "world_size" && o.gpus_per_node > 1 && std::stoll(a.value) > o.gpus_per_node;
+    });
+    out += std::string("it fits with one change") +
+           (nodes ? " (world sizes in whole nodes of " + std::to_string(o.gpus_per_node) + " GPUs, --gpus-per-node)"
+                  : "") +
+           ":\n";
+    size_t width = 34;  // the changes line up, however long the longest
+    for (const auto& a : s.advice) width = std::max(width, a.policy_change.size());
     for (const auto& a : s.advice)
-      out += "  " + pad(a.policy_change, 36) + "needs " + pad(format_bytes(a.needed_bytes), 10, true) + "  with " +
-             a.candidate + "\n";
+      out += "  " + pad(a.policy_change, width + 2) + "needs " + pad(format_bytes(a.needed_bytes), 10, true) +
+             "  with " + a.candidate + "\n";
   }
   return out;
 }
@@ -124,6 +133,7 @@ nlohmann::ordered_json suggestion_to_json(const Suggestion& s, const SuggestCont
   out["settings"] = {{"budget_bytes", ctx.options.budget_bytes},
                      {"activation_bytes", ctx.options.activation_bytes},
                      {"world_size", base.fsdp.world_size},
+                     {"gpus_per_node", ctx.options.gpus_per_node},
                      {"fsdp_version", version_number(base.fsdp.version)},
                      {"sharding_strategy", strategy_name(base.fsdp.strategy)},
                      {"optimizer", optimizer_name(base.fsdp.optimizer)},

@@ -122,6 +122,46 @@ class Suggest(Scratch):
         self.assertIn("it fits with one change:", text)
         self.assertIn(f"fsdp.world_size: {w}", text)
 
+    def test_nothing_fits_report(self):
+        # Issue 24, item 5: when nothing fits, the nearest miss comes first; the world size advised
+        # is whole nodes (--gpus-per-node, default 8); the advice lines keep their columns.
+        args = (GPT, "--world-size", "8", "--budget", "700KiB", "--top", "1000")
+        doc = json.loads(self.suggest(*args, "-f", "json").stdout)
+        self.assertIsNone(doc["best"])
+        needed = [c["needed_bytes"] for c in doc["candidates"]]
+        self.assertEqual(needed, sorted(needed))
+        text = self.suggest(*args).stdout
+        rows = [line for line in text.splitlines() if line.startswith("   1  ")]
+        lowest = text.split("nothing fits: the lowest, ")[1].split(", needs ")[0]
+        self.assertEqual(rows[0].split("  ")[2:3], [lowest], rows)
+        advice = [line for line in text.split("it fits with one change")[1].splitlines()[1:] if line]
+        self.assertTrue(advice, text)
+        for line in advice:
+            self.assertRegex(line, r"^  \S.*\S   *needs  ", line)
+        self.assertIn('mixed_precision.param_dtype: "bfloat16"  ', text)
+        for per_node in (None, "5", "1"):
+            extra = ("--gpus-per-node", per_node) if per_node else ()
+            step = int(per_node or 8)
+            for world, budget in (("8", "700KiB"), ("2", "1MiB"), ("8", "500KiB")):
+                doc = json.loads(self.suggest(GPT, "--world-size", world, "--budget", budget, "--top", "1000",
+                                              "-f", "json", *extra).stdout)
+                ws = [a for a in doc["advice"] if a["setting"] == "world_size"]
+                if not ws:
+                    continue
+                w = int(ws[0]["value"])
+                self.assertTrue(w <= step or w % step == 0, (per_node, world, budget, w))
+                # The candidate named fits at w ranks, and not at the count before it (a node fewer).
+                named = [c for c in doc["candidates"] if c["label"] == ws[0]["candidate"]][0]
+                p = self.write("named.json", json.dumps(named["policy"]))
+                limit = {"700KiB": 700 << 10, "1MiB": 1 << 20, "500KiB": 500 << 10}[budget]
+                self.assertLessEqual(peak(GPT, p, "--world-size", str(w)), limit)
+                before = w - step if w > step else w - 1
+                if before >= int(world):
+                    self.assertGreater(peak(GPT, p, "--world-size", str(before)), limit, (per_node, w))
+        self.assertEqual(doc["settings"]["gpus_per_node"], 1)
+        self.assertIn("--gpus-per-node", self.suggest("--help").stdout)
+        self.assert_input_error(self.suggest(GPT, "--budget", "1MiB", "--gpus-per-node", "0"), "--gpus-per-node")
+
     def test_base_policy_settings_are_kept(self):
         base = self.write("base.json", json.dumps({"mixed_precision": {"param_dtype": "bfloat16"},
                                                    "fsdp": {"world_size": 4, "optimizer": "sgd"}}))

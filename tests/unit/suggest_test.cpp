@@ -110,7 +110,8 @@ TEST_CASE("a candidate that splits a tied weight is dropped; the rest are ranked
   CHECK(s.advice.empty());
 }
 
-TEST_CASE("ranking: fits first, then fewer units, then lower peak, then smaller root share") {
+TEST_CASE("ranking: fits first, then fewer units, then lower peak, then smaller root share; the nearest miss "
+          "first among those that do not fit") {
   auto b = tied_lm();
   SuggestOptions opt;
   // Between the lowest peak and the root-only plan's peak: only real wrapping fits.
@@ -128,6 +129,10 @@ TEST_CASE("ranking: fits first, then fewer units, then lower peak, then smaller 
   CHECK(best.needed_bytes <= opt.budget_bytes);
   for (size_t i = 1; i < s.ranked.size(); ++i) {
     const Candidate &a = s.ranked[i - 1], &c = s.ranked[i];
+    if (!a.fits && !c.fits && a.needed_bytes != c.needed_bytes) {
+      CHECK(a.needed_bytes < c.needed_bytes);
+      continue;
+    }
     CHECK((a.fits > c.fits || (a.fits == c.fits && (a.units < c.units || (a.units == c.units &&
           (a.peak_bytes < c.peak_bytes || (a.peak_bytes == c.peak_bytes && a.root_share <= c.root_share)))))));
   }
@@ -163,14 +168,22 @@ TEST_CASE("nothing fits: the smallest world size that would, checked by planning
   CHECK(w > 1);
   CHECK(w <= 16);
   CHECK(it->needed_bytes <= opt.budget_bytes);
-  // The candidate the advice names fits at w ranks and not at w - 1.
+  // Past one node (opt.gpus_per_node, 8), whole nodes.
+  CHECK((w <= opt.gpus_per_node || w % opt.gpus_per_node == 0));
+  // The candidate the advice names fits at w ranks and not at the count before (a node fewer past one node).
   auto named = std::find_if(s.ranked.begin(), s.ranked.end(), [&](const Candidate& c) { return c.label == it->candidate; });
   REQUIRE(named != s.ranked.end());
   Policy p = named->policy;
   p.fsdp.world_size = w;
   CHECK(peak_of(b, p) <= opt.budget_bytes);
-  p.fsdp.world_size = w - 1;
+  p.fsdp.world_size = w > opt.gpus_per_node ? w - opt.gpus_per_node : w - 1;
   CHECK(peak_of(b, p) > opt.budget_bytes);
+  // One GPU per node: any count, the smallest that fits.
+  opt.gpus_per_node = 1;
+  s = suggest(b.tree, world(1), opt);
+  it = std::find_if(s.advice.begin(), s.advice.end(), [](const FitAdvice& a) { return a.setting == "world_size"; });
+  REQUIRE(it != s.advice.end());
+  CHECK(std::stoll(it->value) <= w);
 }
 
 TEST_CASE("policies that give the same units are planned once, under the first label") {
