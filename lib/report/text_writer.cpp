@@ -20,6 +20,15 @@ bool is_index(const std::string& s) {
   return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
 }
 
+// A unit as the plan names it: its module's path, "(root)", or an FSDP2
+// call on several modules as "[a, b]".
+std::string unit_label(const ModuleTree& tree, const Unit& u) {
+  if (u.modules.size() < 2) return path_or_root(tree.path(u.module));
+  std::vector<std::string> names;
+  for (ModuleId m : u.modules) names.push_back(tree.path(m));
+  return "[" + join(names) + "]";
+}
+
 std::string describe_policy(const Policy& p) {
   const bool v2 = p.fsdp.v2();
   std::vector<std::string> parts;
@@ -127,10 +136,9 @@ std::string fsdp2_memory_text(const Plan& plan) {
          " = steady " + format_bytes(r.steady_bytes) + (m.settings.cpu_offload ? " (on the host)" : "") + "\n";
   std::string peak = "peak " + format_bytes(r.peak_bytes) + (m.settings.cpu_offload ? " on the device" : "") +
                      " in " + r.peak_phase;
-  if (r.peak_unit >= 0) {
-    std::string path = plan.tree->path(plan.units[static_cast<size_t>(r.peak_unit)].module);
-    peak += " at unit " + std::to_string(r.peak_unit) + " " + path_or_root(path);
-  }
+  if (r.peak_unit >= 0)
+    peak += " at unit " + std::to_string(r.peak_unit) + " " +
+            unit_label(*plan.tree, plan.units[static_cast<size_t>(r.peak_unit)]);
   std::vector<std::string> parts;
   for (const auto& [name, bytes] : r.peak_categories)
     if (bytes > 0) parts.push_back(name + " " + format_bytes(bytes));
@@ -177,7 +185,7 @@ std::string plan_to_text(const Plan& plan, const TextOptions& options) {
   if (plan.v2()) {
     int calls = static_cast<int>(plan.units.size());
     out += "fsdp    FSDP2: " + std::to_string(calls) + " fully_shard call" + (calls == 1 ? "" : "s") +
-           ", bottom-up, the root last; units in forward order, [call] reshard_after_forward\n";
+           ", bottom-up, the root last; units in forward order\n";
   }
   if (!plan.aliases.empty()) {
     std::vector<std::string> parts;
@@ -194,19 +202,71 @@ std::string plan_to_text(const Plan& plan, const TextOptions& options) {
   // Columns as wide as their content: whole class names, whole paths unless
   // the terminal is too narrow, in which case paths lose their middle.
   // Frozen parameters (requires_grad=False) get a column only in models that have them.
+  // An FSDP2 call on several modules is a row of its own, "[a, b]" with the
+  // call's totals, and a row under it per module with what that module holds.
   const bool frozen = std::any_of(plan.units.begin(), plan.units.end(), [](const Unit& u) { return u.frozen_numel > 0; });
   const size_t other_columns = kOtherColumns + (frozen ? 9 : 0);
-  const size_t n = plan.units.size();
-  std::vector<std::string> indents(n), paths(n), classes(n);
-  size_t unit_width = kUnitWidth, class_width = kClassWidth;
-  for (size_t i = 0; i < n; ++i) {
+  struct Row {
+    int unit = -1;  // index into plan.units for a unit's row, -1 for a module of a group
+    std::string indent, path, cls;
+    bool group = false;  // "[a, b]": not shortened
+    int64_t numel = 0, frozen = 0, bytes = 0, buffer_bytes = 0;
+    bool buffers = false;
+  };
+  std::vector<Row> rows;
+  for (size_t i = 0; i < plan.units.size(); ++i) {
     const Unit& u = plan.units[i];
-    indents[i] = std::string(static_cast<size_t>(std::min(u.depth, 10)) * 2, ' ');
-    paths[i] = tree.path(u.module);
-    if (paths[i].empty()) paths[i] = "(root)";
-    classes[i] = bare_class(tree, u.module);
-    unit_width = std::max(unit_width, indents[i].size() + paths[i].size());
-    class_width = std::max(class_width, classes[i].size() + 1);
+    Row r;
+    r.unit = static_cast<int>(i);
+    r.indent = std::string(static_cast<size_t>(std::min(u.depth, 10)) * 2, ' ');
+    r.numel = u.param_numel, r.frozen = u.frozen_numel, r.bytes = u.param_bytes, r.buffer_bytes = u.buffer_bytes;
+    r.buffers = !u.buffers.empty();
+    if (u.modules.size() < 2) {
+      r.path = path_or_root(tree.path(u.module));
+      r.cls = bare_class(tree, u.module);
+      rows.push_back(std::move(r));
+      continue;
+    }
+    std::vector<std::string> names;
+    for (ModuleId m : u.modules) names.push_back(tree.path(m));
+    r.path = "[" + join(names) + "]";
+    r.cls = "group of " + std::to_string(u.modules.size());
+    r.group = true;
+    const std::string indent = r.indent + "  ";
+    rows.push_back(std::move(r));
+    // Each tensor the call manages, to the module of the call that holds it
+    // (fully_shard([a, b]) manages the subtrees of a and b).
+    const size_t first = rows.size();
+    for (ModuleId m : u.modules) {
+      Row k;
+      k.indent = indent;
+      k.path = tree.path(m);
+      k.cls = bare_class(tree, m);
+      rows.push_back(std::move(k));
+    }
+    auto member = [&](ModuleId m) -> Row* {
+      for (; m >= 0; m = tree.module(m).parent)
+        for (size_t k = 0; k < u.modules.size(); ++k)
+          if (u.modules[k] == m) return &rows[first + k];
+      return nullptr;
+    };
+    for (const auto& o : u.params)
+      if (Row* k = member(o.module)) {
+        k->numel += tree.numel(o.tensor);
+        k->bytes += tree.bytes(o.tensor);
+        if (!tree.tensor(o.tensor).requires_grad) k->frozen += tree.numel(o.tensor);
+      }
+    for (const auto& o : u.buffers)
+      if (Row* k = member(o.module)) {
+        k->buffer_bytes += tree.bytes(o.tensor);
+        k->buffers = true;
+      }
+  }
+  const size_t n = rows.size();
+  size_t unit_width = kUnitWidth, class_width = kClassWidth;
+  for (const Row& r : rows) {
+    unit_width = std::max(unit_width, r.indent.size() + r.path.size());
+    class_width = std::max(class_width, r.cls.size() + 1);
   }
   if (!options.wide && other_columns + class_width + unit_width > options.width) {
     unit_width = std::max(kShortestUnitWidth, options.width > other_columns + class_width
@@ -214,8 +274,8 @@ std::string plan_to_text(const Plan& plan, const TextOptions& options) {
     std::vector<std::string> shortened(n);
     std::vector<size_t> room(n);
     for (size_t i = 0; i < n; ++i) {
-      room[i] = unit_width > indents[i].size() ? unit_width - indents[i].size() : 1;
-      shortened[i] = shorten_path(paths[i], room[i]);
+      room[i] = unit_width > rows[i].indent.size() ? unit_width - rows[i].indent.size() : 1;
+      shortened[i] = rows[i].group ? rows[i].path : shorten_path(rows[i].path, room[i]);
     }
     // Rows must stay distinct: rows whose shortenings collide get more room,
     // one column at a time, until they differ (whole paths always do).
@@ -224,51 +284,52 @@ std::string plan_to_text(const Plan& plan, const TextOptions& options) {
       std::map<std::string, int> seen;
       for (const auto& s : shortened) ++seen[s];
       for (size_t i = 0; i < n; ++i) {
-        if (seen[shortened[i]] < 2 || shortened[i] == paths[i]) continue;
+        if (seen[shortened[i]] < 2 || shortened[i] == rows[i].path) continue;
         collided = true;
-        shortened[i] = shorten_path(paths[i], ++room[i]);
+        shortened[i] = shorten_path(rows[i].path, ++room[i]);
       }
     }
     size_t widest = 0;
-    for (size_t i = 0; i < n; ++i) widest = std::max(widest, indents[i].size() + shortened[i].size());
+    for (size_t i = 0; i < n; ++i) widest = std::max(widest, rows[i].indent.size() + shortened[i].size());
     unit_width = std::max(unit_width, widest);  // what could not be shortened enough still aligns
     // A row is shortened only if its whole path would not fit the column.
     for (size_t i = 0; i < n; ++i)
-      if (indents[i].size() + paths[i].size() > unit_width) paths[i] = shortened[i];
+      if (rows[i].indent.size() + rows[i].path.size() > unit_width) rows[i].path = shortened[i];
   }
 
+  // FSDP2: the call's position among the fully_shard calls and its reshard_after_forward.
+  size_t call_width = 4;
+  for (const Unit& u : plan.units)
+    if (u.reshard_after_forward) call_width = std::max(call_width, std::to_string(u.call).size() + 2);
+  const bool calls = plan.v2();
   out += pad("#", 4, true) + "  " + pad("unit", unit_width) + "  " + pad("class", class_width) + pad("params", 8, true) +
-         (frozen ? pad("frozen", 9, true) : "") + pad("size", 11, true) + pad("buffers", 11, true) + pad("mp", 4, true) + "\n";
-  int64_t owned_numel = 0;
-  for (size_t i = 0; i < n; ++i) {
-    const Unit& u = plan.units[i];
-    std::string name = indents[i] + paths[i];
-    std::string mp = !u.mixed_precision ? "-" : *u.mixed_precision ? "on" : "off";
-    out += pad(std::to_string(i), 4, true) + "  " + pad(name, unit_width) + "  " + pad(classes[i], class_width) +
-           pad(format_count(u.param_numel), 8, true) +
-           (frozen ? pad(u.frozen_numel ? format_count(u.frozen_numel) : "-", 9, true) : "") +
-           pad(format_bytes(u.param_bytes), 11, true) +
-           pad(u.buffers.empty() ? "-" : format_bytes(u.buffer_bytes), 11, true) + pad(mp, 4, true);
-    if (u.reshard_after_forward) {
-      std::vector<std::string> more;
-      for (size_t k = 1; k < u.modules.size(); ++k) more.push_back(tree.path(u.modules[k]));
-      out += "  [" + std::to_string(u.call) + "] " + reshard_text(*u.reshard_after_forward) +
-             (more.empty() ? "" : "  with " + join(more));
+         (frozen ? pad("frozen", 9, true) : "") + pad("size", 11, true) + pad("buffers", 11, true) + pad("mp", 4, true) +
+         (calls ? "  " + pad("call", call_width) + "  reshard_after_forward" : "") + "\n";
+  for (const Row& r : rows) {
+    std::string line = pad(r.unit >= 0 ? std::to_string(r.unit) : "", 4, true) + "  " + pad(r.indent + r.path, unit_width) +
+                       "  " + pad(r.cls, class_width) + pad(format_count(r.numel), 8, true) +
+                       (frozen ? pad(r.frozen ? format_count(r.frozen) : "-", 9, true) : "") +
+                       pad(format_bytes(r.bytes), 11, true) + pad(r.buffers ? format_bytes(r.buffer_bytes) : "-", 11, true);
+    if (r.unit >= 0) {
+      const Unit& u = plan.units[static_cast<size_t>(r.unit)];
+      line += pad(!u.mixed_precision ? "-" : *u.mixed_precision ? "on" : "off", 4, true);
+      if (u.reshard_after_forward)
+        line += "  " + pad("[" + std::to_string(u.call) + "]", call_width) + "  " + reshard_text(*u.reshard_after_forward);
     }
-    out += "\n";
-    owned_numel += u.param_numel;
+    out += line + "\n";
   }
+  int64_t owned_numel = 0;
+  for (const Unit& u : plan.units) owned_numel += u.param_numel;
 
   out += "\n";
   const Unit* largest = &plan.units.front();
   for (const auto& u : plan.units)
     if (u.param_numel > largest->param_numel) largest = &u;
-  std::string largest_path = tree.path(largest->module);
   out += std::to_string(plan.units.size()) + " unit" + (plan.units.size() == 1 ? "" : "s") + ", " +
          format_count(owned_numel) + " params sharded";
   if (owned_numel < m.param_numel) out += " (" + format_count(m.param_numel - owned_numel) + " ignored)";
   if (owned_numel > m.param_numel) out += " (tied tensors counted in each group that holds them)";
-  out += "; largest unit " + path_or_root(largest_path) + " " +
+  out += "; largest unit " + unit_label(tree, *largest) + " " +
          percent(largest->param_numel, owned_numel) + "; root unit " +
          percent(plan.units.front().param_numel, owned_numel) + "\n";
 

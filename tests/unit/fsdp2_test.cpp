@@ -118,6 +118,62 @@ TEST_CASE("fsdp2: a container class a .pt2 only infers warns, never refuses (iss
   CHECK(count_warnings(plan, "fsdp2_not_called") == 0);
 }
 
+TEST_CASE("fsdp2 text table: the trailing column has a header; a group shows what each module holds") {
+  TreeBuilder b("__torch__.LM");
+  b.add("emb", "Embedding");
+  b.param("emb", "weight", {10, 4});
+  b.add("layers", "ModuleList");
+  b.add("layers.0", "Block");
+  b.linear("layers.0.fc", 4, 4);
+  b.add("norm", "LayerNorm");
+  b.param("norm", "weight", {4});
+  b.linear("head", 4, 10);  // 50 parameters, the group's largest
+  auto plan = plan_of(b, R"({"module_classes": ["Block"], "fsdp": {"version": 2},
+      "groups": [{"modules": ["norm", "head"], "reshard_after_forward": false}]})");
+  const std::string text = plan_to_text(plan);
+  std::vector<std::string> lines;
+  for (size_t at = 0, nl; (nl = text.find('\n', at)) != std::string::npos; at = nl + 1)
+    lines.push_back(text.substr(at, nl - at));
+  auto row = [&](const std::string& start) {
+    for (const auto& l : lines)
+      if (l.compare(0, start.size(), start) == 0) return l;
+    return std::string();
+  };
+  auto words = [](const std::string& l) {  // the columns: what runs of two or more spaces part
+    std::vector<std::string> out;
+    for (size_t at = 0; at < l.size();) {
+      size_t from = l.find_first_not_of(' ', at);
+      if (from == std::string::npos) break;
+      size_t to = l.find("  ", from);
+      if (to == std::string::npos) to = l.size();
+      out.push_back(l.substr(from, to - from));
+      at = to;
+    }
+    return out;
+  };
+  const std::string header = row("   #  unit");
+  REQUIRE(!header.empty());
+  // Every column has a header, the call and reshard_after_forward too, where the rows have them.
+  const std::string root = row("   0  (root)");
+  REQUIRE(!root.empty());
+  CHECK(header.size() >= root.size() - 6);
+  CHECK(header.find("call") != std::string::npos);
+  CHECK(header.find("reshard_after_forward") != std::string::npos);
+  CHECK(header.find("call") == root.find("[" + std::to_string(plan.units[0].call) + "]"));
+  // The group: its row is the group's, its totals the call's; one row per module under it, with its own.
+  const std::string group = row("   2    [norm, head]");
+  REQUIRE(!group.empty());
+  CHECK(words(group)[1] == "[norm, head]");
+  CHECK(words(group)[3] == "54");  // 4 + 50
+  CHECK(group.find("LayerNorm") == std::string::npos);
+  CHECK(words(row("          norm"))[1] == "LayerNorm");
+  CHECK(words(row("          norm"))[2] == "4");
+  CHECK(words(row("          head"))[1] == "Linear");
+  CHECK(words(row("          head"))[2] == "50");
+  CHECK(text.find("with head") == std::string::npos);
+  CHECK(text.find("largest unit [norm, head] ") != std::string::npos);
+}
+
 TEST_CASE("fsdp2 refusals: 0-dim, mixed trainable dtypes, frozen of another dtype, bad int, unknown path") {
   TreeBuilder b;
   b.add("a", "Block");
