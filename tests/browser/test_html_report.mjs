@@ -2,6 +2,11 @@
 // For each model: the page has one rectangle per unit, hovering a unit shows its
 // path, the peak label agrees with the JSON plan, nothing is logged as an error
 // and nothing is requested but the page itself. Screenshots go to OUT_DIR.
+// Also (issue 24): a units table, visible without hovering, one row per unit in
+// the plan's order (FSDP2: each call's reshard_after_forward); sibling units of
+// one size in the treemap in natural path order (layers 2 before 10); memory
+// colours apart from the warning and error colours; FSDP2 pages without
+// FSDP1-only settings; tooltip text inside its box.
 //
 // Usage: node test_html_report.mjs FSDP_PLAN_BINARY NODE_PREFIX OUT_DIR   (run by ctest;
 //        NODE_PREFIX holds node_modules/playwright-core, installed from this
@@ -59,6 +64,104 @@ async function load(context, file) {
   return { page, errors, requests, wallMs };
 }
 
+// Natural order of unit paths: digit runs compare as numbers ("layers.2" < "layers.10").
+function naturalCompare(a, b) {
+  const split = (s) => s.split(/(\d+)/).map((p, i) => (i % 2 ? Number(p) : p));
+  const x = split(a), y = split(b);
+  for (let i = 0; i < Math.min(x.length, y.length); ++i)
+    if (x[i] !== y[i]) return x[i] < y[i] ? -1 : 1;
+  return x.length - y.length;
+}
+
+function rgb(color) {  // "#rrggbb" or "rgb(r, g, b)"
+  const c = color.trim();
+  const hex = c.match(/^#([0-9a-f]{2})([0-9a-f]{2})([0-9a-f]{2})$/i);
+  if (hex) return hex.slice(1, 4).map((v) => parseInt(v, 16));
+  const dec = c.match(/^rgb\((\d+), (\d+), (\d+)\)$/);
+  return dec ? dec.slice(1, 4).map(Number) : null;
+}
+
+async function checkPage(page, name, plan) {
+  const n = plan.units.length;
+  const label = (u) => (u.modules && u.modules.length > 1 ? "[" + u.modules.join(", ") + "]" : u.path === "" ? "(root)" : u.path);
+  // The units table: there without any hover, one row per unit, in the plan's order.
+  const table = page.locator("#unit-table");
+  check(await table.isVisible(), `${name}: no units table visible without hovering`);
+  const rows = await page.$$eval("#unit-table tbody tr[data-index]", (trs) =>
+    trs.map((tr) => ({ index: Number(tr.dataset.index), cells: [...tr.cells].map((c) => c.textContent) })));
+  check(rows.length === n && rows.every((r, i) => r.index === i),
+        `${name}: the units table has rows ${rows.map((r) => r.index).join(",")}, want 0..${n - 1}`);
+  const heads = await page.$$eval("#unit-table thead th", (ths) => ths.map((th) => th.textContent));
+  rows.forEach((r, i) => {
+    const u = plan.units[i];
+    check(r.cells[1].trim() === label(u), `${name}: units table row ${i} names "${r.cells[1].trim()}", want "${label(u)}"`);
+    if (plan.fsdp_version === 2) {
+      const col = heads.indexOf("reshard_after_forward");
+      check(col >= 0 && r.cells[col] === String(u.reshard_after_forward),
+            `${name}: row ${i}: reshard_after_forward "${col >= 0 ? r.cells[col] : "(no column)"}", plan ${u.reshard_after_forward}`);
+    }
+  });
+  // The treemap: siblings of one size in natural order of their paths.
+  const order = await page.$$eval("#treemap rect.unit", (rs) => rs.map((r) => Number(r.dataset.index)));
+  const seen = new Map();  // parent -> [index] in drawing order
+  for (const i of order) {
+    const key = plan.units[i].parent ?? -1;
+    if (!seen.has(key)) seen.set(key, []);
+    seen.get(key).push(i);
+  }
+  for (const kids of seen.values())
+    for (let k = 1; k < kids.length; ++k) {
+      const a = plan.units[kids[k - 1]], b = plan.units[kids[k]];
+      if (a.param_bytes === b.param_bytes)
+        check(naturalCompare(label(a), label(b)) < 0, `${name}: the treemap draws ${label(a)} before ${label(b)}`);
+    }
+  // Memory colours are not the treemap's warning and error colours.
+  const vars = await page.evaluate(() => {
+    const cs = getComputedStyle(document.documentElement);
+    return { warning: cs.getPropertyValue("--warning"), error: cs.getPropertyValue("--error") };
+  });
+  const fills = await page.$$eval("#memory-svg path.area", (ps) => ps.map((p) => [p.dataset.category, p.getAttribute("fill")]));
+  for (const [cat, fill] of fills)
+    for (const [status, color] of Object.entries(vars)) {
+      const a = rgb(fill), b = rgb(color);
+      const d = a && b ? Math.hypot(a[0] - b[0], a[1] - b[1], a[2] - b[2]) : 0;
+      check(d >= 60, `${name}: memory category ${cat} (${fill}) looks like the ${status} colour (${color.trim()})`);
+    }
+  // FSDP2 has no use_orig_params or force_leaf_modules; every group says its reshard_after_forward.
+  const settings = await page.locator("#memory-settings").textContent();
+  const policy = JSON.parse(await page.locator("#policy").textContent());
+  if (plan.fsdp_version === 2) {
+    check(!settings.includes("use_orig_params"), `${name}: an FSDP2 page shows use_orig_params`);
+    check(!("force_leaf_modules" in policy) && !("use_orig_params" in (policy.fsdp || {})),
+          `${name}: an FSDP2 page's policy shows FSDP1-only settings`);
+    for (const g of policy.groups || [])
+      check(g.reshard_after_forward !== null && g.reshard_after_forward !== undefined,
+            `${name}: group [${g.modules}] has no reshard_after_forward on the page`);
+  } else {
+    check(settings.includes("use_orig_params"), `${name}: an FSDP1 page lacks use_orig_params`);
+  }
+}
+
+// Every cell of the tooltip inside its box, a long unbroken class name too.
+async function checkTooltipFits(page, name) {
+  const overflow = () => page.evaluate(() => {
+    const t = document.getElementById("tooltip");
+    const box = t.getBoundingClientRect();
+    return [...t.querySelectorAll("td, div")].filter((c) => {
+      const r = c.getBoundingClientRect();
+      return c.scrollWidth > c.clientWidth + 1 || r.right > box.right + 0.5;
+    }).map((c) => c.textContent.slice(0, 40));
+  });
+  let out = await overflow();
+  check(out.length === 0, `${name}: tooltip text runs past its box: ${out.join(" | ")}`);
+  await page.evaluate(() => {
+    const cell = document.querySelector("#tooltip td");
+    if (cell) cell.textContent = "transformers.models.qwen2_moe.modeling_qwen2_moe.Qwen2MoeSparseMoeBlockWithAVeryLongName";
+  });
+  out = await overflow();
+  check(out.length === 0, `${name}: a long class name runs past the tooltip: ${out.join(" | ")}`);
+}
+
 async function checkModel(context, binary, outDir, name, args) {
   console.log(`-- ${name}: fsdp-plan ${args.join(" ")}`);
   const run = (extra) => spawnSync(binary, [...args, ...extra], { encoding: "utf8", maxBuffer: 1 << 30 });
@@ -80,9 +183,12 @@ async function checkModel(context, binary, outDir, name, args) {
   plan.units.forEach((u, i) => { if (!parents.has(i) && (pick < 0 || u.param_bytes > plan.units[pick].param_bytes)) pick = i; });
   await page.hover(`#treemap rect.unit[data-index="${pick}"]`);
   const shown = await page.locator("#tooltip .path").textContent();
-  const want = `#${pick} ${plan.units[pick].path === "" ? "(root)" : plan.units[pick].path}`;
+  const pu = plan.units[pick];
+  const want = `#${pick} ${pu.modules && pu.modules.length > 1 ? "[" + pu.modules.join(", ") + "]" : pu.path === "" ? "(root)" : pu.path}`;
   check(shown === want, `${name}: hovering unit ${pick} shows "${shown}", want "${want}"`);
   check(await page.locator("#tooltip").isVisible(), `${name}: the tooltip is not visible`);
+  await checkTooltipFits(page, name);
+  await checkPage(page, name, plan);
 
   // The peak label names the plan's peak.
   const peak = plan.memory.peak, perRank = plan.memory.per_rank;
@@ -166,6 +272,11 @@ async function main() {
     // FSDP2: several timeline steps per unit in backward; the label must still find the peak's.
     await checkModel(browser.context, binary, outDir, "tiny_gpt_fsdp2",
       [path.join(models, "tiny_gpt.pt"), "--policy", path.join(policies, "fsdp2.json"), "--world-size", "8"]);
+    // Twenty units of the root, seven LayerNorms of one size among them: natural order in the treemap.
+    const many = path.join(outDir, "layer_norms_and_linears.json");
+    fs.writeFileSync(many, JSON.stringify({ module_classes: ["LayerNorm", "Linear"] }));
+    await checkModel(browser.context, binary, outDir, "tiny_gpt_many_units",
+      [path.join(models, "tiny_gpt.pt"), "--policy", many, "--world-size", "8"]);
   } finally {
     await browser.close();
   }

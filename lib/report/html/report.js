@@ -39,7 +39,20 @@
   }
   const fmtBytes = (n) => scaled(n, 1024, [" B", " KiB", " MiB", " GiB", " TiB", " PiB"], 1);
   const fmtCount = (n) => scaled(n, 1000, ["", "K", "M", "B", "T"], 2);
-  const unitName = (u) => (u.path === "" ? "(root)" : u.path);
+  // A unit as the text plan names it: an FSDP2 call on several modules is "[a, b]".
+  const unitName = (u) => (u.modules && u.modules.length > 1 ? "[" + u.modules.join(", ") + "]"
+                                                               : u.path === "" ? "(root)" : u.path);
+  // Paths in natural order: digit runs compare as numbers (layers.2 before layers.10).
+  const chunks = (s) => s.split(/(\d+)/).map((p, i) => (i % 2 ? Number(p) : p));
+  function naturalCompare(a, b) {
+    return compareChunks(chunks(a), chunks(b));
+  }
+  function compareChunks(x, y) {
+    for (let i = 0; i < Math.min(x.length, y.length); ++i)
+      if (x[i] !== y[i]) return x[i] < y[i] ? -1 : 1;
+    return x.length - y.length;
+  }
+  const fsdp2 = plan.fsdp_version === 2;
   const kv = (table, key, value) => {
     const tr = el("tr");
     tr.append(el("th", {}, key), el("td", {}, value));
@@ -114,7 +127,13 @@
     kv(settings, "sharding", mem.sharding_strategy +
        (mem.requested_sharding_strategy !== mem.sharding_strategy ? " (requested " + mem.requested_sharding_strategy + ")" : ""));
     kv(settings, "shard group", String(mem.shard_group_size) + " ranks");
-    kv(settings, "use_orig_params", String(mem.use_orig_params));
+    const fsdpPolicy = (plan.policy || {}).fsdp || {};
+    if (fsdp2) {  // FSDP2 has no use_orig_params; each call has its reshard_after_forward (units table)
+      kv(settings, "reshard_after_forward", String(fsdpPolicy.reshard_after_forward) + " (each call's: units table)");
+      kv(settings, "CPU offload", String(!!fsdpPolicy.cpu_offload));
+    } else {
+      kv(settings, "use_orig_params", String(mem.use_orig_params));
+    }
     kv(settings, "optimizer", mem.optimizer);
     const r = mem.per_rank;
     kv(settings, "steady per rank", "params " + fmtBytes(r.params_bytes) + " + grads " + fmtBytes(r.grads_bytes) +
@@ -123,7 +142,25 @@
     kv(settings, "peak per rank", fmtBytes(r.peak_bytes));
     for (const n of mem.notes || []) kv(settings, "note", n);
   }
-  document.getElementById("policy").textContent = JSON.stringify(plan.policy, null, 2);
+  // The policy as this FSDP version reads it: FSDP2 has no force_leaf_modules, use_orig_params,
+  // buffer_dtype or BatchNorm classes; each group with the reshard_after_forward its call gets.
+  const shownPolicy = JSON.parse(JSON.stringify(plan.policy || {}));
+  if (fsdp2) {
+    delete shownPolicy.force_leaf_modules;
+    if (!shownPolicy.min_num_params || !(shownPolicy.exclude_wrap_modules || []).length) delete shownPolicy.exclude_wrap_modules;
+    if (shownPolicy.fsdp) delete shownPolicy.fsdp.use_orig_params;
+    if (shownPolicy.mixed_precision) {
+      delete shownPolicy.mixed_precision.buffer_dtype;
+      delete shownPolicy.mixed_precision.ignore_classes;
+    }
+    const callOf = new Map(units.map((u) => [(u.modules || [u.path]).join("\n"), u]));
+    for (const g of shownPolicy.groups || []) {
+      const u = callOf.get(g.modules.join("\n"));
+      if (g.reshard_after_forward === null || g.reshard_after_forward === undefined)
+        g.reshard_after_forward = u ? u.reshard_after_forward : (shownPolicy.fsdp || {}).reshard_after_forward;
+    }
+  }
+  document.getElementById("policy").textContent = JSON.stringify(shownPolicy, null, 2);
 
   // --- warnings and checks --------------------------------------------------
   const wbox = document.getElementById("warnings");
@@ -168,6 +205,9 @@
       ["per rank", "sharded " + fmtBytes(m.sharded_bytes || 0) + ", gathered " + fmtBytes(m.unsharded_bytes || 0)],
       ["mixed precision", u.mixed_precision === null || u.mixed_precision === undefined ? "not set" : u.mixed_precision ? "on" : "off"],
     ];
+    if (u.modules && u.modules.length > 1) lines.splice(0, 1, ["modules", u.modules.length + " in one fully_shard call"],
+                                                        ["first's class", u.qualified_class || u["class"]]);
+    if (fsdp2 && u.call !== undefined) lines.push(["fully_shard", "call " + u.call + ", reshard_after_forward " + u.reshard_after_forward]);
     const fz = frozenState(u);
     if (fz) lines.push(["gradients", fz]);
     for (const w of unitWarnings[i]) lines.push([w.severity, w.kind + ": " + w.message]);
@@ -204,10 +244,18 @@
       rows.push({ id: "u" + i, parentId: parent, kind: "unit", unit: i, value: hasKids[i] ? 0 : u.param_bytes });
       if (hasKids[i]) rows.push({ id: "o" + i, parentId: "u" + i, kind: "own", unit: i, value: u.param_bytes });
     });
+    // Sibling units of one size in natural order of their names, each name split once.
+    const split = new Map();
+    const nameChunks = (i) => {
+      if (i === undefined) return [];
+      if (!split.has(i)) split.set(i, chunks(unitName(units[i])));
+      return split.get(i);
+    };
     performance.mark("fsdp-plan:treemap-start");
     const root = d3.stratify().id((d) => d.id).parentId((d) => d.parentId)(rows)
       .sum((d) => d.value)
-      .sort((a, b) => b.value - a.value || (a.data.id < b.data.id ? -1 : 1));
+      .sort((a, b) => b.value - a.value || (a.data.kind === "own") - (b.data.kind === "own") ||
+                      compareChunks(nameChunks(a.data.unit), nameChunks(b.data.unit)) || (a.data.unit || 0) - (b.data.unit || 0));
     const labelled = (n) => n.data.kind === "unit" && n.children && n.x1 - n.x0 > 60 && n.y1 - n.y0 > 40;
     performance.mark("fsdp-plan:stratified");
     d3.treemap().tile(d3.treemapSquarify).size([W, H]).round(false)
@@ -251,12 +299,14 @@
     svg.addEventListener("mouseleave", () => { tooltip.hidden = true; });
     svg.addEventListener("click", (e) => {
       const i = e.target.dataset && e.target.dataset.index;
-      if (i === undefined) return;
+      if (i !== undefined) select(+i);
+    });
+    function select(i) {
       if (selected) selected.classList.remove("selected");
       selected = svg.querySelector('rect.unit[data-index="' + i + '"]');
       if (selected) selected.classList.add("selected");
-      fillUnit(details, +i);
-      const ps = units[+i].params || [];
+      fillUnit(details, i);
+      const ps = units[i].params || [];
       const t = el("table", { class: "params" });
       const head = el("tr");
       for (const h of ["parameter", "shape", "dtype", "numel"]) head.append(el("th", {}, h));
@@ -270,7 +320,56 @@
       details.append(t);
       if (ps.length > 500) details.append(el("p", {}, "… and " + (ps.length - 500) + " more parameters"));
       details.hidden = false;
+    }
+
+    // --- the units table: what the treemap shows, readable without a pointer
+    const table = document.getElementById("unit-table");
+    const heads = ["#", "unit", "class", "params", "size", "sharded/rank", "gathered/rank", "buffers", "mp"];
+    if (fsdp2) heads.push("call", "reshard_after_forward");
+    heads.push("warnings");
+    const thead = el("thead"), htr = el("tr");
+    for (const h of heads) htr.append(el("th", {}, h));
+    thead.append(htr);
+    const body = el("tbody");
+    // Rows past the first thousand wait for a click: a table of 10,000 rows
+    // takes the browser seconds to lay out (bench/html_render.py).
+    const FIRST_ROWS = 1000;
+    function addRows(from, to) {
+      const frag = document.createDocumentFragment();
+      const numeric = new Set(["#", "params", "size", "sharded/rank", "gathered/rank", "buffers"]);
+      for (let i = from; i < to; ++i) {
+        const u = units[i];
+        const m = u.memory || {};
+        const tr = el("tr", { "data-index": i });
+        const name = el("td", { class: "unit", style: "padding-left: " + (6 + 14 * Math.min(u.depth || 0, 12)) + "px" });
+        name.append(el("span", { class: "st", style: "background: var(--" + status_[i] + ")" }), unitName(u));
+        const mp = u.mixed_precision === null || u.mixed_precision === undefined ? "-" : u.mixed_precision ? "on" : "off";
+        const cells = [String(i), name, u.modules && u.modules.length > 1 ? "group of " + u.modules.length : u["class"],
+                       fmtCount(u.param_numel), fmtBytes(u.param_bytes), fmtBytes(m.sharded_bytes || 0),
+                       fmtBytes(m.unsharded_bytes || 0), u.buffer_numel ? fmtBytes(u.buffer_bytes) : "-", mp];
+        if (fsdp2) cells.push(u.call === undefined ? "-" : String(u.call), String(u.reshard_after_forward));
+        cells.push(unitWarnings[i].map((w) => w.severity + ": " + w.kind).join(", "));
+        cells.forEach((c, k) => {
+          if (typeof c !== "string") { tr.append(c); return; }
+          tr.append(el("td", numeric.has(heads[k]) ? { class: "num" } : heads[k] === "warnings" ? { class: "warn" } : {}, c));
+        });
+        frag.append(tr);
+      }
+      body.append(frag);
+    }
+    addRows(0, Math.min(units.length, FIRST_ROWS));
+    table.append(thead, body);
+    if (units.length > FIRST_ROWS) {
+      const more = el("button", { id: "unit-table-more", type: "button" },
+                      "show the other " + (units.length - FIRST_ROWS) + " units");
+      more.addEventListener("click", () => { addRows(FIRST_ROWS, units.length); more.remove(); });
+      table.parentElement.after(more);
+    }
+    body.addEventListener("click", (e) => {
+      const tr = e.target.closest("tr[data-index]");
+      if (tr) select(+tr.dataset.index);
     });
+    performance.mark("fsdp-plan:unit-table");
   })();
 
   // --- memory over one step (d3-shape stack, d3-scale) ---------------------
@@ -286,8 +385,9 @@
       ["optimizer_bytes", "optimizer state", "#76b7b2"],
       ["buffers_bytes", "buffers", "#bab0ac"],
       ["grads_bytes", "sharded gradients", "#59a14f"],
-      ["gathered_bytes", "gathered parameters", "#f28e2b"],
-      ["unsharded_grads_bytes", "unsharded gradients", "#e15759"],
+      // Not the treemap's orange (warning) or red (error): nothing here is a fault.
+      ["gathered_bytes", "gathered parameters", "#9c755f"],
+      ["unsharded_grads_bytes", "unsharded gradients", "#ff9da7"],
     ];
     const legend = document.getElementById("memory-legend");
     for (const [, label, color] of CATS) legend.append(el("span", { style: "--swatch: " + color }, label));
