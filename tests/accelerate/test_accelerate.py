@@ -24,6 +24,7 @@ Usage: test_accelerate.py FSDP_PLAN_BINARY   (the venv's python: torch 2.13, acc
 import contextlib
 import copy
 import importlib.util
+import inspect
 import io
 import json
 import logging
@@ -211,6 +212,11 @@ def accelerate_fsdp_units(config_path, model_name):
     return plugin, args, units
 
 
+def mesh_device(module):
+    """device_type="cpu" for an emitted apply_fsdp that takes one (FSDP2, FSDP1's HYBRID_SHARD mesh)."""
+    return {"device_type": "cpu"} if "device_type" in inspect.signature(module.apply_fsdp).parameters else {}
+
+
 class SavedModels(unittest.TestCase):
     """Saves the models of MODEL_NAMES as TorchScript once per class, in a
     temporary directory: self.models maps a name to its file."""
@@ -314,7 +320,7 @@ class AccelerateConfigs(SavedModels):
         spec.loader.exec_module(module)
         world = plan["memory"]["world_size"]
         with fake_world(world):
-            wrapped = module.apply_fsdp(build(model_name), device_type="cpu", device_id=torch.device("cpu"))
+            wrapped = module.apply_fsdp(build(model_name), **mesh_device(module), device_id=torch.device("cpu"))
             units = fsdp_units(wrapped)
         self.assertEqual(sorted(p for p in units if p), plan_units(plan), f"{config}: emitted torch")
         mp = {u["path"]: u["mixed_precision"] for u in plan["units"]}
@@ -596,7 +602,7 @@ class EmitFsdp1MixedPrecision(SavedModels):
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         with fake_world(2):
-            wrapped = module.apply_fsdp(build("convnet"), device_type="cpu", device_id=torch.device("cpu"))
+            wrapped = module.apply_fsdp(build("convnet"), **mesh_device(module), device_id=torch.device("cpu"))
             seen = 0
             for m in wrapped.modules():
                 if isinstance(m, FSDP) and m.mixed_precision.param_dtype is not None:
@@ -612,6 +618,54 @@ class EmitFsdp1MixedPrecision(SavedModels):
         r = run_plan(self.models["convnet"], "--policy", path, "--emit", "accelerate")
         self.assertEqual((r.returncode, r.stdout), (2, ""), r.stderr)
         self.assertIn("keep_low_precision_grads is true", r.stderr)
+
+
+# FSDP1 policies for the linted code: each way apply_fsdp is written.
+FSDP1_POLICIES = {
+    "classes": ("llama", {"module_classes": ["LlamaDecoderLayer"]}),
+    "size": ("gpt2", {"min_num_params": 2000}),
+    "no_wrap": ("convnet", {}),
+    "bf16_batchnorm": ("convnet", {"module_classes": ["ConvBlock"], "mixed_precision": {
+        "param_dtype": "bfloat16", "reduce_dtype": "float32", "ignore_classes": ["_BatchNorm"]}}),
+    "hybrid_ignored": ("llama", {"module_classes": ["LlamaDecoderLayer"], "ignored_params": ["lm_head.*"],
+                                 "fsdp": {"world_size": 8, "sharding_strategy": "HYBRID_SHARD",
+                                          "shard_group_size": 4}}),
+    "size_excluded": ("gpt2", {"min_num_params": 2000, "exclude_wrap_modules": ["torch.nn.ModuleList"]}),
+}
+
+
+class EmittedCodeLints(SavedModels):
+    """Issue 24, item 8: the Python --emit torch writes, FSDP1 and FSDP2 under several policies,
+    passes ruff check (the venv's ruff, pinned in requirements/dev.txt; its default rules:
+    pyflakes and pycodestyle's errors: unused imports and variables, undefined names, ...)."""
+
+    MODEL_NAMES = {m for m, _ in FSDP1_POLICIES.values()} | {m for m, _, _ in FSDP2_POLICIES.values()}
+
+    def test_ruff_check(self):
+        ruff = [sys.executable, "-m", "ruff"]
+        version = subprocess.run(ruff + ["--version"], capture_output=True, text=True)
+        self.assertEqual(version.returncode, 0, "ruff is not installed in this Python (" + sys.executable +
+                         "): requirements/dev.txt pins it; " + version.stderr.strip()[-200:])
+        policies = {"fsdp1_" + k: v for k, v in FSDP1_POLICIES.items()}
+        policies.update({"fsdp2_" + k: (m, p) for k, (m, p, _) in FSDP2_POLICIES.items()})
+        files = []
+        for label, (model_name, policy) in sorted(policies.items()):
+            path = os.path.join(self.tmp.name, label + ".json")
+            with open(path, "w") as f:
+                json.dump(policy, f)
+            out = os.path.join(self.tmp.name, "apply_" + label + ".py")
+            r = run_plan(self.models[model_name], "--policy", path, "--emit", "torch", "-o", out)
+            self.assertEqual(r.returncode, 0, f"{label}: {r.stderr}")
+            files.append(out)
+            spec = importlib.util.spec_from_file_location("emitted_" + label, out)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            # device_type only where a device mesh is made from it.
+            hybrid = policy.get("fsdp", {}).get("sharding_strategy") == "HYBRID_SHARD"
+            self.assertEqual(bool(mesh_device(module)), hybrid or label.startswith("fsdp2_"), label)
+        r = subprocess.run(ruff + ["check", "--isolated", "--no-cache", "--output-format", "concise", *files],
+                           capture_output=True, text=True)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
 
 
 class EmitRules(unittest.TestCase):
