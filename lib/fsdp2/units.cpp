@@ -85,10 +85,19 @@ Fsdp2Calls fsdp2_calls(const ModuleTree& tree, const Policy& policy, const Class
   if (policy.module_classes) classes.emplace(tree, matcher, *policy.module_classes);
   std::vector<int64_t> numel;
   if (policy.min_num_params) numel = subtree_numel(tree, std::vector<bool>(tree.num_tensors(), false));
+  // Accelerate's size rule skips no class. exclude_wrap_modules, when the
+  // policy names it (the fix an fsdp2_container refusal offers), takes its
+  // classes out of the size rule, as size_based_auto_wrap_policy's
+  // exclude_wrap_modules does for FSDP1 (fsdp/wrap.py); --emit accelerate then
+  // finds no Accelerate config that says it.
+  std::optional<ClassSet> excluded;
+  if (policy.min_num_params && policy.exclude_wrap_given) excluded.emplace(tree, matcher, policy.exclude_wrap_modules);
   for (ModuleId m = 1; m < static_cast<ModuleId>(n); ++m) {
     const auto i = static_cast<size_t>(m);
     if (in_group[i] || ignored.module[i]) continue;
-    bool pick = (classes && classes->contains(m)) || (policy.min_num_params && numel[i] > *policy.min_num_params);
+    const bool by_size =
+        policy.min_num_params && numel[i] > *policy.min_num_params && !(excluded && excluded->contains(m));
+    bool pick = (classes && classes->contains(m)) || by_size;
     if (pick) keyed.push_back({post[i], {{m}, policy.fsdp.reshard_after_forward}});
   }
   std::stable_sort(keyed.begin(), keyed.end(), [](const Keyed& a, const Keyed& b) { return a.key < b.key; });

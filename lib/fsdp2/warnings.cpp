@@ -1,9 +1,12 @@
 #include "fsdp2/warnings.h"
 
+#include <algorithm>
 #include <map>
 #include <set>
 
+#include "fsdp1/select.h"
 #include "fsdp2/memory.h"
+#include "plan/policy_fix.h"
 #include "util/strings.h"
 
 namespace fsdp_plan {
@@ -11,8 +14,8 @@ namespace {
 
 class Refusals {
  public:
-  Refusals(Plan& plan, const Fsdp2Calls& calls, const ClassMatcher& matcher)
-      : plan_(plan), tree_(*plan.tree), calls_(calls), matcher_(matcher) {}
+  Refusals(Plan& plan, const Fsdp2Calls& calls, const ClassMatcher& matcher, const Replan* replan)
+      : plan_(plan), tree_(*plan.tree), calls_(calls), matcher_(matcher), replan_(replan) {}
 
   void run() {
     // FSDP2 has no BatchNorm exception: the one policy applies to every group.
@@ -24,6 +27,7 @@ class Refusals {
     dtypes();
     shared();
     reshard_ranks();
+    container_fix();  // last: a fix must bring no error the plan lacks
   }
 
  private:
@@ -85,6 +89,12 @@ class Refusals {
               "fully_shard is called on " + quoted_path(tree_.path(m)) + " (" + cls + "), and PyTorch refuses it: " +
                   kRefusal + "; shard its elements instead, or name them in one group (fully_shard([a, b]))",
               {tree_.path(m)});
+          refused_.push_back(plan_.warnings.size() - 1);
+          refused_modules_.push_back(m);
+          const std::string& q = classes.qualified(c);  // torch.nn.modules.container.ModuleList: torch.nn.ModuleList
+          const std::string named = q.rfind("torch.nn.modules.", 0) == 0 ? "torch.nn." + cls : q;
+          if (std::find(refused_classes_.begin(), refused_classes_.end(), named) == refused_classes_.end())
+            refused_classes_.push_back(named);
           continue;
         }
         const bool alone = u.modules.size() == 1 && !u.params.empty();
@@ -103,6 +113,56 @@ class Refusals {
               (u.modules.size() == 1 ? "" : " (none of the group's modules ran)") + ": " + kSharded +
               "; shard the module that uses its parameters instead",
           {tree_.path(u.module)});
+    }
+  }
+
+  // A size policy selects every module over the threshold, containers too
+  // (Accelerate's rule; Accelerate 1.15's fsdp2_prepare_model then stops at
+  // fully_shard(ModuleList) with the same ValueError). Two fixes, each checked
+  // by planning again: the containers' classes in exclude_wrap_modules, which
+  // fsdp-plan's size rule then skips (Accelerate has no such setting), and a
+  // threshold no refused container is over, which Accelerate can say.
+  void container_fix() {
+    const std::vector<size_t>& refused = refused_;
+    const std::vector<ModuleId>& modules = refused_modules_;
+    const std::vector<std::string>& classes = refused_classes_;
+    if (!replan_ || refused.empty() || !plan_.policy.min_num_params) return;
+    auto calls = [](const Plan& p) {
+      return std::to_string(p.units.size()) + " fully_shard call" + (p.units.size() == 1 ? "" : "s");
+    };
+    Policy excluded = plan_.policy;
+    if (!excluded.exclude_wrap_given) excluded.exclude_wrap_modules.clear();
+    for (const auto& c : classes)
+      if (std::find(excluded.exclude_wrap_modules.begin(), excluded.exclude_wrap_modules.end(), c) ==
+          excluded.exclude_wrap_modules.end())
+        excluded.exclude_wrap_modules.push_back(c);
+    excluded.exclude_wrap_given = true;
+    const nlohmann::ordered_json fragment = {{"exclude_wrap_modules", classes}};
+    const Plan skipped = (*replan_)(excluded);
+    const bool skip_works = fix_works(plan_, skipped, "fsdp2_container", Severity::Error);
+    // sum(p.numel() for p in module.parameters()), as the rule counts.
+    const std::vector<int64_t> numel = subtree_numel(tree_, std::vector<bool>(tree_.num_tensors(), false));
+    int64_t threshold = 0;
+    for (ModuleId m : modules) threshold = std::max(threshold, numel[static_cast<size_t>(m)]);
+    Policy raised = plan_.policy;
+    raised.min_num_params = threshold;
+    const Plan above = (*replan_)(raised);
+    // Worth saying only if it shards more than the root.
+    const bool raise_works = threshold > *plan_.policy.min_num_params && above.units.size() > 1 &&
+                             fix_works(plan_, above, "fsdp2_container", Severity::Error);
+    std::string text = ". Accelerate does the same with this threshold: its fsdp2_prepare_model calls fully_shard on "
+                       "every module over fsdp_min_num_params and stops with this ValueError";
+    if (skip_works)
+      text += ". Fix: add " + fragment.dump() + " to the policy; fsdp-plan's size rule then skips them (" +
+              calls(skipped) + "; Accelerate has no such setting: --emit torch writes the calls)";
+    if (raise_works)
+      text += std::string(skip_works ? "; or" : ". Fix:") + " \"min_num_params\": " + std::to_string(threshold) +
+              " (Accelerate's fsdp_min_num_params), which no container is over (" + calls(above) +
+              ", the modules above the containers only)";
+    for (size_t i : refused) {
+      Warning& w = plan_.warnings[i];
+      w.message += text;
+      if (skip_works) w.fix = fragment;
     }
   }
 
@@ -196,12 +256,17 @@ class Refusals {
   const ModuleTree& tree_;
   const Fsdp2Calls& calls_;
   const ClassMatcher& matcher_;
+  const Replan* replan_;
+  // containers(): the fsdp2_container errors (warning index, module, class as a policy names it).
+  std::vector<size_t> refused_;
+  std::vector<ModuleId> refused_modules_;
+  std::vector<std::string> refused_classes_;
 };
 
 }  // namespace
 
-void analyse_fsdp2(Plan& plan, const Fsdp2Calls& calls, const ClassMatcher& matcher) {
-  Refusals(plan, calls, matcher).run();
+void analyse_fsdp2(Plan& plan, const Fsdp2Calls& calls, const ClassMatcher& matcher, const Replan* replan) {
+  Refusals(plan, calls, matcher, replan).run();
 }
 
 }  // namespace fsdp_plan

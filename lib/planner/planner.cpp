@@ -44,7 +44,8 @@ Plan plan_with(const ModuleTree& loaded, const Policy& policy, const std::string
     Fsdp2Calls calls = fsdp2_calls(tree, policy, matcher, ignored);
     plan.units = group_units_fsdp2(tree, calls.calls, ignored.tensor);
     analyse(plan, ignored, matcher);
-    analyse_fsdp2(plan, calls, matcher);
+    // The containers' fix replans twice: for reports only (suggest does not rank it).
+    analyse_fsdp2(plan, calls, matcher, report && search_fixes ? &replan : nullptr);
     if (report) root_warnings(plan, search_fixes ? &replan : nullptr);  // the root group is never resharded either
     plan.memory = estimate_memory_fsdp2(plan, policy.fsdp, report);
     return plan;

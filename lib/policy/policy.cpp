@@ -367,8 +367,12 @@ nlohmann::ordered_json policy_to_json(const Policy& p) {
   out["auto_wrap"] = p.auto_wrap();
   out["module_classes"] = p.module_classes ? nlohmann::ordered_json(*p.module_classes) : nullptr;
   out["min_num_params"] = p.min_num_params ? nlohmann::ordered_json(*p.min_num_params) : nullptr;
-  out["force_leaf_modules"] = p.force_leaf_modules;
-  out["exclude_wrap_modules"] = p.exclude_wrap_modules;
+  // FSDP2's size rule (Accelerate's) has neither set unless the policy names
+  // exclude_wrap_modules (fsdp2/units.cpp): FSDP1's defaults do not apply to it.
+  const bool fsdp2 = p.fsdp.fsdp_version == 2;
+  out["force_leaf_modules"] = fsdp2 ? nlohmann::ordered_json::array() : nlohmann::ordered_json(p.force_leaf_modules);
+  out["exclude_wrap_modules"] = fsdp2 && !p.exclude_wrap_given ? nlohmann::ordered_json::array()
+                                                               : nlohmann::ordered_json(p.exclude_wrap_modules);
   if (p.mixed_precision) {
     const auto& mp = *p.mixed_precision;
     auto opt = [](const std::optional<std::string>& s) { return s ? nlohmann::ordered_json(*s) : nullptr; };

@@ -15,7 +15,9 @@ For each model (small hand-built ones, plus corpus models when --corpus is given
 Also (cases "inferred_class ..."): a module whose class a .pt2 only infers (never called during
 torch.export: a Sequential iterated over, peft's LoraModel, a real ModuleList) may draw an
 fsdp2_container warning, never the error; the TorchScript plan of a real ModuleList keeps the
-error; each is checked against what fully_shard does on the live module.
+error; each is checked against what fully_shard does on the live module. And (case "size_fix"):
+a size policy's refused ModuleLists come with a fix that, merged into the policy, gives a plan
+torch makes and tracks as planned.
 
     /work/venv/bin/python tests/differential/test_fsdp2.py BINARY [--corpus DIR] [-k SUBSTRING] [-v]
 
@@ -482,6 +484,40 @@ def check_inferred(binary, name, tmp):
     return failures + (result or [])
 
 
+def check_size_fix(binary, tmp):
+    """Issue 24, item 11: a size policy selects the MoE's ModuleLists (Accelerate's rule), which
+    fully_shard refuses; the refusal's fix, merged into the policy as Warning.fix says (arrays add),
+    gives a plan torch 2.13 makes and tracks as planned (W = 8)."""
+    torch.manual_seed(0)
+    model_file = os.path.join(tmp, "moe_size.pt")
+    torch.jit.save(torch.jit.script(MoE()), model_file)
+    policy = {"min_num_params": 1000, "fsdp": {"version": 2, "world_size": 8, "optimizer": "adamw"}}
+    plan = plan_of(binary, model_file, policy, tmp)
+    refused = [w for w in plan["warnings"] if w["kind"] == "fsdp2_container"]
+    want = ["blocks", "blocks.0.experts", "blocks.1.experts"]
+    if sorted(m for w in refused for m in w["modules"]) != want or any(w["severity"] != "error" for w in refused):
+        return [f"want fsdp2_container errors on {want}: {refused}"]
+    for w in refused:
+        try:
+            fully_shard(MoE().get_submodule(w["modules"][0]), mesh=fake_mesh(8))
+            return [f"fully_shard accepts {w['modules'][0]}, the plan refuses it"]
+        except ValueError:
+            pass
+    fixes = [w.get("fix") for w in refused]
+    if not fixes[0] or any(f != fixes[0] for f in fixes) or "Fix: add" not in refused[0]["message"]:
+        return [f"want one fix on every refusal: {refused}"]
+    fixed = dict(policy)
+    for key, value in fixes[0].items():
+        fixed[key] = fixed.get(key, []) + value if isinstance(value, list) else value
+    plan = plan_of(binary, model_file, fixed, tmp)
+    errors = [w for w in plan["warnings"] if w["severity"] == "error"]
+    if errors:
+        return [f"the fix {fixes[0]} leaves errors: {errors}"]
+    if not any(u["modules"] == ["blocks.0.experts.0"] for u in plan["units"]):
+        return [f"the fixed plan lost the experts: {[u['modules'] for u in plan['units']]}"]
+    result = check_against_torch(plan, MoE, ids_input(61), 8, 1, False, False)
+    return (result[0] if isinstance(result, tuple) else result) or []
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("binary")
@@ -494,12 +530,14 @@ def main():
     passed = failed = 0
     worst = 0.0
     with tempfile.TemporaryDirectory() as tmp:
-        for name in INFERRED:
-            case = f"inferred_class {name}"
+        extra = {f"inferred_class {name}": (lambda name=name: check_inferred(args.binary, name, tmp))
+                 for name in INFERRED}
+        extra["size_fix moe"] = lambda: check_size_fix(args.binary, tmp)
+        for case, check_case in extra.items():
             if args.k and args.k not in case:
                 continue
             try:
-                failures = check_inferred(args.binary, name, tmp)
+                failures = check_case()
             except Exception:
                 failures = [traceback.format_exc()]
             if failures:

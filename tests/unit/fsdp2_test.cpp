@@ -174,6 +174,28 @@ TEST_CASE("fsdp2 text table: the trailing column has a header; a group shows wha
   CHECK(text.find("largest unit [norm, head] ") != std::string::npos);
 }
 
+TEST_CASE("fsdp2: a size policy's refused ModuleList comes with a fix that plans without it (issue 24)") {
+  auto b = tied_lm();
+  const char* size = R"({"min_num_params": 20, "fsdp": {"version": 2}})";
+  auto plan = plan_of(b, size);
+  const Warning* w = find_warning(plan, "fsdp2_container");
+  REQUIRE(w);
+  CHECK(w->severity == Severity::Error);
+  CHECK(w->fix == nlohmann::ordered_json::parse(R"({"exclude_wrap_modules": ["torch.nn.ModuleList"]})"));
+  CHECK(w->message.find("Accelerate does the same") != std::string::npos);
+  CHECK(w->message.find(R"(Fix: add {"exclude_wrap_modules":["torch.nn.ModuleList"]} to the policy)") !=
+        std::string::npos);
+  // The fix, pasted in: the same threshold, every module over it but the ModuleList.
+  auto fixed = plan_of(b, R"({"min_num_params": 20, "exclude_wrap_modules": ["torch.nn.ModuleList"],
+      "fsdp": {"version": 2}})");
+  CHECK(unit_paths(fixed) == Names{"", "emb", "head"});
+  CHECK(count_warnings(fixed, "fsdp2_container") == 0);
+  CHECK(fixed.policy.fsdp.fsdp_version == 2);
+  // Without exclude_wrap_modules, FSDP2's effective policy excludes nothing (FSDP1's defaults are not its).
+  CHECK(plan_to_json(plan)["policy"]["exclude_wrap_modules"] == nlohmann::ordered_json::array());
+  CHECK(plan_to_json(fixed)["policy"]["exclude_wrap_modules"] == nlohmann::ordered_json::array({"torch.nn.ModuleList"}));
+}
+
 TEST_CASE("fsdp2 refusals: 0-dim, mixed trainable dtypes, frozen of another dtype, bad int, unknown path") {
   TreeBuilder b;
   b.add("a", "Block");
