@@ -4,8 +4,8 @@
 #include <map>
 #include <set>
 
-#include "fsdp1/select.h"
 #include "fsdp2/memory.h"
+#include "model/module_tree.h"
 #include "plan/policy_fix.h"
 #include "util/strings.h"
 

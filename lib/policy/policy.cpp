@@ -369,7 +369,7 @@ nlohmann::ordered_json policy_to_json(const Policy& p) {
   out["min_num_params"] = p.min_num_params ? nlohmann::ordered_json(*p.min_num_params) : nullptr;
   // FSDP2's size rule (Accelerate's) has neither set unless the policy names
   // exclude_wrap_modules (fsdp2/units.cpp): FSDP1's defaults do not apply to it.
-  const bool fsdp2 = p.fsdp.fsdp_version == 2;
+  const bool fsdp2 = p.fsdp.v2();
   out["force_leaf_modules"] = fsdp2 ? nlohmann::ordered_json::array() : nlohmann::ordered_json(p.force_leaf_modules);
   out["exclude_wrap_modules"] = fsdp2 && !p.exclude_wrap_given ? nlohmann::ordered_json::array()
                                                                : nlohmann::ordered_json(p.exclude_wrap_modules);

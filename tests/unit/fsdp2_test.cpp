@@ -190,7 +190,7 @@ TEST_CASE("fsdp2: a size policy's refused ModuleList comes with a fix that plans
       "fsdp": {"version": 2}})");
   CHECK(unit_paths(fixed) == Names{"", "emb", "head"});
   CHECK(count_warnings(fixed, "fsdp2_container") == 0);
-  CHECK(fixed.policy.fsdp.fsdp_version == 2);
+  CHECK(fixed.policy.fsdp.v2());
   // Without exclude_wrap_modules, FSDP2's effective policy excludes nothing (FSDP1's defaults are not its).
   CHECK(plan_to_json(plan)["policy"]["exclude_wrap_modules"] == nlohmann::ordered_json::array());
   CHECK(plan_to_json(fixed)["policy"]["exclude_wrap_modules"] == nlohmann::ordered_json::array({"torch.nn.ModuleList"}));
