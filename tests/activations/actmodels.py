@@ -10,6 +10,7 @@ init), switched to what training uses: train mode, SDPA attention, and a loss in
     loss = model(**kwargs).loss
 """
 import contextlib
+import json
 import os
 import sys
 import warnings
@@ -31,7 +32,7 @@ MODELS = ["llama", "mistral", "mixtral", "qwen2_moe", "gpt2", "bert", "vit", "t5
 # for it only the batch varies.
 SHAPES = [(1, 16), (2, 32)]
 DECODERS = ["llama", "mistral", "mixtral", "qwen2_moe", "gpt2", "llama_lora"]
-# The decoder layer classes (what FSDP wraps and Accelerate checkpoints): the models' _no_split_modules.
+# The decoder layer classes (what FSDP wraps and Accelerate checkpoints): decoder_layer_classes().
 LORA = dict(r=4, lora_alpha=8, lora_dropout=0.05, target_modules=["q_proj", "v_proj"])
 
 
@@ -59,8 +60,16 @@ def build(name: str, device: str = "cpu", dtype: torch.dtype = torch.float32, at
 
 
 def decoder_layer_classes(model: nn.Module) -> list:
+    """The repeated blocks among HF's `_no_split_modules` (what FSDP wraps per layer and AC
+    checkpoints): classes with more than one instance. BERT and ViT also list their embeddings,
+    which is one module; sharding it apart from BERT's tied decoder makes fully_shard refuse the
+    tied weight."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return corpus.no_split_modules(base)
+    names = corpus.no_split_modules(base)
+    count: Dict[str, int] = {}
+    for m in base.modules():
+        count[type(m).__name__] = count.get(type(m).__name__, 0) + 1
+    return [n for n in names if count.get(n, 0) > 1]
 
 
 def inputs(name: str, model: nn.Module, batch: int, seq: Optional[int], device: Optional[str] = None) -> Dict[str, Any]:
@@ -132,3 +141,23 @@ def hf_training_export():
         yield
     finally:
         mu.is_torchdynamo_exporting, mu.find_packed_sequence_indices = saved
+
+
+def dump_cases(doc: Dict[str, Any]) -> str:
+    """Stable JSON for the committed references: sorted keys, ints as ints, one case per line under
+    "cases" (compact, and a regenerated file diffs case by case)."""
+    lines = ["{"]
+    items = sorted(doc.items())
+    for i, (k, v) in enumerate(items):
+        end = "," if i < len(items) - 1 else ""
+        if k == "cases" and isinstance(v, dict):
+            lines.append(f' "cases": {{')
+            cases = sorted(v.items())
+            for j, (ck, cv) in enumerate(cases):
+                sep = "," if j < len(cases) - 1 else ""
+                lines.append(f"  {json.dumps(ck)}: {json.dumps(cv, sort_keys=True, separators=(',', ':'))}{sep}")
+            lines.append(f" }}{end}")
+        else:
+            lines.append(f" {json.dumps(k)}: {json.dumps(v, sort_keys=True, separators=(',', ':'))}{end}")
+    lines.append("}")
+    return "\n".join(lines) + "\n"

@@ -113,6 +113,7 @@ class Walk:
         self.saved: Dict[Any, Tuple[int, str, str, str]] = {}  # storage -> (bytes, module, dtype, what)
         self.missing: Dict[str, int] = defaultdict(int)
         self.scalars: Dict[str, Any] = {}
+        self.restrided: set = set()  # ids of TensorMeta whose strides were derived, not read
 
     def new_meta(self, name: str, storage=None, storage_bytes=None, rg=False) -> TensorMeta:
         v = self.tv[name]
@@ -210,11 +211,43 @@ class Walk:
             else:
                 m = self.new_meta(o, rg=rg)
             out_metas.append(m)
+        self.restride(op, row, args, out_metas)
         if not recorded:
             return
         for s in saved_ops.predict(row, args, out_metas, self.env,
                                    new_key=lambda i, n=node["name"]: ("new", n, i)):
             self.save(s.storage, s.bytes, module, s.dtype, f"{op}.{s.what}")
+
+    def restride(self, op: str, row: Dict[str, Any], args: Dict[str, Arg], outs: List[TensorMeta]) -> None:
+        """The layout the kernels give, where the graph's recorded strides are not it.
+
+        A fused attention kernel returns the transpose of a [B, L, H, D] buffer, but an export traced on
+        the meta device records the math path's contiguous [B, H, L, D] (saved_ops.yaml:
+        output_strides). Where an input's strides were so corrected, a view's output strides are
+        derived again from them (transpose, permute, view/reshape by computeStride, unsqueeze,
+        squeeze, select, slice, expand, alias, split/chunk), so that a later `contiguous` or
+        `reshape` is found to be the alias (or the copy) it is on the device."""
+        if "output_strides" in str(row.get("cases", "")):
+            try:
+                st = saved_ops.output_strides(row, args, outs, self.env)
+            except Exception:
+                st = None
+            if st is not None and outs and st != outs[0].strides:
+                outs[0].strides = st
+                self.restrided.add(id(outs[0]))
+            return
+        src = args.get("self")
+        t = src.value if src is not None else None
+        if not isinstance(t, TensorMeta) or id(t) not in self.restrided:
+            return
+        name = op.split(".")[1]
+        for o in outs:
+            if o.storage != t.storage:
+                continue  # a copy: a new dense tensor, as recorded
+            new = _view_strides(name, t, o, args)
+            if new is not None:
+                o.strides = new
+                self.restrided.add(id(o))
 
     def _eval_alias(self, when: str, args: Dict[str, Arg], out_name: str) -> bool:
         try:
@@ -255,6 +288,47 @@ class Walk:
                 "input_saved_bytes": totals["input"], "by_dtype": dict(by_dtype), "by_op": dict(by_op),
                 "storages": sum(1 for s in self.saved if self.kind.get(s, "activation") == "activation"),
                 "missing_ops": dict(self.missing)}
+
+
+def _view_strides(name: str, t: TensorMeta, o: TensorMeta, args: Dict[str, Arg]) -> Optional[List[int]]:
+    """The strides of view `name` of t (the output's sizes are o's), or None if not derivable."""
+    n = len(t.sizes)
+
+    def v(k, default=None):
+        a = args.get(k)
+        return a.value if a is not None and a.value is not None else default
+
+    st = list(t.strides)
+    if name in ("alias", "split", "chunk", "contiguous", "to", "expand_as", "detach"):
+        return st if name != "contiguous" else st
+    if name == "transpose":
+        d0, d1 = v("dim0") % n, v("dim1") % n
+        st[d0], st[d1] = st[d1], st[d0]
+        return st
+    if name == "t":
+        return st[::-1]
+    if name == "permute":
+        return [st[d % n] for d in v("dims")]
+    if name in ("view", "reshape", "_unsafe_view", "flatten"):
+        return saved_ops.compute_stride(t.sizes, t.strides, o.sizes)
+    if name == "unsqueeze":
+        d = v("dim") % (n + 1)
+        new = st[d] * t.sizes[d] if d < n else 1
+        return st[:d] + [new] + st[d:]
+    if name == "squeeze":
+        d = v("dim") % n if n else 0
+        return st[:d] + st[d + 1:] if n and t.sizes[d] == 1 else st
+    if name == "select":
+        d = v("dim") % n
+        return st[:d] + st[d + 1:]
+    if name == "slice":
+        d = v("dim", 0) % n
+        st[d] *= v("step", 1)
+        return st
+    if name == "expand":
+        k = len(o.sizes) - n
+        return [0] * k + [0 if (t.sizes[i] == 1 and o.sizes[k + i] != 1) else st[i] for i in range(n)]
+    return None
 
 
 def _innermost(stack: str) -> str:

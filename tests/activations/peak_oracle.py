@@ -4,7 +4,7 @@
 For each model of actmodels.MODELS (train mode, SDPA, labels so the loss is in the forward) at each
 shape, world sizes 1 and 8 (rank 0), fp32 and bf16 mixed precision (bf16 parameters for compute,
 fp32 reduce; the model's own parameters stay fp32), with and without activation checkpointing (AC)
-on the decoder layers (the model's `_no_split_modules`, what Accelerate wraps), AdamW
+on the decoder layers (actmodels.decoder_layer_classes: the repeated `_no_split_modules`), AdamW
 (foreach=False), two steps; the second is recorded:
 
 - FSDP2: `checkpoint_wrapper(layer, preserve_rng_state=False)` put in place of every layer first
@@ -28,7 +28,8 @@ figure with FakeTensorMode on Llama-3-8B dimensions (32 layers, hidden 4096): FS
 
 Output (stable JSON, sorted keys, ints for bytes): {"cases": {"MODEL_bBsS/fsdpV/wW/DTYPE/ac|noac": {
 "peak_bytes", "peak": {category: bytes} (the snapshot when Total peaked in step 2), "after_forward",
-"after_backward", "after_step" (snapshots), "modules": {fqn: {"local_peak", state: {category: bytes}}}
+"after_backward", "after_step" (snapshots), "modules": {fqn: {"local_peak", "Peak Forward" / "Peak Backward"
+(FSDPMemTracker) or "Peak-Forward" / "Peak-Backward" (MemTracker): {category: bytes}}}
 (FSDP2: the FSDP units, the only modules FSDPMemTracker follows; FSDP1: the root, the layers and
 their direct children), "seconds"}}}.
 """
@@ -107,6 +108,25 @@ def snap(d: Dict[Any, Dict[Any, int]]) -> Dict[str, int]:
         for k, v in dev_snap.items():
             key = getattr(k, "value", k)
             out[key] = out.get(key, 0) + int(v)
+    return out
+
+
+KEEP_STATES = ("Peak Forward", "Peak Backward", "Peak-Forward", "Peak-Backward")
+
+
+def prune(res: Dict[str, Any]) -> Dict[str, Any]:
+    """What the committed references keep: zero categories dropped; per module its local peak and the
+    snapshots at its forward and backward peaks (FSDPMemTracker names them "Peak Forward" /
+    "Peak Backward", MemTracker "Peak-Forward" / "Peak-Backward")."""
+    out = dict(res)
+    for k in ("peak", "after_forward", "after_backward", "after_step"):
+        if k in out:
+            out[k] = {c: v for c, v in out[k].items() if v}
+    mods = {}
+    for fqn, rec in res.get("modules", {}).items():
+        mods[fqn] = {k: ({c: v for c, v in rec[k].items() if v} if isinstance(rec[k], dict) else rec[k])
+                     for k in rec if k == "local_peak" or k in KEEP_STATES}
+    out["modules"] = mods
     return out
 
 
@@ -222,6 +242,7 @@ def run_case(name: str, batch: int, seq: Optional[int], version: int, world: int
             tracker.track_external(wrapped, optim)
         res = two_steps(tracker, wrapped, optim, kwargs)
         res["modules"] = module_stats(tracker, keep_module(names, wrapped))
+        res = prune(res)
     res.update(model=full or name, batch=batch, seq=seq, fsdp=version, world=world,
                dtype="bfloat16" if bf16 else "float32", ac=ac, layer_classes=names,
                fake_tensors=fake, seconds=round(time.perf_counter() - t0, 2))
@@ -249,6 +270,7 @@ def main() -> int:
     ap.add_argument("-k", help="only cases whose key contains this")
     ap.add_argument("--out", help="write the JSON here (default: stdout)")
     ap.add_argument("--shapes", choices=["first", "all"], default="all")
+    ap.add_argument("--models", help="comma-separated subset of actmodels.MODELS")
     ap.add_argument("--headline", action="store_true",
                     help="issue 30's figure: Llama-3-8B dims, FSDP2 per layer, 8 ranks, bf16, FakeTensorMode")
     ap.add_argument("--layers", type=int, help="--headline: keep only the first N decoder layers")
@@ -269,15 +291,22 @@ def main() -> int:
               f"{(p.get('Activation', 0) + p.get('Temp', 0)) / GiB:.2f} GiB, {res['seconds']} s wall, "
               f"{res['cpu_seconds']} s CPU", file=sys.stderr)
     else:
+        models = set(args.models.split(",")) if args.models else None
         for key, name, b, s, version, world, bf16, ac in case_keys(args.shapes):
-            if args.k and args.k not in key:
+            if (args.k and args.k not in key) or (models and name not in models):
                 continue
-            res = run_case(name, b, s, version, world, bf16, ac)
+            try:
+                res = run_case(name, b, s, version, world, bf16, ac)
+            except Exception as e:  # recorded, so that one refusal does not lose the others
+                res = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
             cases[key] = res
-            print(f"{key}: peak {res['peak_bytes']} {json.dumps(res['peak'], sort_keys=True)} {res['seconds']} s",
-                  file=sys.stderr)
+            print(f"{key}: peak {res.get('peak_bytes')} {json.dumps(res.get('peak', res), sort_keys=True)} "
+                  f"{res.get('seconds')} s", file=sys.stderr)
+            if args.out:  # written as it goes: a long run that stops keeps what it measured
+                with open(args.out, "w") as f:
+                    f.write(actmodels.dump_cases({"torch": torch.__version__, "cases": cases}))
     doc = {"torch": torch.__version__, "cases": cases}
-    text = json.dumps(doc, indent=1, sort_keys=True) + "\n"
+    text = actmodels.dump_cases(doc)
     if args.out:
         with open(args.out, "w") as f:
             f.write(text)

@@ -125,6 +125,20 @@ def compute_stride(sizes: Sequence[int], strides: Sequence[int], shape: Sequence
     return newstride
 
 
+def dense_like(sizes: Sequence[int], strides: Sequence[int]) -> List[int]:
+    """The strides empty_like gives (preserve_format): the input's own strides if it is dense and
+    non-overlapping, else dense strides in the input's dimension order (c10: infer_dense_strides,
+    ordering dimensions by stride, size-1 dimensions kept in place)."""
+    n = len(sizes)
+    perm = sorted(range(n), key=lambda d: (strides[d], -d))  # innermost first
+    out = [0] * n
+    acc = 1
+    for d in perm:
+        out[d] = acc
+        acc *= max(sizes[d], 1)
+    return out
+
+
 @dataclass
 class Arg:
     value: Any  # TensorMeta, list of TensorMeta (None entries allowed), or a plain value
@@ -293,6 +307,8 @@ def evaluate(expr: Union[str, int, float, bool], args: Dict[str, Arg], outputs: 
                 return u is not None and u.dtype == t.dtype
             if fn == "shape":
                 return list(t.sizes)
+            if fn == "dense_like":
+                return dense_like(t.sizes, t.strides)
             if fn == "dims":
                 return list(t.sizes[ev(node.args[1]):ev(node.args[2])])
             if fn == "view_ok":
@@ -338,21 +354,30 @@ def _new_meta(spec: Dict[str, Any], args: Dict[str, Arg], outputs: List[TensorMe
     return [int(s) for s in sizes], dtype
 
 
+def select_case(row: Dict[str, Any], args: Dict[str, Arg], outputs: List[TensorMeta], env: Env) -> Dict[str, Any]:
+    """The row itself, or the first of its `cases` whose `when` holds."""
+    if "cases" not in row:
+        return row
+    for case in row["cases"]:
+        if evaluate(case.get("when", True), args, outputs, env):
+            return case
+    raise TableError("no case matches")
+
+
+def output_strides(row: Dict[str, Any], args: Dict[str, Arg], outputs: List[TensorMeta], env: Env) -> Optional[List[int]]:
+    """The kernel's output layout where the row's case gives one (`output_strides`), else None."""
+    case = select_case(row, args, outputs, env)
+    expr = case.get("output_strides")
+    return [int(x) for x in evaluate(expr, args, outputs, env)] if expr else None
+
+
 def predict(row: Dict[str, Any], args: Dict[str, Arg], outputs: List[TensorMeta], env: Env,
             new_key=None) -> List[Saved]:
     """The tensors the call saves (see the module docstring). `new_key(i)` names the storage of the
     i-th new tensor (default: a unique object)."""
     if not differentiable_rg(row, args):
         return []
-    body = row
-    if "cases" in row:
-        body = None
-        for case in row["cases"]:
-            if evaluate(case.get("when", True), args, outputs, env):
-                body = case
-                break
-        if body is None:
-            raise TableError("no case matches")
+    body = select_case(row, args, outputs, env)
     out: List[Saved] = []
     n_new = 0
     new_keys: Dict[Any, Any] = {}

@@ -25,6 +25,7 @@ the input's dtype, CUDA: native_dropout's bool mask) and the attention kernel.
 
     python tests/activations/saved_oracle.py [-k SUBSTRING] [--out FILE] [--detail] [--self-test]
     python tests/activations/saved_oracle.py --exports EXPORTS_DIR [-k SUBSTRING] [--out FILE]
+    python tests/activations/saved_oracle.py --full llama3_8b [--seq 4096] [--layers N] [--out FILE]
 
 With --exports, the exported graphs themselves are replayed (ep.module(), node by node, with
 autograd; each node attributed to its nn_module_stack): what a reader of the graph must find.
@@ -193,6 +194,34 @@ def run_case(name: str, batch: int, seq: Optional[int], setting: str, detail: bo
     return res
 
 
+def run_full(name: str, batch: int, seq: int, math: bool, layers: Optional[int] = None) -> Dict[str, Any]:
+    """A full-size corpus model (llama3_8b, llama3_70b) in bf16 under FakeTensorMode: no memory for
+    weights or activations; storages are fake, told apart by their StorageImpl like real ones."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    model = actmodels.full_size(name, "meta", torch.bfloat16)  # structure only, outside the fake mode
+    if layers is not None:
+        model.model.layers = model.model.layers[:layers]
+        model.config.num_hidden_layers = layers
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        model.to_empty(device="cpu")
+        g = torch.Generator().manual_seed(0)
+        kwargs = {"input_ids": torch.randint(3, 1000, (batch, seq), generator=g),
+                  "labels": torch.randint(3, 1000, (batch, seq), generator=g)}
+        rec = SavedRecorder(model, list(model.parameters()) + list(model.buffers()), list(kwargs.values()))
+        ctx = sdpa_kernel([SDPBackend.MATH]) if math else contextlib.nullcontext()
+        t0 = time.perf_counter()
+        with ctx, torch.autograd.graph.saved_tensors_hooks(rec.pack, rec.unpack):
+            loss = model(**kwargs).loss
+            rec.name_nodes([loss])
+            loss.backward()
+        rec.remove()
+        res = summarise(rec, model, False)
+    res.update(model=name, batch=batch, seq=seq, dtype="bfloat16", sdpa="math" if math else "default",
+               layers=layers or model.config.num_hidden_layers, fake_tensors=True,
+               seconds=round(time.perf_counter() - t0, 1))
+    return res
+
+
 class _Replay(torch.fx.Interpreter):
     """Runs an exported program's graph (ep.module()) node by node with autograd on; the module stack
     of the recorder is the node's innermost nn_module_stack entry, as the C++ reader will see it."""
@@ -227,10 +256,13 @@ def run_export(path: str, entry: Dict[str, Any], math: bool, detail: bool) -> Di
         rec.name_nodes([loss])
         loss.backward()
     # Every module path the graph names, so that `modules` has the same keys as the eager case's.
+    # ... and their ancestors (a ModuleList such as model.layers is never called, so never named).
     paths = {""}
     for n in gm.graph.nodes:
         for p_, _ in (n.meta.get("nn_module_stack") or {}).values():
-            paths.add(p_)
+            while p_:
+                paths.add(p_)
+                p_ = p_.rsplit(".", 1)[0] if "." in p_ else ""
     holder = _PathModel(sorted(paths))
     res = summarise(rec, holder, detail)
     res.update(model=name, batch=entry["batch"], seq=entry["seq"], dtype=entry["dtype"],
@@ -326,14 +358,25 @@ def main() -> int:
     ap.add_argument("--out", help="write the JSON here (default: stdout)")
     ap.add_argument("--detail", action="store_true", help="one record per saved storage")
     ap.add_argument("--self-test", action="store_true", help="check the storage dedup on a two-view model and exit")
+    ap.add_argument("--full", help="a full-size model (llama3_8b, llama3_70b) in bf16 under FakeTensorMode")
+    ap.add_argument("--seq", type=int, default=4096, help="--full: sequence length (batch 1)")
+    ap.add_argument("--layers", type=int, help="--full: keep only the first N decoder layers")
     ap.add_argument("--exports", help="instead of the eager models: replay every export of this directory "
                                       "(make_exports.py) with autograd, SDPA default and math")
     args = ap.parse_args()
     if args.self_test:
         return self_test()
-    cases = export_cases(args.exports, args.k, args.detail) if args.exports else eager_cases(args.k, args.detail)
+    if args.full:
+        res = run_full(args.full, 1, args.seq, False, args.layers)
+        cases = {f"{args.full}{'' if args.layers is None else f'_{args.layers}l'}_b1s{args.seq}/bf16": res}
+        print(f"{args.full}: {res['total_bytes']} bytes saved ({res['total_bytes'] / 2**30:.2f} GiB), params "
+              f"{res['param_saved_bytes']}, {res['seconds']} s", file=sys.stderr)
+    elif args.exports:
+        cases = export_cases(args.exports, args.k, args.detail)
+    else:
+        cases = eager_cases(args.k, args.detail)
     doc = {"torch": torch.__version__, "cases": cases}
-    text = json.dumps(doc, indent=1, sort_keys=True) + "\n"
+    text = actmodels.dump_cases(doc)
     if args.out:
         with open(args.out, "w") as f:
             f.write(text)

@@ -252,6 +252,13 @@ def check_call(name: str, row: Dict[str, Any], target, bound: Dict[str, Any], ma
                 if any(t.storage == ost for a in metas.values() for t in a.tensors):
                     fails.append(f"{name} rg={rg}: output {i} aliases an input; the table says a new storage")
         try:
+            want_strides = saved_ops.output_strides(row, metas, out_metas, env)
+        except Exception as e:
+            want_strides = None
+            fails.append(f"{name} rg={rg}: output_strides failed: {e}")
+        if want_strides is not None and isinstance(outs[0], torch.Tensor) and list(outs[0].stride()) != want_strides:
+            fails.append(f"{name} rg={rg}: output strides {list(outs[0].stride())}, table {want_strides}")
+        try:
             pred = saved_ops.predict(row, metas, out_metas, env)
         except Exception as e:
             fails.append(f"{name} rg={rg}: the table failed: {type(e).__name__}: {e}")
@@ -313,6 +320,11 @@ def synthetic_calls() -> List[Tuple[Any, tuple, dict]]:
         (aten.dropout.default, (r(4, 8), 0.1, False), {}),
         (aten.native_dropout.default, (r(4, 8), 0.1, True), {}),
         (aten.scaled_dot_product_attention.default, (q, k, v), {"dropout_p": 0.1}),
+        # GPT-2's layout: q, k, v transposed slices of one fused [B, S, 3 * H * D] output, batch 2
+        *[(aten.scaled_dot_product_attention.default, tuple(t.view(2, 16, 4, 8).transpose(1, 2)
+                                                           for t in r(2, 16, 96).split(32, dim=-1)), kw)
+          for kw in ({"dropout_p": 0.1}, {"is_causal": True})],
+        (aten.matmul.default, (r(2, 3, 6, 5).transpose(0, 1), r(3, 2, 5, 4)), {}),
         (aten.scaled_dot_product_attention.default, (q, k, v), {"is_causal": True}),
         (aten.scaled_dot_product_attention.default, (q, kv2, kv2), {"is_causal": True, "enable_gqa": True}),
         (aten.scaled_dot_product_attention.default, (q, k, v, torch.ones(16, 16, dtype=torch.bool).tril()), {}),
