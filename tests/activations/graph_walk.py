@@ -114,6 +114,10 @@ class Walk:
         self.missing: Dict[str, int] = defaultdict(int)
         self.scalars: Dict[str, Any] = {}
         self.restrided: set = set()  # ids of TensorMeta whose strides were derived, not read
+        self.producer: Dict[str, str] = {}  # tensor name -> module path of the node that made it
+        self.ac_paths: List[str] = []       # checkpointed modules (activation checkpointing)
+        self.ac_inputs: Dict[Any, Tuple[int, str, str]] = {}  # storage -> (bytes, module, dtype)
+        self.kept_outside: set = set()  # storages saved by a node outside every checkpointed module
 
     def new_meta(self, name: str, storage=None, storage_bytes=None, rg=False) -> TensorMeta:
         v = self.tv[name]
@@ -173,6 +177,17 @@ class Walk:
         module = _innermost(stack)
         row = self.table.get(op)
         args = {i["name"]: Arg(self.arg_value(i["arg"])) for i in node["inputs"]}
+        region = self._ac_region(module)
+        if region is not None:
+            # A checkpointed module keeps its inputs: tensors made outside it, consumed inside.
+            for i in node["inputs"]:
+                for tname in _tensor_names(i["arg"]):
+                    if self._ac_region(self.producer.get(tname, "")) != region:
+                        t = self.meta[tname]
+                        if self.kind.get(t.storage, "activation") == "activation":
+                            self.ac_inputs.setdefault(t.storage, (t.storage_bytes, region, t.dtype))
+        for o in _output_names(node):
+            self.producer[o] = module
         if row is not None:
             for k, v in (row.get("defaults") or {}).items():
                 args.setdefault(k, Arg(v))
@@ -255,9 +270,34 @@ class Walk:
         except Exception:
             return False
 
+    def _ac_region(self, module: str) -> Optional[str]:
+        for p in self.ac_paths:
+            if module == p or module.startswith(p + "."):
+                return p
+        return None
+
     def save(self, storage, nbytes: int, module: str, dtype: str, what: str) -> None:
         if storage not in self.saved:
             self.saved[storage] = (nbytes, module, dtype, what)
+        if self._ac_region(module) is None:
+            self.kept_outside.add(storage)
+
+    def ac_kept_bytes(self) -> Dict[str, int]:
+        """With activation checkpointing on `ac_paths`: what stays saved after the forward (storages
+        saved outside the checkpointed modules, and the checkpointed modules' inputs, each storage
+        once), and the largest saved bytes of one checkpointed module (what its recompute in backward
+        saves again, the planner's extra during that module's backward)."""
+        kept = {s: v[0] for s, v in self.saved.items()
+                if s in self.kept_outside and self.kind.get(s, "activation") == "activation"}
+        for s, (b, _, _) in self.ac_inputs.items():
+            kept.setdefault(s, b)
+        per_region: Dict[str, int] = defaultdict(int)
+        for s, (b, module, _, _) in self.saved.items():
+            r = self._ac_region(module)
+            if r is not None and self.kind.get(s, "activation") == "activation":
+                per_region[r] += b
+        return {"kept_bytes": sum(kept.values()), "inputs_bytes": sum(v[0] for v in self.ac_inputs.values()),
+                "largest_region_bytes": max(per_region.values()) if per_region else 0}
 
     def summary(self, module_paths: Optional[List[str]] = None) -> Dict[str, Any]:
         modules: Dict[str, Dict[str, int]] = defaultdict(lambda: {"self_bytes": 0, "total_bytes": 0})
@@ -352,6 +392,47 @@ def _innermost(stack: str) -> str:
     return parts[1] if len(parts) > 1 else ""
 
 
+def module_paths_of_classes(prog: Dict[str, Any], classes: List[str]) -> set:
+    """Paths of the modules whose class (the last dotted part of nn_module_stack's CLASS) is one of
+    `classes`."""
+    out = set()
+    for node in prog["graph_module"]["graph"]["nodes"]:
+        for entry in (node.get("metadata", {}).get("nn_module_stack") or "").split(";"):
+            parts = _split_entry(entry)
+            if len(parts) == 3 and parts[2].rsplit(".", 1)[-1] in classes:
+                out.add(parts[1])
+    return out
+
+
+def _split_entry(entry: str) -> List[str]:
+    parts, depth, cur = [], 0, ""
+    for c in entry:
+        if c in "[(":
+            depth += 1
+        elif c in ")]":
+            depth -= 1
+        if c == "," and depth == 0:
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += c
+    parts.append(cur)
+    return parts
+
+
+def _tensor_names(arg: Dict[str, Any]) -> List[str]:
+    (k, v), = arg.items()
+    if k == "as_tensor":
+        return [v["name"]]
+    if k == "as_tensors":
+        return [t["name"] for t in v]
+    if k == "as_optional_tensors":
+        return [t["as_tensor"]["name"] for t in v if "as_tensor" in t]
+    if k == "as_optional_tensor" and "as_tensor" in v:
+        return [v["as_tensor"]["name"]]
+    return []
+
+
 def _output_names(node: Dict[str, Any]) -> List[str]:
     out = []
     for o in node["outputs"]:
@@ -367,7 +448,9 @@ def _output_names(node: Dict[str, Any]) -> List[str]:
 
 
 def walk(path: str, device: str = "cpu", sdpa: str = "default", dims: Optional[Dict[str, int]] = None,
-         table: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+         table: Optional[Dict[str, Any]] = None, ac_classes: Optional[List[str]] = None) -> Dict[str, Any]:
+    """ac_classes: class names whose module calls are checkpointed (their nn_module_stack entries);
+    the result then has "ac": Walk.ac_kept_bytes()."""
     prog = load_program(path)
     names = symbol_names(prog)
     resolved: Dict[str, int] = {}
@@ -377,8 +460,12 @@ def walk(path: str, device: str = "cpu", sdpa: str = "default", dims: Optional[D
         sym = next((s for s, (where, _) in names.items() if where == alias), k)
         resolved[sym] = v
     w = Walk(prog, table or saved_ops.load(), Env(device=device, sdpa=sdpa), resolved)
+    if ac_classes:
+        w.ac_paths = sorted(module_paths_of_classes(prog, ac_classes))
     w.run()
     res = w.summary()
+    if ac_classes:
+        res["ac"] = w.ac_kept_bytes()
     res["symbols"] = {s: {"dim": where, "hint": hint, "value": resolved.get(s, hint)} for s, (where, hint) in names.items()}
     return res
 

@@ -30,8 +30,7 @@ Output (stable JSON, sorted keys, ints for bytes): {"cases": {"MODEL_bBsS/fsdpV/
 "peak_bytes", "peak": {category: bytes} (the snapshot when Total peaked in step 2), "after_forward",
 "after_backward", "after_step" (snapshots), "modules": {fqn: {"local_peak", "Peak Forward" / "Peak Backward"
 (FSDPMemTracker) or "Peak-Forward" / "Peak-Backward" (MemTracker): {category: bytes}}}
-(FSDP2: the FSDP units, the only modules FSDPMemTracker follows; FSDP1: the root, the layers and
-their direct children), "seconds"}}}.
+(the root and the layers: the FSDP units), "seconds"}}}.
 """
 import argparse
 import contextlib
@@ -174,15 +173,12 @@ def two_steps(tracker, model: nn.Module, optim, kwargs: Dict[str, Any]) -> Dict[
 
 
 def keep_module(classes_names: List[str], model: nn.Module):
-    """The root, the layers, and the layers' direct children (enough for per-unit comparisons)."""
+    """The root and the layers (the FSDP units of these policies)."""
     layer_paths = {clean_fqn(n) for n, m in model.named_modules()
                    if type(getattr(m, "_checkpoint_wrapped_module", m)).__name__ in classes_names}
 
     def keep(fqn: str) -> bool:
-        if fqn == "" or fqn in layer_paths:
-            return True
-        parent = fqn.rsplit(".", 1)[0] if "." in fqn else ""
-        return parent in layer_paths
+        return fqn == "" or fqn in layer_paths
     return keep
 
 

@@ -12,7 +12,13 @@ math), the saved bytes computed from the graph alone are compared with
 Parameters and inputs saved for backward are compared too (param_saved_bytes, input_saved_bytes).
 
     python tests/activations/test_graph_walk.py EXPORTS_DIR [--eager saved_eager.json]
-        [--replay saved_export.json] [-k SUBSTRING] [-v] [--summary FILE]
+        [--replay saved_export.json] [--peak peak_small.json] [-k SUBSTRING] [-v] [--summary FILE]
+
+With --peak (default refs/peak_small.json when present), every whole-step case is checked too: the
+tracker's Activation right after the forward must be the walk's saved bytes plus the 4-byte fp32
+loss without AC, and with AC on the decoder layers the walk's kept bytes (saved outside the layers,
+plus the layers' inputs) plus the loss, within TOLERANCE (the walk cannot see a layer argument no
+node uses: HF passes position_ids, [B, S] int64, which checkpoint_wrapper keeps).
 
 Defaults read the committed references next to this file (refs/). Exits 1 on any failure.
 """
@@ -56,6 +62,41 @@ def compare(got: Dict[str, Any], ref: Dict[str, Any], tol: float) -> Tuple[List[
     return fails, worst
 
 
+LOSS_BYTES = 4  # HF's loss: a 0-dim float32 tensor, alive after the forward, not saved for backward
+
+
+def check_peak(path: str, exports_dir: str, manifest: List[Dict[str, Any]], table: Dict[str, Any],
+               k: Optional[str], summary: Dict[str, Any]) -> List[str]:
+    with open(path) as f:
+        cases = json.load(f)["cases"]
+    by_stem = {e["file"][:-4]: e for e in manifest}
+    walks: Dict[Tuple[str, bool], Dict[str, Any]] = {}
+    failures = []
+    for key, c in sorted(cases.items()):
+        if k and k not in key:
+            continue
+        if "error" in c:
+            failures.append(f"{key}: the tracker run failed: {c['error']}")
+            continue
+        shape = key.split("/")[0]
+        stem = shape + ("_bf16" if c["dtype"] == "bfloat16" else "")
+        if stem not in by_stem:
+            continue  # no export at this shape and dtype (bf16 is exported at the first shape only)
+        if (stem, c["ac"]) not in walks:
+            walks[(stem, c["ac"])] = graph_walk.walk(os.path.join(exports_dir, by_stem[stem]["file"]), "cpu",
+                                                    "default", {}, table,
+                                                    ac_classes=c["layer_classes"] if c["ac"] else None)
+        w = walks[(stem, c["ac"])]
+        want = (w["ac"]["kept_bytes"] if c["ac"] else w["total_bytes"]) + LOSS_BYTES
+        got = c["after_forward"].get("Activation", 0)
+        rel = (want - got) / got if got else 0.0
+        summary[key] = {"tracker_activation_after_forward": got, "graph": want, "rel": rel}
+        print(f"{key:44s} tracker {got:>9d}  graph {want:>9d}  ({rel:+.2%})")
+        if abs(rel) > TOLERANCE:
+            failures.append(f"{key}: tracker Activation after forward {got}, graph {want} ({rel:+.2%})")
+    return failures
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("exports_dir")
@@ -64,6 +105,7 @@ def main() -> int:
     ap.add_argument("-k")
     ap.add_argument("-v", action="store_true")
     ap.add_argument("--summary", help="write the per-case comparison as JSON here")
+    ap.add_argument("--peak", default=os.path.join(HERE, "refs", "peak_small.json"))
     args = ap.parse_args()
     with open(args.eager) as f:
         eager = json.load(f)["cases"]
@@ -110,6 +152,8 @@ def main() -> int:
                           f"eager {ref if ref is not None else '-':>9}  "
                           f"({'plain, not checked, ' if e.get('plain') else ''}worst module "
                           f"{rec.get('eager_worst', 0):.2%})")
+    if args.peak and os.path.exists(args.peak):
+        failures += check_peak(args.peak, args.exports_dir, manifest, table, args.k, summary)
     for f_ in failures:
         print("FAIL " + f_)
     print(f"{len(summary)} cases, {len(failures)} failures")
