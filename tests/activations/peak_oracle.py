@@ -64,6 +64,26 @@ WORLDS = [1, 8]
 GiB = 1 << 30
 
 
+class _NoHook:
+    def remove(self) -> None:
+        pass
+
+
+class FrozenSafeMemTracker(MemTracker):
+    """MemTracker (torch 2.13, mem_tracker.py: _track_module_params_and_buffers) registers a gradient
+    hook on every parameter of every module it enters, which raises for a frozen one (LoRA's base;
+    FSDP1's all-frozen flat parameters) and, for the post-accumulate hook, for a non-leaf one (FSDP1's
+    use_orig_params parameters are views of the flat parameter during forward, new objects each
+    time). Those are marked as already hooked, per call: a frozen one never gets a gradient, and the
+    views' gradients are views of the flat parameter's, which is hooked."""
+
+    def _track_module_params_and_buffers(self, module, install_grad_hooks=True):
+        for p in module.parameters():
+            if (not p.requires_grad or not p.is_leaf) and self._param_to_grad_hook_handles.get(p, None) is None:
+                self._param_to_grad_hook_handles[p] = (_NoHook(), _NoHook())
+        return super()._track_module_params_and_buffers(module, install_grad_hooks)
+
+
 def init_fake(world: int) -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
@@ -111,19 +131,21 @@ def snap(d: Dict[Any, Dict[Any, int]]) -> Dict[str, int]:
 
 
 KEEP_STATES = ("Peak Forward", "Peak Backward", "Peak-Forward", "Peak-Backward")
+MODULE_CATEGORIES = ("Total", "Activation", "Temp")  # per module; the whole-step snapshots keep all
 
 
 def prune(res: Dict[str, Any]) -> Dict[str, Any]:
     """What the committed references keep: zero categories dropped; per module its local peak and the
-    snapshots at its forward and backward peaks (FSDPMemTracker names them "Peak Forward" /
-    "Peak Backward", MemTracker "Peak-Forward" / "Peak-Backward")."""
+    Total, Activation and Temp of its snapshots at its forward and backward peaks (FSDPMemTracker
+    names them "Peak Forward" / "Peak Backward", MemTracker "Peak-Forward" / "Peak-Backward")."""
     out = dict(res)
     for k in ("peak", "after_forward", "after_backward", "after_step"):
         if k in out:
             out[k] = {c: v for c, v in out[k].items() if v}
     mods = {}
     for fqn, rec in res.get("modules", {}).items():
-        mods[fqn] = {k: ({c: v for c, v in rec[k].items() if v} if isinstance(rec[k], dict) else rec[k])
+        mods[fqn] = {k: ({c: v for c, v in rec[k].items() if v and c in MODULE_CATEGORIES}
+                         if isinstance(rec[k], dict) else rec[k])
                      for k in rec if k == "local_peak" or k in KEEP_STATES}
     out["modules"] = mods
     return out
@@ -174,8 +196,11 @@ def two_steps(tracker, model: nn.Module, optim, kwargs: Dict[str, Any]) -> Dict[
 
 def keep_module(classes_names: List[str], model: nn.Module):
     """The root and the layers (the FSDP units of these policies)."""
-    layer_paths = {clean_fqn(n) for n, m in model.named_modules()
-                   if type(getattr(m, "_checkpoint_wrapped_module", m)).__name__ in classes_names}
+    def cls_name(m: nn.Module) -> str:
+        # fully_shard swaps a module's class for a subclass named "FSDP" + the class name.
+        name = type(getattr(m, "_checkpoint_wrapped_module", m)).__name__
+        return name[4:] if name.startswith("FSDP") and name[4:] in classes_names else name
+    layer_paths = {clean_fqn(n) for n, m in model.named_modules() if cls_name(m) in classes_names}
 
     def keep(fqn: str) -> bool:
         return fqn == "" or fqn in layer_paths
@@ -234,7 +259,7 @@ def run_case(name: str, batch: int, seq: Optional[int], version: int, world: int
             tracker = FSDPMemTracker(wrapped, optim)
             tracker.track_inputs(tuple(v for v in kwargs.values() if isinstance(v, torch.Tensor)))
         else:
-            tracker = MemTracker()
+            tracker = FrozenSafeMemTracker()
             tracker.track_external(wrapped, optim)
         res = two_steps(tracker, wrapped, optim, kwargs)
         res["modules"] = module_stats(tracker, keep_module(names, wrapped))
@@ -267,6 +292,9 @@ def main() -> int:
     ap.add_argument("--out", help="write the JSON here (default: stdout)")
     ap.add_argument("--shapes", choices=["first", "all"], default="all")
     ap.add_argument("--models", help="comma-separated subset of actmodels.MODELS")
+    ap.add_argument("--fsdp", type=int, choices=[1, 2], help="only this FSDP version")
+    ap.add_argument("--no-ac", dest="ac_only", action="store_const", const=False, default=None,
+                    help="only the cases without activation checkpointing")
     ap.add_argument("--headline", action="store_true",
                     help="issue 30's figure: Llama-3-8B dims, FSDP2 per layer, 8 ranks, bf16, FakeTensorMode")
     ap.add_argument("--layers", type=int, help="--headline: keep only the first N decoder layers")
@@ -290,6 +318,8 @@ def main() -> int:
         models = set(args.models.split(",")) if args.models else None
         for key, name, b, s, version, world, bf16, ac in case_keys(args.shapes):
             if (args.k and args.k not in key) or (models and name not in models):
+                continue
+            if (args.fsdp and version != args.fsdp) or (args.ac_only is not None and ac != args.ac_only):
                 continue
             try:
                 res = run_case(name, b, s, version, world, bf16, ac)

@@ -18,7 +18,10 @@ With --peak (default refs/peak_small.json when present), every whole-step case i
 tracker's Activation right after the forward must be the walk's saved bytes plus the 4-byte fp32
 loss without AC, and with AC on the decoder layers the walk's kept bytes (saved outside the layers,
 plus the layers' inputs) plus the loss, within TOLERANCE (the walk cannot see a layer argument no
-node uses: HF passes position_ids, [B, S] int64, which checkpoint_wrapper keeps).
+node uses: HF passes position_ids, [B, S] int64, which checkpoint_wrapper keeps). Under bf16
+mixed precision the floating user inputs saved for backward are added (FSDP's cast of the inputs is
+a copy made in the forward); under FSDP1 the parameters of units that mix frozen and trainable ones
+count as trainable (graph_walk.fsdp1_flat_requires_grad).
 
 Defaults read the committed references next to this file (refs/). Exits 1 on any failure.
 """
@@ -82,12 +85,20 @@ def check_peak(path: str, exports_dir: str, manifest: List[Dict[str, Any]], tabl
         stem = shape + ("_bf16" if c["dtype"] == "bfloat16" else "")
         if stem not in by_stem:
             continue  # no export at this shape and dtype (bf16 is exported at the first shape only)
-        if (stem, c["ac"]) not in walks:
-            walks[(stem, c["ac"])] = graph_walk.walk(os.path.join(exports_dir, by_stem[stem]["file"]), "cpu",
-                                                    "default", {}, table,
-                                                    ac_classes=c["layer_classes"] if c["ac"] else None)
-        w = walks[(stem, c["ac"])]
+        # FSDP1 units that mix frozen and trainable parameters make the frozen ones trainable for
+        # autograd (graph_walk.fsdp1_flat_requires_grad): LoRA's layers.
+        fsdp1 = c["fsdp"] == 1
+        wkey = (stem, c["ac"], fsdp1)
+        if wkey not in walks:
+            walks[wkey] = graph_walk.walk(os.path.join(exports_dir, by_stem[stem]["file"]), "cpu", "default", {},
+                                          table, ac_classes=c["layer_classes"] if c["ac"] else None,
+                                          fsdp1_units=c["layer_classes"] if fsdp1 else None)
+        w = walks[wkey]
         want = (w["ac"]["kept_bytes"] if c["ac"] else w["total_bytes"]) + LOSS_BYTES
+        if c["dtype"] == "bfloat16":
+            # Mixed precision: FSDP casts the floating inputs (ViT's pixel_values) to bf16 in the root's
+            # pre-forward; the copy is made in the forward, so it is an activation where it is saved.
+            want += w["input_saved_float_bytes"]
         got = c["after_forward"].get("Activation", 0)
         rel = (want - got) / got if got else 0.0
         summary[key] = {"tracker_activation_after_forward": got, "graph": want, "rel": rel}
