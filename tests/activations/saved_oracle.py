@@ -196,7 +196,9 @@ def run_case(name: str, batch: int, seq: Optional[int], setting: str, detail: bo
 
 def run_full(name: str, batch: int, seq: int, math: bool, layers: Optional[int] = None) -> Dict[str, Any]:
     """A full-size corpus model (llama3_8b, llama3_70b) in bf16 under FakeTensorMode: no memory for
-    weights or activations; storages are fake, told apart by their StorageImpl like real ones."""
+    weights or activations; storages are fake, told apart by their StorageImpl like real ones.
+    Under FakeTensorMode HF takes its tracing attention path (a materialised causal mask, repeat_kv:
+    GRAPH.md item 8), so this measures what a plain export describes, as issue 30's tracker run did."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     model = actmodels.full_size(name, "meta", torch.bfloat16)  # structure only, outside the fake mode
     if layers is not None:

@@ -104,9 +104,15 @@ def bind(target, args, kwargs) -> Dict[str, Any]:
 
 
 def fresh_tensor(t: torch.Tensor) -> torch.Tensor:
+    """A copy with its own storage and the same sizes and strides (expanded dims keep stride 0: the
+    values are written through the non-overlapping part)."""
     x = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype)
+    src, dst = t, x
+    for d, (size, stride) in enumerate(zip(t.shape, t.stride())):
+        if stride == 0 and size > 1:
+            src, dst = src.narrow(d, 0, 1), dst.narrow(d, 0, 1)
     with torch.no_grad():
-        x.copy_(t)
+        dst.copy_(src)
     return x
 
 
