@@ -9,7 +9,8 @@
 namespace fsdp_plan {
 namespace {
 
-// What one group holds and moves, in bytes (FSDP2.md sections 2 and 4).
+// What one group holds and moves, in bytes (torch/distributed/fsdp/_fully_shard/_fsdp_param.py:
+// FSDPParam's sharded and padded dim-0 shards; _fsdp_collectives.py: the all-gather and reduce-scatter buffers).
 struct Group {
   int64_t sharded = 0;          // padded shards, original dtype
   int64_t unsharded = 0;        // padded x S, in param_dtype

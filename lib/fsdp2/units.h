@@ -1,5 +1,6 @@
 // FSDP2 (fully_shard): which modules the calls are made on, in which order,
-// and what each call manages. FSDP2.md section 1; docs/memory-model.md "FSDP2".
+// and what each call manages (torch/distributed/fsdp/_fully_shard/_fully_shard.py: fully_shard,
+// _fsdp_init.py: _get_managed_modules, _get_managed_states); docs/memory-model.md "FSDP2".
 #pragma once
 
 #include <string>

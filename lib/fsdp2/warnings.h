@@ -1,4 +1,5 @@
-// What fully_shard refuses (FSDP2.md sections 1 and 8), as error-severity
+// What fully_shard refuses (torch/distributed/fsdp/_fully_shard/_fully_shard.py and _fsdp_init.py:
+// containers, scalar parameters; _fsdp_param_group.py: mixed dtypes at lazy init), as error-severity
 // warnings with PyTorch's reason and the fix, and FSDP2's mixed precision per unit.
 #pragma once
 

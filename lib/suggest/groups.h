@@ -1,7 +1,8 @@
 // What `suggest` adds for FSDP2 and for refused candidates: fully_shard
 // groups for the modules before the first block (the input embeddings) and
 // after the last (the final norm and the output head), as torchtitan shards
-// them (ECOSYSTEM.md section 4), and the groups that keep a tied weight in one call.
+// them (torchtitan/models/llama3/infra/parallelize.py: apply_fsdp), and the groups that keep a tied
+// weight in one call.
 #pragma once
 
 #include <string>

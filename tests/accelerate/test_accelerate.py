@@ -159,7 +159,8 @@ def accelerate_plugin(config_path):
         args, _, _ = _validate_launch_command(args)
         env = prepare_multi_gpu_env(args)
     env = {k: v for k, v in env.items() if k.startswith(("FSDP_", "ACCELERATE_", "PARALLELISM_CONFIG"))}
-    # A CPU-only box cannot sync module states (ECOSYSTEM.md section 3); nothing else changes.
+    # A CPU-only box cannot sync module states (FullyShardedDataParallelPlugin broadcasts from a CUDA
+    # device); nothing else changes.
     env.update(FSDP_SYNC_MODULE_STATES="false", FSDP_CPU_RAM_EFFICIENT_LOADING="false")
     with patch_environment(**env):
         plugin = FullyShardedDataParallelPlugin()

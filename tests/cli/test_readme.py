@@ -1,7 +1,7 @@
 #!/usr/bin/python3
-"""Runs the README's examples, so they cannot rot.
+"""Runs the examples of the README and of every page in docs/, so they cannot rot.
 
-Conventions (the README states them too), each block run in a fresh copy of
+Conventions (docs/ci.md states them too), each block run in a fresh copy of
 sample_models/, policies/ and plans/, with fsdp-plan first on the PATH:
   ```sh       the block runs under bash -e -o pipefail and must succeed
   ```console  each `$ ` line runs; its output must be exactly the lines after it
@@ -24,6 +24,9 @@ import yaml
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 README = os.path.join(ROOT, "README.md")
+# The README and the manual: every page's examples run.
+PAGES = [README] + sorted(os.path.join(ROOT, "docs", f) for f in os.listdir(os.path.join(ROOT, "docs"))
+                          if f.endswith(".md"))
 BINARY = os.environ.get("FSDP_PLAN", os.path.join(ROOT, "build", "app", "fsdp-plan"))
 
 
@@ -77,44 +80,58 @@ class Readme(unittest.TestCase):
             [shell, "-e", "-c", script]
         return subprocess.run(argv, cwd=self.cwd, env=self.env, capture_output=True, text=True, timeout=300)
 
-    def test_the_readme_has_runnable_examples(self):
-        with open(README) as f:
-            tags = [t for t, _, _ in blocks(f.read())]
+    def test_the_pages_have_runnable_examples(self):
+        tags = []
+        for page in PAGES:
+            with open(page) as f:
+                tags += [t for t, _, _ in blocks(f.read())]
         for tag in ("sh", "console", "yaml"):
             self.assertIn(tag, tags)
 
     def test_examples(self):
-        with open(README) as f:
-            text = f.read()
         ran = 0
-        for tag, body, line in blocks(text):
-            if tag == "sh":
-                with self.subTest(block=f"README.md:{line} sh"):
-                    r = self.sh(body)
-                    self.assertEqual(r.returncode, 0, f"README.md:{line}\n{body}\n{r.stdout}{r.stderr}")
-                    ran += 1
-            elif tag == "console":
-                for cmd, expected in console_steps(body):
-                    with self.subTest(block=f"README.md:{line} $ {cmd}"):
-                        r = self.sh(cmd)
-                        self.assertEqual(r.stderr, "", f"README.md:{line}: {cmd}")
-                        self.assertEqual(r.stdout.rstrip("\n"), expected.rstrip("\n"), f"README.md:{line}: {cmd}")
+        for page in PAGES:
+            name = os.path.relpath(page, ROOT)
+            with open(page) as f:
+                text = f.read()
+            for tag, body, line in blocks(text):
+                where = f"{name}:{line}"
+                if tag == "sh":
+                    with self.subTest(block=f"{where} sh"):
+                        r = self.sh(body)
+                        self.assertEqual(r.returncode, 0, f"{where}\n{body}\n{r.stdout}{r.stderr}")
                         ran += 1
-            elif tag == "yaml":
-                for command, shell in yaml_commands(body):
-                    with self.subTest(block=f"README.md:{line} yaml"):
-                        if shell is None:  # a pre-commit entry: argv, no shell
-                            r = subprocess.run(command, cwd=self.cwd, env=self.env, capture_output=True, text=True,
-                                               timeout=300)
-                        else:
-                            r = self.sh(command, shell)
-                        self.assertEqual(r.returncode, 0, f"README.md:{line}\n{command}\n{r.stdout}{r.stderr}")
-                        ran += 1
-        self.assertGreater(ran, 5)
+                elif tag == "console":
+                    for cmd, expected in console_steps(body):
+                        with self.subTest(block=f"{where} $ {cmd}"):
+                            r = self.sh(cmd)
+                            self.assertEqual(r.stderr, "", f"{where}: {cmd}")
+                            self.assertEqual(r.stdout.rstrip("\n"), expected.rstrip("\n"), f"{where}: {cmd}")
+                            ran += 1
+                elif tag == "yaml":
+                    for command, shell in yaml_commands(body):
+                        with self.subTest(block=f"{where} yaml"):
+                            if shell is None:  # a pre-commit entry: argv, no shell
+                                r = subprocess.run(command, cwd=self.cwd, env=self.env, capture_output=True,
+                                                   text=True, timeout=300)
+                            else:
+                                r = self.sh(command, shell)
+                            self.assertEqual(r.returncode, 0, f"{where}\n{command}\n{r.stdout}{r.stderr}")
+                            ran += 1
+        self.assertGreater(ran, 15)
+
+    def test_links_between_pages_resolve(self):
+        # A relative link from one page to a file of the repository names a file that exists.
+        for page in PAGES:
+            with open(page) as f:
+                text = f.read()
+            for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", text):
+                with self.subTest(page=os.path.relpath(page, ROOT), link=target):
+                    self.assertTrue(os.path.exists(os.path.join(os.path.dirname(page), target)))
 
     def test_the_actions_step_fails_on_a_changed_plan(self):
         # The gate must bite: the same step against a plan of another policy fails.
-        with open(README) as f:
+        with open(os.path.join(ROOT, "docs", "ci.md")) as f:
             steps = [c for t, b, _ in blocks(f.read()) if t == "yaml" for c in yaml_commands(b) if c[1]]
         self.assertTrue(steps)
         r = subprocess.run([BINARY, "sample_models/tiny_gpt.pt", "--policy", "policies/size_based.json",

@@ -69,7 +69,7 @@ class Schemas(unittest.TestCase):
 
     def test_every_warning_kind_is_documented(self):
         """The kinds --fail-on accepts (its error lists them) are the policy schema's fail_on enum,
-        named in the plan schema's warnings[].kind and in the README's table of kinds."""
+        named in the plan schema's warnings[].kind and in docs/warnings.md's tables of kinds."""
         import re
         r = run(MODELS[0], "--fail-on", "no_such_kind")
         self.assertEqual(r.returncode, 2, r.stderr)
@@ -78,7 +78,7 @@ class Schemas(unittest.TestCase):
         fail_on = POLICY_SCHEMA["properties"]["checks"]["properties"]["fail_on"]["items"]["enum"]
         self.assertEqual(sorted(kinds), sorted(fail_on))
         described = PLAN_SCHEMA["properties"]["warnings"]["items"]["properties"]["kind"]["description"]
-        with open(os.path.join(ROOT, "README.md")) as f:
+        with open(os.path.join(ROOT, "docs", "warnings.md")) as f:
             readme = f.read()
         for k in kinds:
             if k == "any":

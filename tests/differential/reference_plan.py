@@ -12,7 +12,7 @@ test_differential.py, the venv's torch 2.13 for test_torch2.py):
 - the wrapped modules come from wrap._recursive_wrap with the seed's recording
   wrapper (only_wrap_children=False; the root is always a unit);
 - the grouping pass is the seed's `_get_fully_sharded_module_to_states`
-  (shared/seed/_wrap_utils.py.txt), copied below, extended only to remember
+  (torch/distributed/fsdp/_wrap_utils.py of torch 2.x), copied below, extended only to remember
   each tensor's name (unit path + DFS prefix + local name);
 - except for a tensor reached from several units (a tied weight split across
   units), whose place the seed does not model: FSDP1's wrapper class builds

@@ -1,5 +1,5 @@
 // FSDP2 (fully_shard): call selection and order, what each call manages,
-// refusals and memory (FSDP2.md sections 1-4, 8).
+// refusals and memory (torch/distributed/fsdp/_fully_shard/; docs/memory-model.md "FSDP2").
 #include <doctest/doctest.h>
 
 #include "fsdp2/memory.h"

@@ -1,4 +1,5 @@
-// Which unit owns what: the seed's _get_fully_sharded_module_to_states (SEMANTICS.md section 2), and a
+// Which unit owns what: FSDP's _get_fully_sharded_module_to_states
+// (torch/distributed/fsdp/_wrap_utils.py), and a
 // tied weight split across units as FSDP1's wrapper builds it (bottom-up; a copy per unit without
 // use_orig_params, the first unit built with it), checked against torch 2.13 in tests/differential.
 #include <doctest/doctest.h>

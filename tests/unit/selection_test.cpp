@@ -1,4 +1,4 @@
-// Which modules get wrapped: PyTorch's _recursive_wrap (SEMANTICS.md section 1).
+// Which modules get wrapped: PyTorch's _recursive_wrap (torch/distributed/fsdp/wrap.py).
 #include <doctest/doctest.h>
 
 #include "fsdp1/select.h"
