@@ -14,13 +14,16 @@
 namespace fsdp_plan {
 
 void setup_logging(int verbosity, bool quiet) {
-  auto logger = spdlog::stderr_color_st("fsdp-plan");
-  logger->set_pattern("fsdp-plan: %l: %v");
+  auto logger = spdlog::get("fsdp-plan");
+  if (!logger) {
+    logger = spdlog::stderr_color_st("fsdp-plan");
+    logger->set_pattern("fsdp-plan: %l: %v");
+    spdlog::set_default_logger(logger);
+  }
   logger->set_level(quiet ? spdlog::level::err
                     : verbosity >= 2 ? spdlog::level::debug
                     : verbosity == 1 ? spdlog::level::info
                                      : spdlog::level::warn);
-  spdlog::set_default_logger(logger);
 }
 
 std::optional<int> parse_command(CLI::App& app, int argc, char** argv, const std::string& command) {
@@ -29,8 +32,7 @@ std::optional<int> parse_command(CLI::App& app, int argc, char** argv, const std
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    std::cerr << "fsdp-plan: error: " << command << ": " << e.what() << " (see fsdp-plan " << command
-              << " --help)\n";
+    spdlog::error("{}: {} (see fsdp-plan {} --help)", command, e.what(), command);
     return kExitInputError;
   }
   return std::nullopt;
@@ -57,9 +59,10 @@ int run_guarded(const std::function<int()>& body) {
   try {
     return body();
   } catch (const InputError& e) {
-    std::cerr << "fsdp-plan: error: " << e.file() << ": " << e.what() << "\n";
+    spdlog::error("{}: {}", e.file(), e.what());
     return kExitInputError;
   } catch (const std::exception& e) {
+    // Not a log line: the one message of a crash, printed however logging is set.
     std::cerr << "fsdp-plan: internal error: " << e.what() << "\n";
     return kExitInternal;
   }

@@ -207,8 +207,7 @@ int plan_main(int argc, char** argv) {
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    std::cerr << "fsdp-plan: error: " << unknown_option_hint(app, argc, argv).value_or(e.what())
-              << " (see fsdp-plan --help)\n";
+    spdlog::error("{} (see fsdp-plan --help)", unknown_option_hint(app, argc, argv).value_or(e.what()));
     return kExitInputError;
   }
   opt.format_given = format->count() > 0;
@@ -218,10 +217,10 @@ int plan_main(int argc, char** argv) {
     try {
       return run(opt);
     } catch (const UsageError& e) {
-      std::cerr << "fsdp-plan: error: " << e.what() << "\n";
+      spdlog::error("{}", e.what());
       return kExitInputError;
     } catch (const EmitError& e) {
-      std::cerr << "fsdp-plan: error: --emit " << opt.emit << ": " << e.what() << "\n";
+      spdlog::error("--emit {}: {}", opt.emit, e.what());
       return kExitInputError;
     }
   });
