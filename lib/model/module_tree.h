@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -12,6 +13,7 @@ namespace fsdp_plan {
 // the same tensor object (tied weights), exactly as Python's `is` would say.
 using TensorId = int32_t;
 using ModuleId = int32_t;
+class Graph;  // graph.h
 
 struct TensorInfo {
   std::vector<int64_t> shape;
@@ -85,6 +87,12 @@ class ModuleTree {
   std::string qualify(ModuleId m, const std::string& local) const;
   int depth(ModuleId m) const;
 
+  // The torch.export graph the tree was read with (a .pt2), whose nodes name
+  // this tree's modules and tensors; nullptr for TorchScript, which records
+  // no shapes. Shared: copies of the tree share one graph.
+  const std::shared_ptr<const Graph>& graph() const { return graph_; }
+  void set_graph(std::shared_ptr<const Graph> g) { graph_ = std::move(g); }
+
   // Modules in `root.modules()` order: pre-order, children in registration
   // order. Iterative, so a 100,000-deep chain is fine.
   std::vector<ModuleId> preorder(ModuleId from = 0) const;
@@ -99,6 +107,7 @@ class ModuleTree {
     bool param;
   };
   std::vector<Sizes> sizes_;  // parallel to tensors_
+  std::shared_ptr<const Graph> graph_;
 };
 
 // numel of the parameters in each module's subtree, each tensor counted once
