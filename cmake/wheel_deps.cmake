@@ -11,6 +11,8 @@
 # - libzip: Debian ships no libzip.a; it stays a shared library (found by
 #   pkg-config in the top-level CMakeLists.txt) that auditwheel repair copies
 #   into the wheel with what it needs (libbz2, libcrypto).
+# - simdjson: Debian ships no libsimdjson.a either; libsimdjson.so.14 is copied
+#   into the wheel the same way (the top-level CMakeLists.txt finds it).
 #
 # Each is found by path, so a missing archive fails here, by name, and not as
 # a shared library silently linked instead.

@@ -109,7 +109,7 @@ class Archive {
     rec.weights = read(weights, kMaxRecord);
     const std::string constants = "data/constants/" + rec.model_name + "_constants_config.json";
     if (has(constants)) rec.constants = read(constants, kMaxRecord);
-    return build_export_tree(name_, rec);
+    return build_export_tree(name_, std::move(rec));
   }
 
  private:

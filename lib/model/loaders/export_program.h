@@ -27,6 +27,8 @@ struct ExportRecords {
 // The schema major version this reads, as torch.export.load checks it.
 inline constexpr int kExportSchemaMajor = 8;
 
-ModuleTree build_export_tree(const std::string& file, const ExportRecords& records);
+// The tree, and the graph it holds (tree.graph()). The model text is taken
+// (simdjson reads it in place, with room for its padding).
+ModuleTree build_export_tree(const std::string& file, ExportRecords records);
 
 }  // namespace fsdp_plan
