@@ -20,14 +20,14 @@ std::string meta(int dtype, const std::string& sizes, bool rg = true, const std:
 
 // A root Net with children `a` (Linear, called), `b` (never called, holds
 // children 0 and 1) and `b.0`, `b.1` (called).
-ExportRecords records(const std::string& weights, const std::string& specs = "") {
+ExportRecords records(const std::string& weights, const std::string& specs = "", const std::string& tensors = "") {
   ExportRecords r;
   r.model = R"({"schema_version": {"major": 8, "minor": 20}, "graph_module": {
     "graph": {"nodes": [
-      {"metadata": {"nn_module_stack": "L__self__,,m.Net;L__self__a,a,torch.nn.modules.linear.Linear"}},
-      {"metadata": {"nn_module_stack": "L__self__,,m.Net;L__self__b.0,b.0,m.Cell"}},
-      {"metadata": {"nn_module_stack": "L__self__,,m.Net;L__self__b.1,b.1,m.Cell"}}],
-      "tensor_values": {}},
+      {"target": "torch.ops.aten.relu.default", "metadata": {"nn_module_stack": "L__self__,,m.Net;L__self__a,a,torch.nn.modules.linear.Linear"}},
+      {"target": "torch.ops.aten.relu.default", "metadata": {"nn_module_stack": "L__self__,,m.Net;L__self__b.0,b.0,m.Cell"}},
+      {"target": "torch.ops.aten.relu.default", "metadata": {"nn_module_stack": "L__self__,,m.Net;L__self__b.1,b.1,m.Cell"}}],
+      "tensor_values": {)" + tensors + R"(}},
     "signature": {"input_specs": [)" + specs + R"(]},
     "module_call_graph": [{"fqn": ""}, {"fqn": "a"}, {"fqn": "b"}, {"fqn": "b.0"}, {"fqn": "b.1"}]}})";
   r.weights = R"({"config": {)" + weights + "}}";
@@ -77,7 +77,10 @@ TEST_CASE("graph signature order first, then the weights config's own order; buf
       "x.pt2",
       records(entry("b.0.z", "weight_1", m1) + "," + entry("b.0.y", "weight_0", m1) + "," +
                   entry("b.0.x", "weight_2", m1) + "," + entry("b.0.buf", "weight_3", m1, false),
-              R"({"parameter": {"arg": {"name": "p_y"}, "parameter_name": "b.0.y"}})"));
+              R"({"parameter": {"arg": {"name": "p_y"}, "parameter_name": "b.0.y"}})",
+              // The placeholder's own metadata (the graph checks every placeholder has it).
+              R"("p_y": {"dtype": 7, "sizes": [{"as_int": 1}], "strides": [{"as_int": 1}], "requires_grad": true,
+                 "device": {"type": "cpu"}, "storage_offset": {"as_int": 0}, "layout": 7})"));
   const Module& cell = t.module(3);
   REQUIRE(cell.params.size() == 3);
   CHECK(cell.params[0].name == "y");
