@@ -7,7 +7,7 @@ namespace fsdp_plan {
 PolicyFile read_policy_file(const std::string& path) {
   PolicyFile out;
   if (path.empty()) return out;
-  std::string text = read_text_file(path);
+  std::string text = read_text_file(path, kMaxPolicyFileBytes, "a policy");
   reject_model_file(text, path);
   if (is_accelerate_config(text)) {
     out.accelerate = parse_accelerate_config(text, path);

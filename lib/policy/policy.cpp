@@ -317,7 +317,7 @@ void reject_model_file(const std::string& text, const std::string& file) {
 }
 
 Policy load_policy_file(const std::string& file) {
-  std::string text = read_text_file(file);
+  std::string text = read_text_file(file, kMaxPolicyFileBytes, "a policy");
   reject_model_file(text, file);
   return parse_policy(text, file);
 }

@@ -251,7 +251,7 @@ PlanDiff diff_plans(const json& a, const json& b) {
 }
 
 nlohmann::json load_plan_file(const std::string& file) {
-  nlohmann::json doc = parse_json(read_text_file(file), file);
+  nlohmann::json doc = parse_json(read_text_file(file, kMaxPlanFileBytes, "a plan"), file);
   if (std::string why = plan_shape_error(doc); !why.empty()) throw InputError(file, why);
   return doc;
 }

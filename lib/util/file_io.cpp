@@ -6,8 +6,6 @@
 
 #include <cerrno>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 #include <stdexcept>
 
 #include "util/errors.h"
@@ -24,18 +22,43 @@ void check_readable_file(const std::string& path) {
   if (::access(path.c_str(), R_OK) != 0) throw InputError(path, std::strerror(errno));
 }
 
-std::string read_text_file(const std::string& path) {
-  // Pipes are fine here (--policy <(...), /dev/stdin); only a directory is not.
+std::string read_text_file(const std::string& path, uint64_t max_bytes, const std::string& what) {
+  // A pipe is fine (--policy <(...), /dev/stdin from a pipe): it is read up to
+  // the limit. A device is not: /dev/zero and /dev/urandom never end.
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0)
     throw InputError(path, errno == ENOENT ? "no such file" : std::strerror(errno));
   if (S_ISDIR(st.st_mode)) throw InputError(path, "is a directory, not a file");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw InputError(path, "cannot be opened for reading");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) throw InputError(path, "read failed");
-  return ss.str();
+  if (S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode)) throw InputError(path, "is a device, not a file");
+  if (S_ISSOCK(st.st_mode)) throw InputError(path, "is a socket, not a file");
+  auto too_big = [&](uint64_t size) {
+    return InputError(path, (size > max_bytes ? "is " + std::to_string(size) + " bytes," : std::string("holds")) +
+                                " more than " + what + " can be (" + std::to_string(max_bytes >> 20) + " MiB)");
+  };
+  if (S_ISREG(st.st_mode) && static_cast<uint64_t>(st.st_size) > max_bytes)
+    throw too_big(static_cast<uint64_t>(st.st_size));
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw InputError(path, "cannot be opened for reading: " + std::string(std::strerror(errno)));
+  std::string out;
+  char buf[1 << 16];
+  while (true) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int err = errno;
+      ::close(fd);
+      throw InputError(path, "read failed: " + std::string(std::strerror(err)));
+    }
+    if (n == 0) break;
+    // A regular file that grew since the stat, or a pipe: stop one past the limit.
+    if (out.size() + static_cast<size_t>(n) > max_bytes) {
+      ::close(fd);
+      throw too_big(0);
+    }
+    out.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return out;
 }
 
 namespace {

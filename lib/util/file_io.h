@@ -1,12 +1,21 @@
 // Reading inputs and writing outputs without leaving half-written files.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 namespace fsdp_plan {
 
-// The whole file, or InputError naming it (missing, a directory, unreadable).
-std::string read_text_file(const std::string& path);
+// The most bytes each text reader takes (docs/limits.md); an honest file is
+// far smaller: a policy is a few KB (suggest -o writes ~2 MB for 37,000
+// FSDP2 groups), an Accelerate config 1 KB, a plan of 50,000 units 70 MB.
+constexpr uint64_t kMaxPolicyFileBytes = uint64_t{16} << 20;
+constexpr uint64_t kMaxPlanFileBytes = uint64_t{128} << 20;
+
+// The whole file, or InputError naming it: missing, a directory, a device or
+// socket (a pipe is read: --policy <(...)), unreadable, or more than
+// `max_bytes` (`what` names the kind of file in that message: "a policy").
+std::string read_text_file(const std::string& path, uint64_t max_bytes, const std::string& what);
 
 // Checks that `path` names a readable regular file; InputError otherwise.
 void check_readable_file(const std::string& path);
