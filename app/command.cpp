@@ -8,6 +8,7 @@
 #include <iostream>
 #include <vector>
 
+#include "model/loaders/printable.h"
 #include "util/errors.h"
 #include "util/strings.h"
 
@@ -32,7 +33,7 @@ std::optional<int> parse_command(CLI::App& app, int argc, char** argv, const std
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    spdlog::error("{}: {} (see fsdp-plan {} --help)", command, e.what(), command);
+    spdlog::error("{}: {} (see fsdp-plan {} --help)", command, printable(e.what(), kMaxMessage), command);
     return kExitInputError;
   }
   return std::nullopt;
@@ -59,11 +60,12 @@ int run_guarded(const std::function<int()>& body) {
   try {
     return body();
   } catch (const InputError& e) {
-    spdlog::error("{}: {}", e.file(), e.what());
+    // Every message may quote the input: one line of ASCII, bounded (printable.h).
+    spdlog::error("{}: {}", printable(e.file(), 1024), printable(e.what(), kMaxMessage));
     return kExitInputError;
   } catch (const std::exception& e) {
     // Not a log line: the one message of a crash, printed however logging is set.
-    std::cerr << "fsdp-plan: internal error: " << e.what() << "\n";
+    std::cerr << "fsdp-plan: internal error: " << printable(e.what(), kMaxMessage) << "\n";
     return kExitInternal;
   }
 }

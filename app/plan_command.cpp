@@ -18,6 +18,7 @@
 #include "fsdp_options.h"
 #include "gate.h"
 #include "model/loaders/loader.h"
+#include "model/loaders/printable.h"
 #include "model/tree_json.h"
 #include "model/tree_text.h"
 #include "planner/planner.h"
@@ -82,11 +83,11 @@ void log_plan_details(const Plan& plan) {
                   u.params.size(), u.param_numel, u.buffers.size(), u.depth);
   }
   for (const auto& w : plan.warnings)
-    if (w.kind == "unmatched_class") spdlog::warn("{}", w.message);
+    if (w.kind == "unmatched_class") spdlog::warn("{}", printable(w.message, kMaxMessage));
   if (plan.model.param_numel == 0)
     spdlog::warn("{}: the model has no parameters, so FSDP has nothing to shard; a torch.jit.freeze'd model has its "
                  "parameters folded into constants: save the model before freezing it",
-                 plan.model.path);
+                 printable(plan.model.path, 1024));
 }
 
 int run(const Options& opt) {
@@ -135,7 +136,7 @@ int run(const Options& opt) {
     if (!opt.emit.empty()) {
       // The plan's findings still matter: on stderr, and no config for a plan FSDP would refuse.
       for (const auto& w : plan.warnings)
-        if (w.severity != Severity::Info) spdlog::warn("{}: {}", w.kind, w.message);
+        if (w.severity != Severity::Info) spdlog::warn("{}: {}", w.kind, printable(w.message, kMaxMessage));
       if (!gate.passed()) spdlog::warn("{}", gate.text());
       if (code != kExitOk) {
         spdlog::error("--emit {}: nothing written: the plan has errors or fails a check", opt.emit);
@@ -207,7 +208,8 @@ int plan_main(int argc, char** argv) {
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    spdlog::error("{} (see fsdp-plan --help)", unknown_option_hint(app, argc, argv).value_or(e.what()));
+    spdlog::error("{} (see fsdp-plan --help)",
+                  printable(unknown_option_hint(app, argc, argv).value_or(e.what()), kMaxMessage));
     return kExitInputError;
   }
   opt.format_given = format->count() > 0;
@@ -217,10 +219,10 @@ int plan_main(int argc, char** argv) {
     try {
       return run(opt);
     } catch (const UsageError& e) {
-      spdlog::error("{}", e.what());
+      spdlog::error("{}", printable(e.what(), kMaxMessage));
       return kExitInputError;
     } catch (const EmitError& e) {
-      spdlog::error("--emit {}: {}", opt.emit, e.what());
+      spdlog::error("--emit {}: {}", printable(opt.emit, kMaxMessage), printable(e.what(), kMaxMessage));
       return kExitInputError;
     }
   });
