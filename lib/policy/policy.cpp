@@ -6,6 +6,7 @@
 #include <set>
 #include <utility>
 
+#include "model/loaders/printable.h"
 #include "util/errors.h"
 #include "util/file_io.h"
 #include "util/json_input.h"
@@ -16,6 +17,11 @@ namespace fsdp_plan {
 namespace {
 
 using json = nlohmann::json;
+
+// Bounds on what a policy lists (docs/limits.md): a real one names a few
+// classes; suggest -o writes 37,000 FSDP2 groups for the 50k-module MoE.
+constexpr size_t kMaxPolicyList = 100000;
+constexpr size_t kMaxPolicyString = 4096;
 
 const std::vector<std::string> kTopKeys = {"$schema", "module_classes", "min_num_params",
                                            "force_leaf_modules", "exclude_wrap_modules",
@@ -63,7 +69,7 @@ class Parser {
     for (const auto& [key, value] : obj.items()) {
       (void)value;
       if (std::find(allowed.begin(), allowed.end(), key) != allowed.end()) continue;
-      std::string msg = "unknown key \"" + key + "\"" + where;
+      std::string msg = "unknown key \"" + quoted_input(key) + "\"" + where;
       auto near = closest(key, allowed, 1);
       msg += near.empty() ? " (valid keys: " + join(allowed) + ")" : "; did you mean \"" + near[0] + "\"?";
       fail(msg);
@@ -72,18 +78,29 @@ class Parser {
 
   std::vector<std::string> string_list(const json& v, const std::string& key, bool names_classes) const {
     if (!v.is_array()) fail("\"" + key + "\" must be a list of strings, not " + type_of(v));
+    if (v.size() > kMaxPolicyList)
+      fail("\"" + key + "\" lists " + std::to_string(v.size()) + " items, more than a policy list can (" +
+           std::to_string(kMaxPolicyList) + ")");
     std::vector<std::string> out;
     std::set<std::string> seen;
     for (const auto& item : v) {
       if (!item.is_string()) fail("\"" + key + "\" must be a list of strings, but holds " + type_of(item));
       std::string s = item.get<std::string>();
+      // Names and paths are echoed in warnings and matched against every module:
+      // bound them, and keep control characters off the terminal.
+      if (s.size() > kMaxPolicyString)
+        fail("\"" + key + "\" holds a string of " + std::to_string(s.size()) + " bytes (\"" + quoted_input(s) +
+             "\"), longer than a class name or module path can be here (" + std::to_string(kMaxPolicyString) + ")");
+      if (std::any_of(s.begin(), s.end(), [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; }))
+        fail("\"" + key + "\" holds \"" + quoted_input(s) + "\", which has a control character: not a class "
+             "name or module path");
       if (s.empty() && key == "ignored_modules")
         fail("\"ignored_modules\" holds an empty string, the root's path: the root cannot be named, but \"*\" "
              "matches every module, the root included (FSDP warns that ignoring the root is not well supported)");
       if (s.empty()) fail("\"" + key + "\" holds an empty string");
       if (names_classes && s.find_first_of(" */") != std::string::npos)
-        fail("\"" + key + "\" holds \"" + s + "\", which is not a class name");
-      if (!seen.insert(s).second) fail("\"" + key + "\" lists \"" + s + "\" twice");
+        fail("\"" + key + "\" holds \"" + quoted_input(s) + "\", which is not a class name");
+      if (!seen.insert(s).second) fail("\"" + key + "\" lists \"" + quoted_input(s) + "\" twice");
       out.push_back(std::move(s));
     }
     return out;
@@ -115,7 +132,7 @@ class Parser {
     if (s.rfind("torch.", 0) == 0) s = s.substr(6);
     if (std::find(kDtypes.begin(), kDtypes.end(), s) == kDtypes.end()) {
       auto near = closest(s, kDtypes, 1);
-      fail("\"mixed_precision." + key + "\" is \"" + v.get<std::string>() + "\", not a floating dtype" +
+      fail("\"mixed_precision." + key + "\" is \"" + quoted_input(v.get<std::string>()) + "\", not a floating dtype" +
            (near.empty() ? " (one of " + join(kDtypes) + ")" : "; did you mean \"" + near[0] + "\"?"));
     }
     return s;
@@ -126,7 +143,7 @@ class Parser {
     std::string s = v.get<std::string>();
     if (std::find(allowed.begin(), allowed.end(), s) != allowed.end()) return s;
     auto near = closest(s, allowed, 1);
-    fail("\"" + key + "\" is \"" + s + "\"" +
+    fail("\"" + key + "\" is \"" + quoted_input(s) + "\"" +
          (near.empty() ? ", not one of " + join(allowed) : "; did you mean \"" + near[0] + "\"?"));
   }
 
@@ -182,6 +199,9 @@ class Parser {
 
   std::vector<Fsdp2Group> groups(const json& v) const {
     if (!v.is_array()) fail("\"groups\" must be a list of objects, not " + type_of(v));
+    if (v.size() > kMaxPolicyList)
+      fail("\"groups\" lists " + std::to_string(v.size()) + " groups, more than a policy list can (" +
+           std::to_string(kMaxPolicyList) + ")");
     std::vector<Fsdp2Group> out;
     for (size_t i = 0; i < v.size(); ++i) {
       const json& g = v[i];
