@@ -1,5 +1,7 @@
 #include "gate.h"
 
+#include <cmath>
+
 #include "policy/policy.h"
 #include "report/diff_writer.h"
 #include "util/errors.h"
@@ -8,6 +10,20 @@
 #include "util/strings.h"
 
 namespace fsdp_plan {
+
+CLI::Validator share_validator() {
+  return CLI::Validator(
+      [](std::string& v) -> std::string {
+        try {
+          size_t used = 0;
+          const double d = std::stod(v, &used);
+          if (used == v.size() && std::isfinite(d) && d >= 0 && d <= 1) return "";
+        } catch (const std::exception&) {
+        }
+        return "must be a share from 0 to 1, not " + v;
+      },
+      "FLOAT in [0 - 1]");  // what CLI::Range(0.0, 1.0) showed in --help
+}
 
 void add_gate_options(CLI::App& app, GateOptions& opt) {
   Budgets& b = opt.budgets;
@@ -23,7 +39,7 @@ void add_gate_options(CLI::App& app, GateOptions& opt) {
       ->type_name("N")->check(CLI::NonNegativeNumber)->group(group);
   app.add_option_function<double>("--max-root-share", [&b](const double& v) { b.max_root_share = v; },
                                   "at most this share (0..1) of the sharded parameters left in the root unit")
-      ->type_name("F")->check(CLI::Range(0.0, 1.0))->group(group);
+      ->type_name("F")->check(share_validator())->group(group);
   app.add_option_function<std::string>(
          "--max-peak-bytes", [&b](const std::string& v) { b.max_peak_bytes = parse_size(v); },
          "at most this peak memory per rank (memory.per_rank.peak_bytes), e.g. 80GiB, 80GB, 1.5TiB")

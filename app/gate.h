@@ -21,6 +21,11 @@ struct GateOptions {
 
 void add_gate_options(CLI::App& app, GateOptions& opt);
 
+// A share from 0 to 1 (--max-root-share, --warn-root-share). CLI::Range lets
+// "nan" through (every comparison with NaN is false): it always failed the
+// budget and turned the warning off.
+CLI::Validator share_validator();
+
 class Gate {
  public:
   // Throws InputError for an unusable --expect file, or a budget the plan

@@ -186,7 +186,7 @@ int plan_main(int argc, char** argv) {
                  "warn (root_too_large) when the root unit holds more than this share of the parameters "
                  "(default 0.5)")
       ->type_name("F")
-      ->check(CLI::Range(0.0, 1.0));
+      ->check(share_validator());
   app.add_flag("--aliases", opt.aliases,
                "a module with exactly the tensors of an earlier one is that module under a second name "
                "(transformers 4's T5/BART: encoder.embed_tokens = self.shared); FSDP visits it once");
