@@ -1,9 +1,10 @@
 # FSDP_PLAN_WHEEL=ON: the libraries a wheel cannot expect on the machine it is
 # installed on, linked into the binary instead of found at run time.
 #
-# - yaml-cpp and zlib: Debian's static archives (libyaml-cpp-dev, zlib1g-dev
-#   ship libyaml-cpp.a and libz.a), as the same targets the normal build
-#   links (lib/CMakeLists.txt: yaml-cpp, ZLIB::ZLIB).
+# - libyaml, RE2 and zlib: Debian's static archives (libyaml-dev, libre2-dev,
+#   zlib1g-dev ship libyaml.a, libre2.a and libz.a), as the same targets the
+#   normal build links (lib/CMakeLists.txt: PkgConfig::LIBYAML, PkgConfig::RE2,
+#   ZLIB::ZLIB).
 # - spdlog and fmt: header-only (Debian ships no libspdlog.a or libfmt.a), as
 #   an INTERFACE target under the name app/CMakeLists.txt links, spdlog::spdlog.
 # - libstdc++ and libgcc: -static-libstdc++ -static-libgcc, so the binary
@@ -17,15 +18,26 @@
 # Each is found by path, so a missing archive fails here, by name, and not as
 # a shared library silently linked instead.
 
-find_library(FSDP_PLAN_YAML_CPP_A NAMES libyaml-cpp.a)
-find_path(FSDP_PLAN_YAML_CPP_INCLUDE yaml-cpp/yaml.h)
-if(NOT FSDP_PLAN_YAML_CPP_A OR NOT FSDP_PLAN_YAML_CPP_INCLUDE)
-  message(FATAL_ERROR "FSDP_PLAN_WHEEL: no static yaml-cpp (libyaml-cpp.a and yaml-cpp/yaml.h; Debian: libyaml-cpp-dev)")
+find_library(FSDP_PLAN_LIBYAML_A NAMES libyaml.a)
+find_path(FSDP_PLAN_LIBYAML_INCLUDE yaml.h)
+if(NOT FSDP_PLAN_LIBYAML_A OR NOT FSDP_PLAN_LIBYAML_INCLUDE)
+  message(FATAL_ERROR "FSDP_PLAN_WHEEL: no static libyaml (libyaml.a and yaml.h; Debian: libyaml-dev)")
 endif()
-add_library(yaml-cpp STATIC IMPORTED)
-set_target_properties(yaml-cpp PROPERTIES
-  IMPORTED_LOCATION ${FSDP_PLAN_YAML_CPP_A}
-  INTERFACE_INCLUDE_DIRECTORIES ${FSDP_PLAN_YAML_CPP_INCLUDE})
+add_library(PkgConfig::LIBYAML STATIC IMPORTED)
+set_target_properties(PkgConfig::LIBYAML PROPERTIES
+  IMPORTED_LOCATION ${FSDP_PLAN_LIBYAML_A}
+  INTERFACE_INCLUDE_DIRECTORIES ${FSDP_PLAN_LIBYAML_INCLUDE})
+
+find_library(FSDP_PLAN_RE2_A NAMES libre2.a)
+find_path(FSDP_PLAN_RE2_INCLUDE re2/re2.h)
+if(NOT FSDP_PLAN_RE2_A OR NOT FSDP_PLAN_RE2_INCLUDE)
+  message(FATAL_ERROR "FSDP_PLAN_WHEEL: no static RE2 (libre2.a and re2/re2.h; Debian: libre2-dev)")
+endif()
+add_library(PkgConfig::RE2 STATIC IMPORTED)
+set_target_properties(PkgConfig::RE2 PROPERTIES
+  IMPORTED_LOCATION ${FSDP_PLAN_RE2_A}
+  INTERFACE_INCLUDE_DIRECTORIES ${FSDP_PLAN_RE2_INCLUDE}
+  INTERFACE_LINK_LIBRARIES Threads::Threads)
 
 # FindZLIB takes a library the cache already names.
 find_library(ZLIB_LIBRARY NAMES libz.a)
