@@ -914,11 +914,16 @@ class Reader {
     out_.policy.fsdp.world_size = n;
     note("num_processes", std::to_string(n), true);
     if (out_.num_machines > 1) {
-      if (n % out_.num_machines != 0)
-        key_warning("num_machines", std::to_string(n) + " processes do not split evenly over " +
-                                        std::to_string(out_.num_machines) + " machines; accelerate launch starts " +
-                                        std::to_string(n / out_.num_machines) + " per machine");
-      note("num_machines", std::to_string(out_.num_machines), true);
+      // prepare_multi_gpu_env: nproc_per_node = num_processes // num_machines, so torchrun
+      // starts fewer ranks than num_processes says, and HYBRID_SHARD's groups (one per
+      // machine) follow nproc_per_node: no plan at num_processes would be the run's.
+      const int64_t m = out_.num_machines;
+      if (n % m != 0)
+        fail("num_processes " + std::to_string(n) + " is not a multiple of num_machines " + std::to_string(m) +
+             ": accelerate launch would start " + std::to_string(n / m) + " processes on each of the " +
+             std::to_string(m) + " machines, " + std::to_string(n / m * m) + " in all, not " + std::to_string(n) +
+             "; set num_processes to a multiple of num_machines");
+      note("num_machines", std::to_string(m), true);
     }
   }
 
