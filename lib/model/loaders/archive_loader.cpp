@@ -33,8 +33,17 @@ const char kHowToExport[] =
     "\"model.pt\") (or torch.jit.trace(model, example_inputs) instead of script)";
 
 // No record that describes structure (data.pkl, a code/ file, the version)
-// comes anywhere near this; a bigger claim means a damaged or hostile file.
-constexpr uint64_t kMaxStructureRecord = uint64_t{1} << 30;
+// comes anywhere near this (data.pkl of 50,000 modules and 150,000 tensors is
+// 10 MB, its largest code file 2.2 MB); a bigger claim means a damaged or
+// hostile file. All of them together are bounded too: they stay in memory.
+constexpr uint64_t kMaxStructureRecord = uint64_t{64} << 20;
+constexpr uint64_t kMaxStructureTotal = uint64_t{256} << 20;
+// torch.jit.save stores every record; a deflated one was zipped again by
+// hand. Structure deflates 3 to 22 times at zlib's level 9 (tiny_gpt's and
+// the 50k-module model's data.pkl 2.9 and 5.9, code 3.4 and 17.7, a .pt2's
+// model.json 21.6); deflate itself reaches 1032 on zeros, so a 1.8 MB file
+// could claim a 1 GiB data.pkl and have it inflated before any check failed.
+constexpr uint64_t kMaxStructureRatio = 100;
 
 const char kCopyAgain[] = "copy or save it again";
 
@@ -182,19 +191,36 @@ class ArchiveLoader {
   }
 
   std::string read_entry(const zip::Entry& e, const std::string& name) {
-    if (e.uncomp_size > kMaxStructureRecord || e.uncomp_size > dir_->max_honest_size(e)) {
-      throw InputError(path_, "record " + name + " claims to be " + std::to_string(e.uncomp_size) +
-                                  " bytes, more than " +
-                                  (e.method == 0 ? "the file holds (" + std::to_string(dir_->file_size()) +
-                                                       " bytes)"
-                                                 : "its compressed data can give") +
-                                  ": the file is damaged; " + kCopyAgain);
-    }
+    check_structure_size(e, name);
     try {
       return dir_->read(e, options_.verify_crc);
     } catch (const zip::Error& err) {
       throw InputError(path_, "record " + name + " is damaged (" + err.what() + "); " + kCopyAgain);
     }
+  }
+
+  // A structure record's size against what an honest archive of this size
+  // holds: the file's bytes when stored, kMaxStructureRatio times its
+  // compressed bytes when deflated, kMaxStructureRecord, and all of them
+  // together kMaxStructureTotal. Checked before a byte is inflated.
+  void check_structure_size(const zip::Entry& e, const std::string& name) {
+    const auto refuse = [&](const std::string& than) {
+      throw InputError(path_, "record " + name + " claims to be " + std::to_string(e.uncomp_size) +
+                                  " bytes, more than " + than + ": the file is damaged; " + kCopyAgain);
+    };
+    if (e.uncomp_size > dir_->max_honest_size(e))
+      refuse(e.method == 0 ? "the file holds (" + std::to_string(dir_->file_size()) + " bytes)"
+                           : "its compressed data can give");
+    if (e.method != 0 && e.uncomp_size > e.comp_size * kMaxStructureRatio + 4096)
+      refuse(std::to_string(kMaxStructureRatio) + " times its " + std::to_string(e.comp_size) +
+             " compressed bytes, which no honest record deflates to (a deflate bomb?)");
+    if (e.uncomp_size > kMaxStructureRecord)
+      refuse("a record that describes structure can be (" + std::to_string(kMaxStructureRecord >> 20) + " MiB)");
+    structure_bytes_ += e.uncomp_size;
+    if (structure_bytes_ > kMaxStructureTotal)
+      throw InputError(path_, "data.pkl and the code/ records add up to more than " +
+                                  std::to_string(kMaxStructureTotal >> 20) +
+                                  " MiB, more than any model's structure: the file is damaged; " + kCopyAgain);
   }
 
   // Refuses files that are not TorchScript archives, saying what they are.
@@ -416,6 +442,7 @@ class ArchiveLoader {
   std::unordered_map<std::string, std::string> code_;  // "code/__torch__/a.py" -> source
   std::vector<TensorId> tensor_ids_;  // by pickle tensor; -1 until added to the tree
   int64_t total_bytes_ = 0;
+  uint64_t structure_bytes_ = 0;  // structure records read so far (kMaxStructureTotal)
 };
 
 ModuleTree load_from(const std::string& path, const std::function<std::unique_ptr<zip::Reader>()>& open_zip,

@@ -15,8 +15,14 @@
 namespace fsdp_plan {
 namespace {
 
-// No JSON record comes near this; a bigger claim means a damaged or hostile file.
-constexpr uint64_t kMaxRecord = uint64_t{1} << 30;
+// No JSON record comes near this (tiny_gpt's model.json is 136 KB; nlohmann
+// takes 3.4 times a record's size to read it); a bigger claim means a damaged
+// or hostile file.
+constexpr uint64_t kMaxRecord = uint64_t{128} << 20;
+// torch.export.save stores its records; a deflated one was zipped again.
+// JSON deflates 22 times at zlib's level 9 (tiny_gpt's model.json), spaces
+// 1032 times: a 1.8 MB file claimed 1 GiB of model.json and took 4.1 GB.
+constexpr uint64_t kMaxJsonRatio = 100;
 
 // The folder all records live in ("model/": torch names it after the file),
 // or "" when the first record is in none.
@@ -165,13 +171,18 @@ class Archive {
     const std::string damaged = "record " + record + " is damaged (";
     const std::string again = "); " + std::string(kSaveExportAgain);
     const uint64_t limit = dir_->max_honest_size(*e);
-    if (e->uncomp_size > max_size || e->uncomp_size > limit) {
+    const bool bomb = e->method != 0 && e->uncomp_size > e->comp_size * kMaxJsonRatio + 4096;
+    if (e->uncomp_size > max_size || e->uncomp_size > limit || bomb) {
       throw InputError(name_, "record " + record + " claims to be " + std::to_string(e->uncomp_size) +
                                   " bytes, more than " +
-                                  (e->uncomp_size > max_size ? "a JSON record of a model can be"
-                                   : e->method == 0
-                                       ? "the file holds (" + std::to_string(dir_->file_size()) + " bytes)"
-                                       : std::string("its compressed data can give")) +
+                                  (e->uncomp_size > limit
+                                       ? e->method == 0 ? "the file holds (" + std::to_string(dir_->file_size()) + " bytes)"
+                                                        : std::string("its compressed data can give")
+                                   : bomb ? std::to_string(kMaxJsonRatio) + " times its " + std::to_string(e->comp_size) +
+                                                " compressed bytes, which no honest record deflates to (a deflate bomb?)"
+                                          : "a JSON record of a model can be (" +
+                                                (max_size >= (1u << 20) ? std::to_string(max_size >> 20) + " MiB)"
+                                                                        : std::to_string(max_size) + " bytes)")) +
                                   ": the file is damaged; " + kSaveExportAgain);
     }
     std::string out;

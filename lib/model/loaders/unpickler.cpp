@@ -197,7 +197,8 @@ class Unpickler {
     return v;
   }
   NodeId add(Kind kind, uint32_t ref = 0) {
-    if (out_.nodes.size() >= kNoNode) throw Error("too many values");
+    if (out_.nodes.size() >= kMaxValues)
+      throw Error("more than " + std::to_string(kMaxValues) + " values, more than any model's structure");
     Node nd;
     nd.kind = kind;
     nd.ref = ref;

@@ -20,6 +20,10 @@ namespace fsdp_plan::pickle {
 // an attack, not a model. TorchScript attributes nest a few levels; objects
 // do not count (each keeps its state apart).
 constexpr uint32_t kMaxNesting = 2000;
+// Values (nodes) in one pickle: each costs 8 bytes and a container 16 more,
+// so this bounds memory at a few hundred MB. The data.pkl of 50,000 modules
+// and 150,000 tensors is 10 MB of 4.8 million opcodes.
+constexpr uint32_t kMaxValues = uint32_t{1} << 24;
 
 class Error : public std::runtime_error {
  public:
