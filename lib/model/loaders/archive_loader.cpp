@@ -5,6 +5,7 @@
 // which keeps the pickle memo's identity (tied weights are one tensor).
 #include "model/loaders/archive_loader.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cstring>
 #include <filesystem>
@@ -273,9 +274,14 @@ class ArchiveLoader {
       throw InputError(path_, "class " + name + " has no declaration: record " + file +
                                   " is missing; the file is incomplete or damaged");
     }
-    for (auto& [cls, decl] : parse_class_decls(source->second)) {
-      decls_.emplace(prefix + "." + cls, std::move(decl));
+    ClassDecls parsed;
+    try {
+      parsed = parse_class_decls(source->second);
+    } catch (const std::exception& e) {
+      // torch.jit.load compiles the file and stops there too; skipping the line would plan another tree.
+      throw InputError(path_, "record " + file + " is damaged (" + e.what() + "); " + kCopyAgain);
     }
+    for (auto& [cls, decl] : parsed) decls_.emplace(prefix + "." + cls, std::move(decl));
     it = decls_.find(name);
     if (it == decls_.end()) throw InputError(path_, "class " + name + " is not declared in " + file);
     return it->second;
@@ -311,6 +317,35 @@ class ArchiveLoader {
     return false;
   }
 
+  // A submodule's slot is typed with the submodule's own class (possibly
+  // inside Optional[...]), or with an interface it implements; anything else
+  // is an edited declaration.
+  void check_slot(const AttributeDecl& attr, const std::string& cls, const std::string& value_cls) {
+    for (size_t at = attr.type.find(value_cls); at != std::string::npos; at = attr.type.find(value_cls, at + 1)) {
+      const size_t end = at + value_cls.size();
+      const auto boundary = [](char c) { return c == '[' || c == ']' || c == ',' || c == ' '; };
+      if ((at == 0 || boundary(attr.type[at - 1])) && (end == attr.type.size() || boundary(attr.type[end]))) return;
+    }
+    try {
+      if (attr.type.rfind("__torch__.", 0) == 0 && decl_of(attr.type).is_interface) return;
+    } catch (const InputError&) {
+    }
+    throw InputError(path_, "attribute " + attr.name + " of " + cls + " is declared as " + attr.type +
+                                " but data.pkl holds a " + value_cls + ": the file is damaged; " + kCopyAgain);
+  }
+
+  // Whether a declared type is exactly a module class of this archive.
+  bool names_module_class(const std::string& type) {
+    if (type.rfind("__torch__.", 0) != 0 || type.find_first_of("[], ") != std::string::npos ||
+        type.rfind("__torch__.torch.classes.", 0) == 0)
+      return false;
+    try {
+      return decl_of(type).is_module;
+    } catch (const InputError&) {
+      return false;
+    }
+  }
+
   // An object's state as attribute name -> value; null if it is not a dict.
   // Big dicts (a Sequential of 50,000 modules) get a hash map.
   class State {
@@ -328,6 +363,8 @@ class ArchiveLoader {
       }
     }
     bool is_dict() const { return is_dict_; }
+    size_t size() const { return items_.size() / 2; }
+    NodeId key(size_t i) const { return items_[2 * i]; }
     NodeId find(const std::string& name) const {
       if (items_.size() > 32) {
         auto it = map_.find(name);
@@ -378,20 +415,42 @@ class ArchiveLoader {
         }
         continue;
       }
+      size_t found = 0;
       for (const AttributeDecl& attr : decl.attributes) {
         const NodeId v = state.find(attr.name);
         if (v == pickle::kNoNode) {
           if (decl.has_setstate) continue;  // __setstate__ may fill it from another key
           throw InputError(path_, "data.pkl lacks attribute " + attr.name + " of " + cls);
         }
+        ++found;
         if (attr.is_param) {
           if (kind(v) == Kind::Tensor) tree.add_param(id, attr.name, tensor_id(tree, v));
         } else if (attr.is_buffer) {
           if (kind(v) == Kind::Tensor) tree.add_buffer(id, attr.name, tensor_id(tree, v));
         } else if (kind(v) == Kind::Object && class_of(v).is_module) {
+          check_slot(attr, cls, pkl_.class_name(v));
           ModuleId cid = tree.add_module(id, attr.name, pkl_.class_name(v));
           children.emplace_back(v, cid);
+        } else if (names_module_class(attr.type)) {
+          throw InputError(path_, "attribute " + attr.name + " of " + cls + " is declared as module " + attr.type +
+                                      " but data.pkl holds no module there: the file is damaged; " + kCopyAgain);
         }
+      }
+      // The pickled state and the declaration list the same attributes:
+      // torch.jit.load fills the class's slots from it and refuses a mismatch.
+      if (!decl.has_setstate && found != state.size()) {
+        std::string extra;
+        for (size_t i = 0; i < state.size() && extra.empty(); ++i) {
+          const NodeId k = state.key(i);
+          const std::string name = kind(k) == Kind::String ? pkl_.str(k) : "(a key that is not a string)";
+          if (std::none_of(decl.attributes.begin(), decl.attributes.end(),
+                           [&](const AttributeDecl& a) { return a.name == name; }) || kind(k) != Kind::String)
+            extra = name;
+        }
+        throw InputError(path_, "data.pkl holds " + (extra.empty() ? std::string("an attribute twice") :
+                                                     "attribute " + extra) + " of " + cls +
+                                    ", which its declaration in code/ does not list: the file is damaged; " +
+                                    kCopyAgain);
       }
       for (auto it = children.rbegin(); it != children.rend(); ++it) stack.push_back(*it);
     }

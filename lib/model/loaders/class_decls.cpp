@@ -1,6 +1,7 @@
 #include "model/loaders/class_decls.h"
 
 #include <algorithm>
+#include <iterator>
 #include <cctype>
 #include <stdexcept>
 #include <string_view>
@@ -80,6 +81,12 @@ ClassDecls parse_class_decls(const std::string& source) {
         a.is_param = params.count(a.name) > 0;
         a.is_buffer = buffers.count(a.name) > 0;
       }
+      // Each flag names an attribute the class declares.
+      for (const auto* names : {&params, &buffers})
+        for (const auto& n : *names)
+          if (std::none_of(cur->attributes.begin(), cur->attributes.end(), [&](const AttributeDecl& a) { return a.name == n; }))
+            throw std::runtime_error((names == &params ? "__parameters__" : std::string("__buffers__")) + " names " + n +
+                                     ", which the class does not declare");
     }
     cur = nullptr;
     params.clear();
@@ -104,14 +111,26 @@ ClassDecls parse_class_decls(const std::string& source) {
         size_t p = 6;
         size_t name_end = p;
         while (name_end < line.size() && is_ident_char(line[name_end])) ++name_end;
-        if (name_end == p) throw std::runtime_error("malformed class header: " + std::string(line));
+        if (name_end == p)
+          throw std::runtime_error("malformed class header \"" + std::string(line.substr(0, 80)) + "\"");
+        // python_print.cpp writes `class N:`, `class N(Module):`, and
+        // (Interface), (ModuleInterface), (NamedTuple), (Enum).
+        const std::string_view base = line.substr(name_end);
+        static const std::string_view kBases[] = {":", "(Module):", "(Interface):", "(ModuleInterface):",
+                                                  "(NamedTuple):", "(Enum):"};
+        if (std::find(std::begin(kBases), std::end(kBases), base) == std::end(kBases))
+          throw std::runtime_error("malformed class header \"" + std::string(line.substr(0, 80)) + "\"");
         std::string name(line.substr(p, name_end - p));
         auto it = std::find_if(classes.begin(), classes.end(), [&](const auto& c) { return c.first == name; });
         if (it == classes.end()) it = classes.emplace(classes.end(), std::move(name), ClassDecl{});
         ClassDecl& decl = it->second;
         decl = ClassDecl{};  // declared again: the later body wins
-        decl.is_module = starts_with(line, name_end, "(Module)");
+        decl.is_module = base == "(Module):";
+        decl.is_interface = base == "(Interface):" || base == "(ModuleInterface):";
         cur = &decl;
+      } else if (!starts_with(line, 0, "def ") && !starts_with(line, 0, "@") && line[0] != '#' &&
+                 !starts_with(line, 0, "import ") && !starts_with(line, 0, "from ")) {
+        throw std::runtime_error("malformed line \"" + std::string(line.substr(0, 80)) + "\"");
       }
       continue;
     }
@@ -132,19 +151,23 @@ ClassDecls parse_class_decls(const std::string& source) {
         throw std::runtime_error("malformed attribute: " + std::string(line));
       }
       std::string name = read_string_literal(line, q);
-      const size_t eq = line.find(" = ", q);
-      if (eq == std::string_view::npos) throw std::runtime_error("malformed attribute: " + std::string(line));
-      cur->attributes.push_back({std::move(name), std::string(line.substr(eq + 3)), false, false});
-    } else if (is_ident_char(line[p])) {
+      if (!starts_with(line, q, "] = ") || q + 4 >= line.size())
+        throw std::runtime_error("malformed attribute: " + std::string(line));
+      cur->attributes.push_back({std::move(name), std::string(line.substr(q + 4)), false, false});
+    } else if (is_ident_char(line[p]) && !std::isdigit(static_cast<unsigned char>(line[p]))) {
       // `name : Type` is an attribute; `name : Final[T] = v` a constant;
       // `__forward_hooks__ = [...]` and friends have no annotation.
       size_t name_end = p;
       while (name_end < line.size() && is_ident_char(line[name_end])) ++name_end;
-      if (!starts_with(line, name_end, " : ")) continue;
+      if (starts_with(line, name_end, " = ") || line.substr(p) == "pass") continue;
+      if (!starts_with(line, name_end, " : ") || name_end + 3 >= line.size())
+        throw std::runtime_error("malformed class attribute \"" + std::string(line.substr(0, 80)) + "\"");
       // Types never contain '=', so an '=' after the annotation means a value.
       if (line.find('=', name_end) != std::string_view::npos) continue;
       cur->attributes.push_back(
           {std::string(line.substr(p, name_end - p)), std::string(line.substr(name_end + 3)), false, false});
+    } else if (line[p] != '@') {
+      throw std::runtime_error("malformed class body \"" + std::string(line.substr(0, 80)) + "\"");
     }
   }
   finish();

@@ -21,6 +21,7 @@ struct AttributeDecl {
 
 struct ClassDecl {
   bool is_module = false;      // `class X(Module):`
+  bool is_interface = false;   // `class X(ModuleInterface):` or `(Interface)`: a slot's type, never an object's
   bool has_setstate = false;   // defines __setstate__: its pickled state is not a plain dict
   std::vector<AttributeDecl> attributes;  // declaration order
 };
@@ -32,7 +33,12 @@ struct ClassDecl {
 using ClassDecls = std::vector<std::pair<std::string, ClassDecl>>;
 
 // Parses one file. Throws std::runtime_error with a one-line message on a
-// malformed class header.
+// line the TorchScript printer does not write: a class header other than
+// its six forms, a class-level statement that is not an attribute, a
+// constant, a flag list or a method, a flag naming no attribute.
+// torch.jit.load compiles the file and refuses every such edit; a structure
+// reader that skipped them would plan a different tree (issue 29:
+// `class Block(Module1:` lost 33 modules).
 ClassDecls parse_class_decls(const std::string& source);
 
 // The class named `name` in `decls`, or nullptr.
