@@ -105,6 +105,8 @@ int run(const Options& opt) {
   ModuleTree tree;
   try {
     tree = load_model(opt.model, opt.loader == "jit" ? LoaderKind::Jit : LoaderKind::Archive);
+  } catch (const JitPreflightError&) {
+    throw;  // damaged or hostile: the default loader refuses it too
   } catch (const InputError& e) {
     if (opt.loader != "jit") throw;
     // TorchScript compiles every method, so a custom op (torchvision::nms) stops it.

@@ -83,6 +83,31 @@ class ArchiveLoader {
       : path_(std::move(path)), open_zip_(std::move(open_zip)), stats_(stats), options_(options) {}
   ~ArchiveLoader() { close_zip(); }
 
+  // What --loader jit checks before LibTorch reads the file: the structure
+  // reader's limits (record sizes, deflate ratios, the unpickler's nesting
+  // and size, code nesting), and no deflated record past kMaxStructureRatio,
+  // since LibTorch inflates every record, weights included, to its claimed size.
+  void preflight() {
+    open_directory();
+    check_is_torchscript();
+    for (const zip::Entry& e : dir_->entries())
+      if (e.method != 0 && e.uncomp_size > e.comp_size * kMaxStructureRatio + 4096) {
+        const std::string name(e.name.rfind(prefix_, 0) == 0 ? e.name.substr(prefix_.size()) : e.name);
+        throw InputError(path_, "record " + name + " claims to be " + std::to_string(e.uncomp_size) +
+                                    " bytes, more than " + std::to_string(kMaxStructureRatio) + " times its " +
+                                    std::to_string(e.comp_size) + " compressed bytes, and LibTorch inflates every "
+                                    "record whole (a deflate bomb?): the file is damaged; " + kCopyAgain);
+      }
+    std::string pkl = read_record("data.pkl");
+    read_code();
+    close_zip();
+    try {
+      (void)pickle::unpickle(pkl);
+    } catch (const pickle::Error& e) {
+      throw InputError(path_, e.what() + std::string("; ") + kCopyAgain);
+    }
+  }
+
   ModuleTree load() {
     open_directory();
     check_is_torchscript();
@@ -194,7 +219,12 @@ class ArchiveLoader {
   std::string read_entry(const zip::Entry& e, const std::string& name) {
     check_structure_size(e, name);
     try {
-      return dir_->read(e, options_.verify_crc);
+      std::string out = dir_->read(e, options_.verify_crc);
+      // LibTorch's parser recurses per bracket level (--loader jit died at 10^5).
+      if (name.rfind("code/", 0) == 0 && code_nesting(out) > kMaxCodeNesting)
+        throw InputError(path_, "record " + name + " nests brackets more than " + std::to_string(kMaxCodeNesting) +
+                                    " deep, which printed TorchScript never does: the file is damaged; " + kCopyAgain);
+      return out;
     } catch (const zip::Error& err) {
       throw InputError(path_, "record " + name + " is damaged (" + err.what() + "); " + kCopyAgain);
     }
@@ -536,6 +566,22 @@ ModuleTree load_archive(const std::string& path, std::unique_ptr<zip::Reader> zi
 
 ModuleTree load_archive(const std::string& path, ArchiveReadStats* stats) {
   return load_archive(path, stats, ArchiveOptions{});
+}
+
+void check_archive_for_jit(const std::string& path, std::unique_ptr<zip::Reader> zip) {
+  ArchiveReadStats local;
+  check_file(path);
+  auto open = [&] { return zip ? std::move(zip) : zip::Reader::open_file(path); };
+  try {
+    ArchiveLoader(path, open, local, ArchiveOptions{}).preflight();
+  } catch (const InputError& e) {
+    throw InputError(path, printable(e.what()));
+  } catch (const std::bad_alloc&) {
+    throw InputError(path, "cannot read TorchScript archive: out of memory; the file is damaged or too big");
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    throw InputError(path, "cannot read TorchScript archive: " + printable(what.substr(0, what.find('\n'))));
+  }
 }
 
 ModuleTree load_archive_bytes(const std::string& name, const void* data, size_t size,

@@ -32,6 +32,12 @@ ModuleTree load_archive(const std::string& path, std::unique_ptr<zip::Reader> zi
 ModuleTree load_archive(const std::string& path, ArchiveReadStats* stats,
                         const ArchiveOptions& options);
 
+// --loader jit: the structure reader's checks (record sizes and deflate
+// ratios, data.pkl through the unpickler's limits, code nesting) before
+// LibTorch reads the file; throws InputError as load_archive does. `zip`: the
+// file's directory if already open, or nullptr.
+void check_archive_for_jit(const std::string& path, std::unique_ptr<zip::Reader> zip);
+
 // The bytes of a model file already in memory; `name` stands for the file in
 // messages. Throws InputError exactly as load_archive does.
 ModuleTree load_archive_bytes(const std::string& name, const void* data, size_t size,

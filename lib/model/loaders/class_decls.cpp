@@ -64,6 +64,19 @@ std::unordered_set<std::string> read_name_list(std::string_view line, size_t pos
 
 }  // namespace
 
+size_t code_nesting(const std::string& source) {
+  size_t depth = 0, deepest = 0;
+  for (const char c : source) {
+    if (c == '(' || c == '[' || c == '{') {
+      deepest = std::max(deepest, ++depth);
+      if (deepest > kMaxCodeNesting) break;
+    } else if ((c == ')' || c == ']' || c == '}') && depth > 0) {
+      --depth;
+    }
+  }
+  return deepest;
+}
+
 const ClassDecl* find_class(const ClassDecls& decls, const std::string& name) {
   for (const auto& [n, d] : decls)
     if (n == name) return &d;

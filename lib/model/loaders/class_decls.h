@@ -41,6 +41,14 @@ using ClassDecls = std::vector<std::pair<std::string, ClassDecl>>;
 // `class Block(Module1:` lost 33 modules).
 ClassDecls parse_class_decls(const std::string& source);
 
+// Brackets nest a few levels in printed TorchScript (4 in the corpus); LibTorch's
+// parser recurses per level and dies near 10^5.
+constexpr size_t kMaxCodeNesting = 100;
+
+// The deepest bracket nesting in a code record (parentheses, brackets,
+// braces; quotes not followed), stopping early past kMaxCodeNesting.
+size_t code_nesting(const std::string& source);
+
 // The class named `name` in `decls`, or nullptr.
 const ClassDecl* find_class(const ClassDecls& decls, const std::string& name);
 

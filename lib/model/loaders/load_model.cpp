@@ -37,7 +37,14 @@ ModuleTree load_model(const std::string& path, LoaderKind kind) {
   if (zip && is_export_archive(*zip)) return load_export(path, std::move(zip));
   switch (kind) {
     case LoaderKind::Archive: return zip ? load_archive(path, std::move(zip)) : load_archive(path);
-    case LoaderKind::Jit: zip.reset(); return load_with_jit(path);
+    case LoaderKind::Jit:
+      // LibTorch's reader and parser trust the file: our limits first.
+      try {
+        check_archive_for_jit(path, std::move(zip));
+      } catch (const InputError& e) {
+        throw JitPreflightError(e.file(), e.what());
+      }
+      return load_with_jit(path);
   }
   return load_archive(path);
 }

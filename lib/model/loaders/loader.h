@@ -5,6 +5,7 @@
 #include <string>
 
 #include "model/module_tree.h"
+#include "util/errors.h"
 
 namespace fsdp_plan {
 
@@ -14,6 +15,14 @@ enum class LoaderKind {
 };
 
 ModuleTree load_model(const std::string& path, LoaderKind kind);
+
+// What the structure reader's checks refuse before --loader jit hands the
+// file to LibTorch (check_archive_for_jit): a damaged or hostile file, which
+// the default loader refuses too.
+class JitPreflightError : public InputError {
+ public:
+  using InputError::InputError;
+};
 
 // One loader each; load_model dispatches.
 ModuleTree load_with_jit(const std::string& path);
