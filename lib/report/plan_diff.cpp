@@ -1,5 +1,6 @@
 #include "report/plan_diff.h"
 
+#include <cstdint>
 #include <map>
 #include <set>
 
@@ -132,6 +133,148 @@ bool PlanDiff::equal() const {
          warnings_gone.empty() && other.empty();
 }
 
+namespace {
+
+// docs/schemas/plan.schema.json's rules, for what the diff reads: types,
+// counts that are whole numbers from 0 to 2^63 - 1 (a numel of [] or 2^64 + 7
+// passed before), each unit path and each parameter once, parents that
+// exist. Fields the schema does not know are compared as they are (a newer
+// fsdp-plan may write them), fields it does not require may be missing (an
+// older one did not write them).
+class PlanChecker {
+ public:
+  explicit PlanChecker(const json& doc) : doc_(doc) {}
+
+  std::string error() {
+    try {
+      check();
+    } catch (const std::string& why) {
+      return "not a plan fsdp-plan wrote: " + why;
+    }
+    return "";
+  }
+
+ private:
+  [[noreturn]] static void bad(const std::string& where, const std::string& what) { throw where + " " + what; }
+
+  static void count(const json& v, const std::string& where) {
+    if (!v.is_number_integer()) bad(where, "is not a whole number");
+    if (!v.is_number_unsigned() && v.get<int64_t>() < 0) bad(where, "is negative");
+    if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) bad(where, "is too large");
+  }
+  static void text(const json& v, const std::string& where) {
+    if (!v.is_string()) bad(where, "is not a string");
+    // diff prints names and paths: keep escape sequences off the terminal.
+    for (const char c : v.get_ref<const std::string&>())
+      if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) bad(where, "holds a control character");
+  }
+  static void flag(const json& v, const std::string& where) {
+    if (!v.is_boolean()) bad(where, "is not true or false");
+  }
+  static void strings(const json& v, const std::string& where) {
+    if (!v.is_array()) bad(where, "is not a list");
+    for (size_t i = 0; i < v.size(); ++i) text(v[i], where + "[" + std::to_string(i) + "]");
+  }
+  static void counts(const json& v, const std::string& where) {
+    if (!v.is_array()) bad(where, "is not a list");
+    for (size_t i = 0; i < v.size(); ++i) count(v[i], where + "[" + std::to_string(i) + "]");
+  }
+  static const json* field(const json& obj, const char* key) {
+    auto it = obj.find(key);
+    return it == obj.end() ? nullptr : &*it;
+  }
+  // Every number under a section must be a count; strings carry no control characters.
+  static void leaves(const json& v, const std::string& where) {
+    if (v.is_object()) {
+      for (const auto& [k, sub] : v.items()) leaves(sub, where + "." + k);
+    } else if (v.is_array()) {
+      for (size_t i = 0; i < v.size(); ++i) leaves(v[i], where + "[" + std::to_string(i) + "]");
+    } else if (v.is_number()) {
+      count(v, where);
+    } else if (v.is_string()) {
+      text(v, where);
+    }
+  }
+
+  void tensor(const json& t, const std::string& where) {
+    if (!t.is_object()) bad(where, "is not an object");
+    if (const json* f = field(t, "shape")) counts(*f, where + ".shape");
+    if (const json* f = field(t, "sharded_shape")) counts(*f, where + ".sharded_shape");
+    if (const json* f = field(t, "numel")) count(*f, where + ".numel");
+    if (const json* f = field(t, "dtype")) text(*f, where + ".dtype");
+    if (const json* f = field(t, "requires_grad")) flag(*f, where + ".requires_grad");
+  }
+
+  void check() {
+    const json& units = doc_["units"];
+    std::set<std::string> paths, names;
+    for (size_t i = 0; i < units.size(); ++i) {
+      const json& u = units[i];
+      const std::string where = "units[" + std::to_string(i) + "]";
+      text(u["path"], where + ".path");
+      if (!paths.insert(u["path"].get<std::string>()).second)
+        bad(where + ".path", "\"" + u["path"].get<std::string>() + "\" is listed twice");
+      for (const char* key : {"class", "qualified_class"})
+        if (const json* f = field(u, key)) text(*f, where + "." + key);
+      for (const char* key : {"index", "depth", "param_numel", "param_bytes", "buffer_numel", "buffer_bytes",
+                              "trainable_numel", "frozen_numel", "call"})
+        if (const json* f = field(u, key)) count(*f, where + "." + key);
+      if (const json* f = field(u, "parent"); f && !f->is_null()) {
+        count(*f, where + ".parent");
+        if (f->get<uint64_t>() >= units.size()) bad(where + ".parent", "is not a unit's index");
+      }
+      if (const json* f = field(u, "mixed_precision"); f && !f->is_null()) flag(*f, where + ".mixed_precision");
+      if (const json* f = field(u, "modules")) strings(*f, where + ".modules");
+      if (const json* f = field(u, "reshard_after_forward"); f && !f->is_boolean()) count(*f, where + ".reshard_after_forward");
+      if (const json* f = field(u, "memory")) {
+        if (!f->is_object()) bad(where + ".memory", "is not an object");
+        for (const auto& [k, v] : f->items()) count(v, where + ".memory." + k);
+      }
+      for (const char* key : {"params", "buffers"}) {
+        const json* list = field(u, key);
+        if (!list) continue;
+        if (!list->is_array()) bad(where + "." + key, "is not a list");
+        for (size_t j = 0; j < list->size(); ++j) {
+          const std::string at = where + "." + key + "[" + std::to_string(j) + "]";
+          tensor((*list)[j], at);
+          if (const json* n = field((*list)[j], "name")) {
+            text(*n, at + ".name");
+            // A parameter is owned by one unit (a tied one is listed once).
+            if (std::string(key) == "params" && !names.insert(n->get<std::string>()).second)
+              bad(at + ".name", "\"" + n->get<std::string>() + "\" is in two units");
+          }
+        }
+      }
+    }
+    const json& warnings = doc_["warnings"];
+    for (size_t i = 0; i < warnings.size(); ++i) {
+      const json& w = warnings[i];
+      const std::string where = "warnings[" + std::to_string(i) + "]";
+      for (const char* key : {"kind", "severity", "message"})
+        if (const json* f = field(w, key)) text(*f, where + "." + key);
+      if (const json* f = field(w, "severity"); f && *f != "error" && *f != "warning" && *f != "info")
+        bad(where + ".severity", "is not error, warning or info");
+      for (const char* key : {"modules", "classes", "params", "suggestions"})
+        if (const json* f = field(w, key)) strings(*f, where + "." + key);
+    }
+    leaves(doc_["model"], "model");
+    if (const json* f = field(doc_, "memory")) {
+      if (!f->is_object()) bad("memory", "is not an object");
+      leaves(*f, "memory");
+    }
+    if (const json* f = field(doc_, "fsdp_version"); f && *f != 1 && *f != 2) bad("fsdp_version", "is not 1 or 2");
+    const json& v = doc_["schema_version"];
+    count(v, "schema_version");
+    if (v.get<uint64_t>() > 1000000) bad("schema_version", "is not a schema version");
+    // The policy is compared leaf by leaf: no control characters in what it echoes.
+    leaves(doc_["policy"], "policy");
+  }
+
+  const json& doc_;
+};
+
+}  // namespace
+
 std::string plan_shape_error(const json& doc) {
   if (!doc.is_object()) return "not a plan: the top level is not a JSON object";
   auto v = doc.find("schema_version");
@@ -154,7 +297,7 @@ std::string plan_shape_error(const json& doc) {
   }
   for (const auto& w : doc["warnings"])
     if (!w.is_object()) return "not a plan: a warning that is not an object";
-  return "";
+  return PlanChecker(doc).error();
 }
 
 PlanDiff diff_plans(const json& a, const json& b) {
