@@ -15,6 +15,9 @@ import tempfile
 import unittest
 import zipfile
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import hostile_inputs as hostile  # noqa: E402  (issue 29's inputs, shared with test_hostile.py)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BINARY = os.path.join(ROOT, "build", "app", "fsdp-plan")
 GPT = os.path.join(ROOT, "sample_models", "tiny_gpt.pt")
@@ -206,6 +209,40 @@ def jit_custom_op(name):
     return [name, "--loader", "jit"]
 
 
+def yaml_file(body):
+    """An Accelerate config (FSDP, 2 processes) with these lines after the first two."""
+    hostile.accelerate("accel.yaml", body)
+    return [GPT, "--policy", "accel.yaml"]
+
+
+def regex(pattern):
+    return yaml_file("fsdp_config:\n  fsdp_ignored_modules: '%s'\n" % pattern)
+
+
+def code_edit(old, new):
+    hostile.edited_code("damaged.pt", lambda d: d.replace(old, new, 1))
+    return ["damaged.pt"]
+
+
+def plan_file(change):
+    hostile.plan_with("plan.json", change)
+    return ["diff", "plan.json", hostile.PLAN]
+
+
+def set_numel(value):
+    def change(doc):
+        doc["units"][0]["params"][0]["numel"] = value
+    return change
+
+
+def units_twice(doc):
+    doc["units"] = doc["units"] + doc["units"]
+
+
+def escape_path(doc):
+    doc["units"][1]["path"] = "\x1b[2J" + doc["units"][1]["path"]
+
+
 CASES = {
     "model-missing": lambda: ["missing.pt"],
     "model-directory": lambda: (os.mkdir("adir"), ["adir"])[1],
@@ -314,6 +351,47 @@ CASES = {
     "usage-option-typo": lambda: [GPT, "--polcy", "p.json"],
     "usage-fractional-count": lambda: [GPT, "--max-unit-numel", "2.5"],
     "usage-fsdp2-strategy": lambda: [GPT, "--fsdp-version", "2", "--sharding-strategy", "SHARD_GRAD_OP"],
+    "usage-nan-share": lambda: [GPT, "--max-root-share", "nan"],
+    # Issue 29: hostile inputs (docs/limits.md).
+    "policy-device": lambda: [GPT, "--policy", "/dev/zero"],
+    "policy-too-big": lambda: (hostile.write("big.json", "{}" + " " * (16 << 20)), [GPT, "--policy", "big.json"])[1],
+    "policy-duplicate-key": lambda: policy('{"module_classes": ["Block"],\n "module_classes": ["MLP"]}'),
+    "policy-json-deep": lambda: policy('{"$schema": ' + "[" * 100 + "]" * 100 + "}"),
+    "policy-control-char": lambda: policy('{"module_classes": ["\\u001b[31mBlock"]}'),
+    "policy-long-string": lambda: policy(json.dumps({"module_classes": ["B" * 5000]})),
+    "policy-long-list": lambda: policy(json.dumps({"ignored_params": ["p%d" % i for i in range(100001)]})),
+    "expect-device": lambda: [GPT, "--expect", "/dev/zero"],
+    "plan-duplicate-unit": lambda: plan_file(units_twice),
+    "plan-bad-numel": lambda: plan_file(set_numel(2 ** 64 + 7)),
+    "plan-control-char": lambda: plan_file(escape_path),
+    "accelerate-yaml-unterminated": lambda: yaml_file('mixed_precision: "bf16\n'),
+    "accelerate-yaml-python-tag": lambda: yaml_file('x: !!python/object/apply:os.system ["echo hi"]\n'),
+    "accelerate-yaml-documents": lambda: yaml_file("---\ndistributed_type: FSDP\n"),
+    "accelerate-yaml-control-char": lambda: yaml_file("x\x1b[31m: 1\n"),
+    "accelerate-yaml-utf8": lambda: (hostile.write("accel.yaml", b"distributed_type: FSDP\nx: \xff\n"),
+                                     [GPT, "--policy", "accel.yaml"])[1],
+    "accelerate-yaml-tab": lambda: yaml_file("mixed_precision:\tbf16\n"),
+    "accelerate-yaml-undefined-alias": lambda: yaml_file("x: *nowhere\n"),
+    "accelerate-yaml-self-alias": lambda: yaml_file("x: &a [*a]\n"),
+    "accelerate-yaml-laughs": lambda: yaml_file(hostile.laughs(6)),
+    "accelerate-yaml-deep": lambda: yaml_file("tpu_env: " + "[" * 64 + "]" * 64 + "\n"),
+    "accelerate-yaml-long-scalar": lambda: yaml_file("tpu_name: " + "n" * 70000 + "\n"),
+    "accelerate-regex-backref": lambda: regex(r"(blocks)\.\1"),
+    "accelerate-regex-lookahead": lambda: regex(r"blocks\.(?!0)\d+"),
+    "accelerate-regex-deep": lambda: regex("(" * 101 + "lm_head" + ")" * 101),
+    "accelerate-hsdp-uneven": lambda: (hostile.write("accel.yaml", "distributed_type: FSDP\nnum_processes: 8\n"
+                                                     "num_machines: 3\nfsdp_config:\n"
+                                                     "  fsdp_sharding_strategy: HYBRID_SHARD\n"),
+                                       [GPT, "--policy", "accel.yaml"])[1],
+    "model-deflate-bomb": lambda: [hostile.pt_bomb("bomb.pt", "tiny_gpt/data.pkl")],
+    "model-jit-deflate-bomb": lambda: [hostile.pt_bomb("bomb.pt", "tiny_gpt/data.pkl"), "--loader", "jit"],
+    "model-code-nesting": lambda: [hostile.deep_parens("deep.pt")],
+    "model-code-header": lambda: code_edit(b"class Block(Module):", b"class Block(Module1:"),
+    "model-code-attribute": lambda: code_edit(b"  blocks : ", b"  blocks ; "),
+    "model-code-undeclared": lambda: code_edit(b"  blocks : ", b"  blocks = "),
+    "model-code-slot-type": lambda: code_edit(b"  mlp : __torch__.models.MLP", b"  mlp : __torch__.models.MLQ"),
+    "model-code-flag": lambda: code_edit(b'__buffers__ = ["mask", ]', b'__buffers__ = ["masq", ]'),
+    "pt2-deflate-bomb": lambda: [hostile.pt2_bomb("bomb.pt2")],
 }
 
 
