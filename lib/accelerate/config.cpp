@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -709,6 +710,19 @@ std::unique_ptr<RE2> compile_python_regex(const std::string& pattern, std::strin
   return re;
 }
 
+// PyYAML's construct_yaml_float: '_' dropped, .inf and .nan in any case, else
+// float() (std::stod threw on ".INF", which the fuzzer found: exit 3).
+double yaml_float_value(const std::string& text) {
+  std::string t;
+  for (const char c : text)
+    if (c != '_') t += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  const bool sign = !t.empty() && (t[0] == '-' || t[0] == '+');
+  const std::string body = t.substr(sign ? 1 : 0);
+  if (body == ".inf") return t[0] == '-' ? -HUGE_VAL : HUGE_VAL;
+  if (body == ".nan") return std::nan("");
+  return std::strtod(t.c_str(), nullptr);  // past a double: +-HUGE_VAL, inf as Python's float() gives
+}
+
 // str(value) in Python, which is what the launcher puts in the environment.
 std::string py_str(const PyValue& v, bool repr = false) {
   switch (v.kind) {
@@ -716,14 +730,12 @@ std::string py_str(const PyValue& v, bool repr = false) {
     case PyValue::Bool: return v.b ? "True" : "False";
     case PyValue::Int: return v.text;
     case PyValue::Float: {
-      try {
-        double d = std::stod(v.text);
-        std::string s = std::to_string(d);  // close to Python's repr for the values people write
-        while (s.size() > 1 && s.back() == '0' && s[s.size() - 2] != '.') s.pop_back();
-        return s;
-      } catch (const std::exception&) {
-        return v.text;
-      }
+      const double d = yaml_float_value(v.text);
+      if (std::isnan(d)) return "nan";
+      if (std::isinf(d)) return d < 0 ? "-inf" : "inf";
+      std::string s = std::to_string(d);  // close to Python's repr for the values people write
+      while (s.size() > 1 && s.back() == '0' && s[s.size() - 2] != '.') s.pop_back();
+      return s;
     }
     case PyValue::Str: return repr ? "'" + v.text + "'" : v.text;
     case PyValue::List: {
@@ -746,7 +758,7 @@ bool py_truthy(const PyValue& v) {
     case PyValue::None: return false;
     case PyValue::Bool: return v.b;
     case PyValue::Int: return v.text != "0" && v.text != "-0";
-    case PyValue::Float: return std::stod(v.text) != 0.0;
+    case PyValue::Float: return yaml_float_value(v.text) != 0.0;  // nan is true, as in Python
     case PyValue::Str: return !v.text.empty();
     case PyValue::List: return !v.items.empty();
     case PyValue::Dict: return !v.entries.empty();
