@@ -39,31 +39,120 @@ bool is_one_of(const std::string& s, std::initializer_list<const char*> words) {
 
 bool digit(char c) { return c >= '0' && c <= '9'; }
 
-// PyYAML's implicit int for decimals: [-+]?(0|[1-9][0-9_]*).
-bool yaml_int(const std::string& s) {
-  size_t i = !s.empty() && (s[0] == '-' || s[0] == '+');
-  if (i >= s.size()) return false;
-  if (s[i] == '0') return i + 1 == s.size();
-  if (!digit(s[i])) return false;
-  return std::all_of(s.begin() + static_cast<std::ptrdiff_t>(i), s.end(), [](char c) { return digit(c) || c == '_'; });
+// PyYAML's implicit resolvers (yaml/resolver.py, 6.0.4), in its order: the
+// int and float patterns below, exactly (a dot alone, "-.5" and "._" are
+// strings; "017" is octal, "1:30" sexagesimal: 90).
+bool all_of_set(const std::string& s, size_t from, const char* set) {
+  return from < s.size() && s.find_first_not_of(set, from) == std::string::npos;
 }
 
-// PyYAML's implicit float: [-+]?([0-9][0-9_]*)?\.[0-9_]*([eE][-+][0-9]+)?,
-// [-+]?\.(inf|Inf|INF), \.(nan|NaN|NAN).
+// [-+]?0b[0-1_]+ | [-+]?0[0-7_]+ | [-+]?(?:0|[1-9][0-9_]*) | [-+]?0x[0-9a-fA-F_]+
+// | [-+]?[1-9][0-9_]*(?::[0-5]?[0-9])+
+bool yaml_int(const std::string& s) {
+  const size_t i = !s.empty() && (s[0] == '-' || s[0] == '+');
+  if (i >= s.size()) return false;
+  if (s.compare(i, 2, "0b") == 0) return all_of_set(s, i + 2, "01_");
+  if (s.compare(i, 2, "0x") == 0) return all_of_set(s, i + 2, "0123456789abcdefABCDEF_");
+  if (s[i] == '0') return i + 1 == s.size() || all_of_set(s, i + 1, "01234567_");
+  if (!digit(s[i])) return false;
+  size_t j = i;
+  while (j < s.size() && (digit(s[j]) || s[j] == '_')) ++j;
+  if (j == s.size()) return true;
+  // Sexagesimal: each further part one or two digits, the first of them 0-5.
+  while (j < s.size()) {
+    if (s[j] != ':' || ++j >= s.size() || !digit(s[j])) return false;
+    if (j + 1 < s.size() && digit(s[j + 1])) {
+      if (s[j] > '5') return false;
+      ++j;
+    }
+    ++j;
+  }
+  return true;
+}
+
+// [-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+][0-9]+)? | \.[0-9][0-9_]*(?:[eE][-+][0-9]+)?
+// | [-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+\.[0-9_]* | [-+]?\.(?:inf|Inf|INF) | \.(?:nan|NaN|NAN)
 bool yaml_float(const std::string& s) {
   if (is_one_of(s, {".nan", ".NaN", ".NAN"})) return true;
   size_t i = !s.empty() && (s[0] == '-' || s[0] == '+');
   if (is_one_of(s.substr(i), {".inf", ".Inf", ".INF"})) return true;
-  if (i < s.size() && digit(s[i]))
+  bool sexagesimal = false;
+  if (i < s.size() && digit(s[i])) {
     while (i < s.size() && (digit(s[i]) || s[i] == '_')) ++i;
+    while (i < s.size() && s[i] == ':') {
+      sexagesimal = true;
+      if (++i >= s.size() || !digit(s[i])) return false;
+      if (i + 1 < s.size() && digit(s[i + 1])) {
+        if (s[i] > '5') return false;
+        ++i;
+      }
+      ++i;
+    }
+  } else if (i != 0 || s.size() < 2 || s[0] != '.' || !digit(s[1])) {
+    return false;  // no digit before the dot: no sign, and a digit right after it
+  }
   if (i >= s.size() || s[i] != '.') return false;
   ++i;
   while (i < s.size() && (digit(s[i]) || s[i] == '_')) ++i;
   if (i == s.size()) return true;
-  if (s[i] != 'e' && s[i] != 'E') return false;
+  if (sexagesimal || (s[i] != 'e' && s[i] != 'E')) return false;
   if (++i >= s.size() || (s[i] != '-' && s[i] != '+')) return false;
   if (++i >= s.size()) return false;
   return std::all_of(s.begin() + static_cast<std::ptrdiff_t>(i), s.end(), digit);
+}
+
+// PyYAML's construct_yaml_int on what yaml_int() matched, as decimal text.
+// Decimals stay as written (Python's ints have no bound); the other bases and
+// sexagesimal are converted and must fit 63 bits (no Accelerate setting comes
+// near). Returns false with *error set where PyYAML raises ValueError ("0b_")
+// or the value is past that bound.
+bool yaml_int_text(std::string s, std::string& out, std::string& error) {
+  s.erase(std::remove(s.begin(), s.end(), '_'), s.end());
+  bool negative = false;
+  if (s[0] == '-' || s[0] == '+') negative = s[0] == '-', s.erase(0, 1);
+  int base = 10;
+  std::string digits = s;
+  if (s.compare(0, 2, "0b") == 0) base = 2, digits = s.substr(2);
+  else if (s.compare(0, 2, "0x") == 0) base = 16, digits = s.substr(2);
+  else if (s.size() > 1 && s[0] == '0') base = 8, digits = s.substr(1);
+  if (base == 10 && s.find(':') == std::string::npos) {
+    out = (negative && s != "0" ? "-" : "") + s;
+    return true;
+  }
+  if (digits.empty()) {
+    error = "ValueError: invalid literal for int() with base " + std::to_string(base) + ": ''";
+    return false;
+  }
+  constexpr unsigned long long kMax = (1ULL << 63) - 1;
+  unsigned long long value = 0;
+  if (base == 10) {  // sexagesimal: parts of base 60, the first part most significant
+    size_t at = 0;
+    while (at <= digits.size()) {
+      const size_t colon = std::min(digits.find(':', at), digits.size());
+      unsigned long long part = 0;
+      for (size_t k = at; k < colon; ++k) {
+        if (part > (kMax - 9) / 10) part = kMax;
+        else part = part * 10 + static_cast<unsigned>(digits[k] - '0');
+      }
+      if (value > (kMax - part) / 60) {
+        error = "an integer past 2^63";
+        return false;
+      }
+      value = value * 60 + part;
+      at = colon + 1;
+    }
+  } else {
+    for (const char c : digits) {
+      const unsigned d = digit(c) ? static_cast<unsigned>(c - '0') : static_cast<unsigned>((c | 0x20) - 'a' + 10);
+      if (value > (kMax - d) / static_cast<unsigned>(base)) {
+        error = "an integer past 2^63";
+        return false;
+      }
+      value = value * static_cast<unsigned>(base) + d;
+    }
+  }
+  out = (negative && value ? "-" : "") + std::to_string(value);
+  return true;
 }
 
 // What Python's int() takes after strip(): [-+]?[0-9](_?[0-9])*.
@@ -78,7 +167,8 @@ bool python_int(const std::string& t) {
 }
 
 // A plain scalar resolved as PyYAML's resolver does; quoted and block scalars are strings.
-PyValue scalar_value(std::string text, bool plain) {
+// *error is set where PyYAML's constructor would raise (see yaml_int_text).
+PyValue scalar_value(std::string text, bool plain, std::string& error) {
   PyValue v;
   v.text = std::move(text);
   v.kind = PyValue::Str;
@@ -93,8 +183,9 @@ PyValue scalar_value(std::string text, bool plain) {
     v.kind = PyValue::Bool;
   } else if (yaml_int(s)) {
     v.kind = PyValue::Int;
-    v.text.erase(std::remove(v.text.begin(), v.text.end(), '_'), v.text.end());
-    if (v.text[0] == '+') v.text.erase(0, 1);
+    std::string decimal;
+    if (!yaml_int_text(s, decimal, error)) return v;
+    v.text = std::move(decimal);
   } else if (yaml_float(s)) {
     v.kind = PyValue::Float;
   }
@@ -473,7 +564,12 @@ class YamlReader {
           const bool merge_key = (plain && tag.empty() && value == "<<") || tag == "tag:yaml.org,2002:merge";
           // !!str and "!" are strings; the other standard tags resolve as a plain scalar would.
           const bool resolve = tag.empty() ? plain : tag != "!" && tag != "tag:yaml.org,2002:str";
-          PyValue v = scalar_value(std::move(value), resolve);
+          std::string bad;
+          PyValue v = scalar_value(std::move(value), resolve, bad);
+          if (!bad.empty()) {
+            if (bad.rfind("ValueError: ", 0) == 0) error("ValueError", bad.substr(12) + " (" + mark_text(m) + ")");
+            limit(bad + " (" + mark_text(m) + "), larger than any Accelerate setting can be");
+          }
           v.line = m.line;
           v.column = m.column;
           if (e.data.scalar.anchor)
@@ -720,6 +816,16 @@ double yaml_float_value(const std::string& text) {
   const std::string body = t.substr(sign ? 1 : 0);
   if (body == ".inf") return t[0] == '-' ? -HUGE_VAL : HUGE_VAL;
   if (body == ".nan") return std::nan("");
+  if (body.find(':') != std::string::npos) {  // sexagesimal: "1:30.5" is 90.5
+    double value = 0;
+    size_t at = 0;
+    while (at <= body.size()) {
+      const size_t colon = std::min(body.find(':', at), body.size());
+      value = value * 60 + std::strtod(body.substr(at, colon - at).c_str(), nullptr);
+      at = colon + 1;
+    }
+    return t[0] == '-' ? -value : value;
+  }
   return std::strtod(t.c_str(), nullptr);  // past a double: +-HUGE_VAL, inf as Python's float() gives
 }
 

@@ -376,6 +376,8 @@ CASES = {
     "accelerate-yaml-laughs": lambda: yaml_file(hostile.laughs(6)),
     "accelerate-yaml-deep": lambda: yaml_file("tpu_env: " + "[" * 64 + "]" * 64 + "\n"),
     "accelerate-yaml-long-scalar": lambda: yaml_file("tpu_name: " + "n" * 70000 + "\n"),
+    "accelerate-yaml-int-base": lambda: yaml_file("tpu_name: 0b_\n"),
+    "accelerate-yaml-int-huge": lambda: yaml_file("tpu_name: 0x8000000000000000\n"),
     "accelerate-regex-backref": lambda: regex(r"(blocks)\.\1"),
     "accelerate-regex-lookahead": lambda: regex(r"blocks\.(?!0)\d+"),
     "accelerate-regex-deep": lambda: regex("(" * 101 + "lm_head" + ")" * 101),

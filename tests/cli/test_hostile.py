@@ -391,6 +391,11 @@ class Limits(Base):
             h.write(self.path("scalar.yaml"), self.yaml("tpu_name: %s\n" % ("n" * (65536 + extra))))
         self.at_and_past(make, [h.GPT, "--policy", "scalar.yaml"], "scalar.yaml", "a value of 65537 bytes")
 
+    def test_yaml_integer(self):
+        def make(extra):
+            h.write(self.path("int.yaml"), self.yaml("tpu_name: %#x\n" % ((1 << 63) - 1 + extra)))
+        self.at_and_past(make, [h.GPT, "--policy", "int.yaml"], "int.yaml", "an integer past 2^63")
+
     def test_regex_nesting_and_repetition(self):
         def nested(extra):
             n = 100 + extra
@@ -501,6 +506,30 @@ class AgainstPyYAML(Base):
             with self.subTest(text=text):
                 h.write(self.path("c.yaml"), "distributed_type: FSDP\nnum_processes: 2\n" + text)
                 self.assertEqual(Run([h.GPT, "--policy", "c.yaml"], self.dir).code, 2)
+
+    # Plain scalars PyYAML's resolver (yaml/resolver.py) reads as another type than a glance suggests.
+    SCALARS = ["8", "+8", "010", "0o10", "0x10", "0b1000", "1_6", "0:8", "1:30", "0b_", "8.0", "8.", ".8", "-.5",
+               ".", "._", ".INF", "-.inf", ".nan", "1:30.5", "1e3", "1.0e+3", "yes", "0x8000000000000000"]
+
+    def test_scalars(self):
+        """num_processes as each scalar: the world size Accelerate would plan (PyYAML's value, str() into the
+        environment, int() back, as accelerate/commands/launch.py does), or a refusal where it would stop."""
+        import yaml
+        for text in self.SCALARS:
+            with self.subTest(scalar=text):
+                body = "distributed_type: FSDP\nnum_processes: %s\nfsdp_config:\n  fsdp_version: 1\n" % text
+                h.write(self.path("s.yaml"), body)
+                try:
+                    expect = int(str(yaml.safe_load(body)["num_processes"]))
+                except ValueError:
+                    expect = None
+                r = Run([h.GPT, "--policy", "s.yaml", "--format", "json"], self.dir)
+                if expect is None or not 1 <= expect <= 1 << 24:
+                    self.assertEqual(r.code, 2, f"{text}: {r.stdout[:200]}")
+                    self.assertEqual(len(r.stderr.splitlines()), 1, r.stderr)
+                else:
+                    self.assertEqual(r.code, 0, f"{text}: {r.stderr}")
+                    self.assertEqual(json.loads(r.stdout)["memory"]["world_size"], expect, text)
 
     def test_mutants(self):
         """300 seeded mutations of the Accelerate configs of tests/accelerate/configs."""
