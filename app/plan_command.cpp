@@ -95,6 +95,9 @@ int run(const Options& opt) {
   if (!opt.emit.empty() && opt.format_given)
     throw UsageError("--emit writes " + std::string(opt.emit == "torch" ? "Python" : "YAML") +
                      " in place of the plan; --format does not apply to it");
+  refuse_output_over_input(opt.output, {{opt.model, "model file"},
+                                        {opt.fsdp.policy, "policy file"},
+                                        {opt.gate.expect, "reviewed plan (--expect)"}});
   PolicyFile policy_file = load_policy(opt.fsdp);
   Policy& policy = policy_file.policy;
   if (opt.warn_root_share) policy.checks.warn_root_share = opt.warn_root_share;
@@ -178,10 +181,12 @@ int plan_main(int argc, char** argv) {
                  "instead of the plan, write what applies it: accelerate (an Accelerate config YAML) or "
                  "torch (a Python module with apply_fsdp(model))")
       ->check(CLI::IsMember({"accelerate", "torch"}));
-  app.add_option("-o,--output", opt.output, "write the plan to FILE (atomically) instead of stdout");
+  app.add_option("-o,--output", opt.output,
+                 "write the plan to FILE (atomically; a symbolic link's target) instead of stdout; never one of "
+                 "the input files");
   app.add_option("--loader", opt.loader,
                  "archive: read the structure only (no weights, no compiling); "
-                 "jit: torch::jit::load, reads and compiles everything")
+                 "jit: torch::jit::load, reads and compiles everything (TorchScript only: a .pt2 has one loader)")
       ->check(CLI::IsMember({"archive", "jit"}))
       ->capture_default_str();
   app.add_option("--warn-root-share", opt.warn_root_share,

@@ -60,16 +60,17 @@ int suggest_main(int argc, char** argv) {
       app.add_option("-f,--format", format, "report format")->check(CLI::IsMember({"text", "json"}))->capture_default_str();
   emit_opt->excludes(format_opt);
   app.add_option("-o,--output", output, "write the best fitting policy (JSON) to FILE; nothing is written "
-                                        "when none fits");
+                                        "when none fits, and never over an input file");
   app.footer("Candidates: each module class alone and in pairs (the model's own block classes first), size "
              "thresholds at the model's distinct subtree sizes; FSDP2 (--fsdp-version 2): also the block class with "
              "groups for the modules before and after the blocks (embeddings; final norm and head).\nDropped: those FSDP would refuse and those that "
              "split a tied weight; each comes back with the fix the refusal names (frozen parameters in units of their "
              "own, tied weights in one unit) as a candidate of its own. Ranked: fits the budget, then fewer units, then lower peak, then smaller root "
-             "share.\nExit codes: 0 a policy fits; 1 none fits; 2 usage, input or output error; 3 internal error.");
+             "share.\nExit codes: 0 a policy fits; 1 none fits (said on stderr too); 2 usage, input or output error; 3 internal error.");
   if (auto done = parse_command(app, argc, argv, "suggest")) return *done;
   setup_logging(verbose ? 1 : 0, false);
   return run_guarded([&] {
+    refuse_output_over_input(output, {{model, "model file"}, {fsdp.policy, "policy file"}});
     PolicyFile policy_file;
     try {
       policy_file = load_policy(fsdp);

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 
@@ -67,6 +68,23 @@ namespace {
   throw std::runtime_error(std::string(what) + ": " + std::strerror(errno));
 }
 
+// The file `path` names once its symbolic links are followed, the last one
+// included even if it dangles: renaming over a link would replace the link
+// (what `cp` and shell redirection never do), so the rename goes to its target.
+std::string follow_links(std::string path) {
+  for (int hops = 0; hops < 40; ++hops) {  // Linux's MAXSYMLINKS
+    struct stat st {};
+    if (::lstat(path.c_str(), &st) != 0 || !S_ISLNK(st.st_mode)) return path;
+    std::string target(4096, '\0');
+    const ssize_t n = ::readlink(path.c_str(), target.data(), target.size());
+    if (n < 0) fail_errno("cannot read the link");
+    target.resize(static_cast<size_t>(n));
+    path = target[0] == '/' ? target : path.substr(0, path.rfind('/') + 1) + target;
+  }
+  errno = ELOOP;
+  fail_errno("cannot follow the link");
+}
+
 // Devices and pipes (/dev/stdout, a FIFO) cannot be replaced by a rename, and
 // must not be: write to them in place.
 void write_in_place(const std::string& path, const std::string& data) {
@@ -101,6 +119,19 @@ void write_stdout(const std::string& data, const std::string& what) {
   }
 }
 
+void refuse_output_over_input(const std::string& output, const std::vector<NamedInput>& inputs) {
+  struct stat out {};
+  if (output.empty() || ::stat(output.c_str(), &out) != 0 || !S_ISREG(out.st_mode)) return;
+  for (const auto& in : inputs) {
+    struct stat st {};
+    if (in.path.empty() || ::stat(in.path.c_str(), &st) != 0) continue;
+    // The same file by device and inode: a second name, a link or ./ does not hide it.
+    if (st.st_dev == out.st_dev && st.st_ino == out.st_ino)
+      throw InputError(output, "is the " + in.role + (in.path == output ? "" : " (" + in.path + ")") +
+                                   ": -o would overwrite it; write to another file");
+  }
+}
+
 void write_output(const std::string& path, const std::string& data, const std::string& what) {
   if (path.empty()) return write_stdout(data, what);
   try {
@@ -110,12 +141,22 @@ void write_output(const std::string& path, const std::string& data, const std::s
   }
 }
 
-void write_file_atomic(const std::string& path, const std::string& data) {
+void write_file_atomic(const std::string& named, const std::string& data) {
+  std::string path = named;
   struct stat st {};
-  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+  if (::stat(named.c_str(), &st) == 0) {
     if (S_ISDIR(st.st_mode)) throw std::runtime_error("it is a directory");
-    write_in_place(path, data);
-    return;
+    if (!S_ISREG(st.st_mode)) {
+      write_in_place(named, data);
+      return;
+    }
+    // A regular file, perhaps behind links: the rename replaces the file itself, and the links stay.
+    if (char* real = ::realpath(named.c_str(), nullptr)) {
+      path = real;
+      std::free(real);
+    }
+  } else {
+    path = follow_links(named);  // nothing there, or a dangling link: create what it names
   }
   std::string tmp = path + ".tmp-XXXXXX";
   int fd = ::mkstemp(tmp.data());

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace fsdp_plan {
 
@@ -22,6 +23,7 @@ void check_readable_file(const std::string& path);
 
 // Writes `data` to a temporary file beside `path`, flushes it, and renames it
 // over `path`: readers see the old file or the new one, never a partial one.
+// A symbolic link is followed: its target is written, the link stays.
 // Throws std::runtime_error (with the reason) if any step fails.
 void write_file_atomic(const std::string& path, const std::string& data);
 
@@ -29,6 +31,15 @@ void write_file_atomic(const std::string& path, const std::string& data);
 // output error: InputError naming "standard output", as -o FILE would be.
 // `what` names the output in the message ("cannot write the plan").
 void write_stdout(const std::string& data, const std::string& what = "plan");
+
+// An input file and what it is to the command ("model file", "policy file").
+struct NamedInput {
+  std::string path, role;
+};
+
+// InputError naming `output` when it is one of `inputs` (the same device and
+// inode, however it is spelt): -o must never overwrite what it reads.
+void refuse_output_over_input(const std::string& output, const std::vector<NamedInput>& inputs);
 
 // Writes `data` to `path` atomically, or to standard output when `path` is
 // empty; any failure is InputError naming the file: "cannot write the WHAT: ...".
