@@ -872,6 +872,29 @@ bool py_truthy(const PyValue& v) {
   return false;
 }
 
+// A value as Python's json.load gives it (ClusterConfig.from_json_file):
+// strings stay strings, numbers keep their JSON spelling (1e8 is a float).
+PyValue from_json(const nlohmann::json& j) {
+  PyValue v;
+  switch (j.type()) {
+    case nlohmann::json::value_t::boolean: v.kind = PyValue::Bool, v.b = j.get<bool>(); break;
+    case nlohmann::json::value_t::number_integer:
+    case nlohmann::json::value_t::number_unsigned: v.kind = PyValue::Int, v.text = j.dump(); break;
+    case nlohmann::json::value_t::number_float: v.kind = PyValue::Float, v.text = j.dump(); break;
+    case nlohmann::json::value_t::string: v.kind = PyValue::Str, v.text = j.get<std::string>(); break;
+    case nlohmann::json::value_t::array:
+      v.kind = PyValue::List;
+      for (const auto& item : j) v.items.push_back(from_json(item));
+      break;
+    case nlohmann::json::value_t::object:
+      v.kind = PyValue::Dict;
+      for (auto it = j.begin(); it != j.end(); ++it) v.entries.emplace_back(it.key(), from_json(it.value()));
+      break;
+    default: break;  // null
+  }
+  return v;
+}
+
 std::string lower(std::string s) {
   for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   return s;
@@ -954,7 +977,43 @@ class Reader {
 
   AccelerateConfig read(const std::string& text) {
     PyValue top = YamlReader(file_).read(text);
-    if (top.kind != PyValue::Dict) fail("an Accelerate config must be a YAML mapping");
+    if (top.kind != PyValue::Dict) fail(not_a_mapping(top, text));
+    return read_top(top);
+  }
+
+  // ClusterConfig.from_json_file: json.load's values, no YAML resolving.
+  AccelerateConfig read_json(const nlohmann::json& doc) { return read_top(from_json(doc)); }
+
+ private:
+  // What the file is instead of the mapping Accelerate's from_yaml_file needs.
+  static std::string not_a_mapping(const PyValue& top, const std::string& text) {
+    const std::string want = ", not a mapping: an Accelerate config is one (distributed_type: FSDP, fsdp_config: ...)";
+    if (top.kind == PyValue::List) return "is a YAML list" + want;
+    if (top.kind != PyValue::None) {
+      // A file that is not JSON at all (binary, a truncated policy) lands here: show the start, printable.
+      std::string shown = py_str(top, true);
+      if (shown.size() > 40) shown = shown.substr(0, 36) + "...'";
+      for (char& c : shown)
+        if (c < 0x20 || c > 0x7e) c = '?';
+      return "is a YAML scalar (" + shown + ")" + want + "; a JSON policy starts with {";
+    }
+    for (size_t at = 0; at < text.size();) {
+      size_t end = std::min(text.find('\n', at), text.size());
+      size_t first = text.find_first_not_of(" \t\r", at);
+      if (first < end && text[first] != '#') return "is a YAML null" + want;
+      at = end + 1;
+    }
+    return "holds no YAML document, only comments or blank lines: an Accelerate config is a mapping "
+           "(distributed_type: FSDP, fsdp_config: ...)";
+  }
+
+  AccelerateConfig read_top(const PyValue& top) {
+    // Keys of neither ClusterConfig nor anything else Accelerate reads: not meant for it.
+    if (std::none_of(top.entries.begin(), top.entries.end(), [](const auto& kv) {
+          return std::find(kTopKeys.begin(), kTopKeys.end(), kv.first) != kTopKeys.end();
+        }))
+      fail("a YAML mapping without any of Accelerate's keys (distributed_type, fsdp_config, ...), so not an Accelerate "
+           "config; a policy is JSON (policies/policy.schema.json)");
     for (auto& [k, v] : top.entries) top_[k] = v;
 
     if (top_.count("compute_environment") && py_str(top_["compute_environment"]) == "AMAZON_SAGEMAKER")
@@ -988,7 +1047,6 @@ class Reader {
     return std::move(out_);
   }
 
- private:
   void note(const std::string& key, const std::string& value, bool given) {
     out_.effective.push_back(key + "=" + value + (given ? "" : " (launcher default)"));
   }
@@ -1368,27 +1426,9 @@ class Reader {
 
 }  // namespace
 
-bool is_accelerate_config(const std::string& text) {
-  // By a top-level Accelerate key at the start of a line, not by parsing: a
-  // config with a YAML error must get PyYAML's message, not "invalid JSON".
-  size_t first = text.find_first_not_of(" \t\r\n");
-  if (first == std::string::npos || text[first] == '{' || text[first] == '[') return false;
-  for (size_t at = 0; at < text.size();) {
-    size_t end = text.find('\n', at);
-    if (end == std::string::npos) end = text.size();
-    std::string line = text.substr(at, std::min<size_t>(end - at, 64));
-    at = end + 1;
-    if (!line.empty() && (line[0] == '"' || line[0] == '\'')) line.erase(0, 1);
-    for (const char* key : {"distributed_type", "fsdp_config", "compute_environment"}) {
-      const size_t n = std::strlen(key);
-      if (line.compare(0, n, key) != 0) continue;
-      size_t i = n;
-      if (i < line.size() && (line[i] == '"' || line[i] == '\'')) ++i;
-      while (i < line.size() && line[i] == ' ') ++i;
-      if (i < line.size() && line[i] == ':') return true;
-    }
-  }
-  return false;
+bool is_accelerate_config_json(const nlohmann::json& doc) {
+  return doc.is_object() && (doc.contains("distributed_type") || doc.contains("fsdp_config") ||
+                             doc.contains("compute_environment"));
 }
 
 std::optional<MixedPrecision> accelerate_dtypes(const std::string& mode, FsdpVersion version) {
@@ -1402,6 +1442,10 @@ std::optional<MixedPrecision> accelerate_dtypes(const std::string& mode, FsdpVer
 
 AccelerateConfig parse_accelerate_config(const std::string& text, const std::string& file) {
   return Reader(file).read(text);
+}
+
+AccelerateConfig parse_accelerate_config_json(const nlohmann::json& doc, const std::string& file) {
+  return Reader(file).read_json(doc);
 }
 
 void resolve_accelerate_config(AccelerateConfig& config, const ModuleTree& tree) {

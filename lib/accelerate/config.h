@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "model/module_tree.h"
 #include "plan/plan.h"
 #include "policy/policy.h"
@@ -34,9 +36,11 @@ struct AccelerateConfig {
   std::vector<std::string> effective;  // "key value (where it came from)", for the info warning
 };
 
-// True if `text` is YAML (not a JSON object) whose top level is a mapping with
-// an Accelerate key (distributed_type, fsdp_config or compute_environment).
-bool is_accelerate_config(const std::string& text);
+// True if a JSON document is an Accelerate config (one `accelerate config`
+// saved as .json): an object with distributed_type, fsdp_config or
+// compute_environment. A --policy file that is not JSON is YAML, and so an
+// Accelerate config or nothing (planner/policy_file.cpp).
+bool is_accelerate_config_json(const nlohmann::json& doc);
 
 // The dtypes set_mixed_precision gives Accelerate's `mixed_precision` mode
 // under FSDP `fsdp_version`: param, reduce and buffer dtype alike (fp8 trains
@@ -45,8 +49,12 @@ bool is_accelerate_config(const std::string& text);
 std::optional<MixedPrecision> accelerate_dtypes(const std::string& mode, FsdpVersion version);
 
 // Parses and validates; throws InputError naming `file` where `accelerate
-// launch` would refuse the file.
+// launch` would refuse the file. A YAML error says its line and column; a
+// file that is no mapping says what it is instead (empty, a list, ...).
 AccelerateConfig parse_accelerate_config(const std::string& text, const std::string& file);
+// The same config written as JSON, as ClusterConfig.from_json_file reads it
+// (json.load: its values are never YAML-resolved).
+AccelerateConfig parse_accelerate_config_json(const nlohmann::json& doc, const std::string& file);
 
 // Accelerate's lookups on the model: each class name by
 // get_module_class_from_name (exact bare class name, first module in

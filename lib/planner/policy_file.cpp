@@ -1,16 +1,58 @@
 #include "planner/policy_file.h"
 
+#include "util/errors.h"
 #include "util/file_io.h"
+#include "util/json_input.h"
 
 namespace fsdp_plan {
+
+namespace {
+
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+// How the file is read. Accelerate's load_config_from_file (commands/config/
+// config_args.py) goes by the name: json.load for *.json, yaml.safe_load for
+// any other. A policy is JSON. So *.json is JSON, and any other name (.yaml,
+// a pipe, /dev/stdin) goes by its first character: a JSON document starts
+// with { or [, an Accelerate config in YAML with neither. (A .yaml holding
+// JSON is read as JSON: what yaml.safe_load gives for it but for floats
+// spelt 1e8, which YAML 1.1 takes as strings.)
+bool starts_as_json(const std::string& text) {
+  const size_t bom = text.rfind("\xEF\xBB\xBF", 0) == 0 ? 3 : 0;
+  const size_t first = text.find_first_not_of(" \t\r\n", bom);
+  return first != std::string::npos && (text[first] == '{' || text[first] == '[');
+}
+bool read_as_json(const std::string& text, const std::string& path) {
+  return ends_with(path, ".json") || starts_as_json(text);
+}
+
+}  // namespace
 
 PolicyFile read_policy_file(const std::string& path) {
   PolicyFile out;
   if (path.empty()) return out;
   std::string text = read_text_file(path, kMaxPolicyFileBytes, "a policy");
   reject_model_file(text, path);
-  if (is_accelerate_config(text)) {
+  if (text.find_first_not_of(" \t\r\n") == std::string::npos)
+    throw InputError(path, "is empty: give a policy JSON (policies/policy.schema.json) or an Accelerate config");
+  if (!read_as_json(text, path)) {
+    // YAML: an Accelerate config, or its reader says what the file is instead.
     out.accelerate = parse_accelerate_config(text, path);
+    out.policy = out.accelerate->policy;
+    return out;
+  }
+  nlohmann::json doc;
+  try {
+    doc = parse_json(text, path);
+  } catch (const InputError& e) {
+    if (starts_as_json(text)) throw;
+    throw InputError(path, std::string(e.what()) + " (a file named *.json is JSON, to Accelerate too: an Accelerate "
+                                                   "config in YAML needs a .yaml name)");
+  }
+  if (is_accelerate_config_json(doc)) {
+    out.accelerate = parse_accelerate_config_json(doc, path);
     out.policy = out.accelerate->policy;
   } else {
     out.policy = parse_policy(text, path);

@@ -49,13 +49,43 @@ TreeBuilder two_packages_one_bare_name() {
 
 }  // namespace
 
-TEST_CASE("an Accelerate config is recognised by content, a JSON policy is not") {
-  CHECK(is_accelerate_config(kHead));
-  CHECK(is_accelerate_config("fsdp_config:\n  fsdp_version: 1\n"));
-  CHECK_FALSE(is_accelerate_config("{\"module_classes\": [\"Block\"]}"));
-  CHECK_FALSE(is_accelerate_config("  {\"distributed_type\": \"FSDP\"}"));
-  CHECK_FALSE(is_accelerate_config("just: yaml\n"));
-  CHECK_FALSE(is_accelerate_config("[unclosed"));
+TEST_CASE("an Accelerate config in JSON is recognised by its keys, a JSON policy is not") {
+  CHECK(is_accelerate_config_json(nlohmann::json::parse(R"({"distributed_type": "FSDP"})")));
+  CHECK(is_accelerate_config_json(nlohmann::json::parse(R"({"fsdp_config": {"fsdp_version": 1}})")));
+  CHECK_FALSE(is_accelerate_config_json(nlohmann::json::parse(R"({"module_classes": ["Block"]})")));
+  CHECK_FALSE(is_accelerate_config_json(nlohmann::json::parse(R"(["distributed_type"])")));
+}
+
+TEST_CASE("an Accelerate config in JSON reads as its YAML does, with json.load's values") {
+  AccelerateConfig y = read("  fsdp_auto_wrap_policy: SIZE_BASED_WRAP\n  fsdp_min_num_params: 1000\n");
+  AccelerateConfig j = parse_accelerate_config_json(
+      nlohmann::json::parse(R"({"compute_environment": "LOCAL_MACHINE", "distributed_type": "FSDP",
+         "num_processes": 8, "fsdp_config": {"fsdp_auto_wrap_policy": "SIZE_BASED_WRAP",
+         "fsdp_min_num_params": 1000}})"),
+      "a.json");
+  CHECK(policy_to_json(j.policy) == policy_to_json(y.policy));
+  CHECK(j.policy.min_num_params == 1000);
+  // json.load gives 1e8 as a float; the plugin's int() refuses its str() as it refuses YAML's "1e8".
+  CHECK_THROWS_WITH_AS(parse_accelerate_config_json(nlohmann::json::parse(
+                           R"({"distributed_type": "FSDP", "num_processes": 2, "fsdp_config": {
+                               "fsdp_auto_wrap_policy": "SIZE_BASED_WRAP", "fsdp_min_num_params": 1e8}})"),
+                           "a.json"),
+                       doctest::Contains("invalid literal for int() with base 10: '100000000.0'"), InputError);
+  // A string "no" stays a string (YAML would need quotes), a JSON false a bool.
+  CHECK_FALSE(parse_accelerate_config_json(nlohmann::json::parse(
+                  R"({"distributed_type": "FSDP", "num_processes": 2, "mixed_precision": "no"})"), "a.json")
+                  .policy.mixed_precision.has_value());
+}
+
+TEST_CASE("a YAML file that is no Accelerate mapping says what it is") {
+  CHECK(error_of("# only a comment\n\n").find("no YAML document") != std::string::npos);
+  CHECK(error_of("- a\n- b\n").find("is a YAML list") != std::string::npos);
+  CHECK(error_of("just text\n").find("is a YAML scalar ('just text')") != std::string::npos);
+  CHECK(error_of("~\n").find("is a YAML null") != std::string::npos);
+  CHECK(error_of("module_classes: [Block]\n").find("without any of Accelerate's keys") != std::string::npos);
+  // A YAML error names its line and column.
+  CHECK(error_of("distributed_type: FSDP\nfsdp_config:\n  a: 1\n   b: 2\n").find("(line 4, column ") !=
+        std::string::npos);
 }
 
 TEST_CASE("missing keys take the launcher's defaults, not the plugin's") {
