@@ -41,7 +41,10 @@ void add_fsdp_options(CLI::App& app, FsdpOptions& opt, const std::string& policy
 PolicyFile load_policy(const FsdpOptions& opt) {
   PolicyFile file = read_policy_file(opt.policy);
   FsdpSettings& fsdp = file.policy.fsdp;
-  if (opt.world_size) fsdp.world_size = *opt.world_size;
+  if (opt.world_size) {
+    fsdp.world_size = *opt.world_size;
+    fsdp.world_size_given = true;
+  }
   if (opt.shard_group_size) fsdp.shard_group_size = *opt.shard_group_size;
   if (opt.strategy) fsdp.strategy = *strategy_names().parse(*opt.strategy);
   if (opt.optimizer) fsdp.optimizer = *optimizer_names().parse(*opt.optimizer);

@@ -1088,6 +1088,7 @@ class Reader {
     if (n < 1 || n > kMaxWorldSize) fail("num_processes must be from 1 to " + std::to_string(kMaxWorldSize));
     // num_processes is the total over all machines (nproc_per_node = num_processes // num_machines).
     out_.policy.fsdp.world_size = n;
+    out_.policy.fsdp.world_size_given = true;
     note("num_processes", std::to_string(n), true);
     if (out_.num_machines > 1) {
       // prepare_multi_gpu_env: nproc_per_node = num_processes // num_machines, so torchrun

@@ -152,6 +152,7 @@ class Parser {
     check_keys(v, kFsdpKeys, " in \"fsdp\"");
     if (auto it = v.find("world_size"); it != v.end()) {
       out.world_size = count(*it, "fsdp.world_size");
+      out.world_size_given = true;
       if (out.world_size < 1 || out.world_size > kMaxWorldSize)
         fail("\"fsdp.world_size\" must be from 1 to " + std::to_string(kMaxWorldSize));
     }

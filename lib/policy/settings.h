@@ -72,6 +72,8 @@ struct ReshardAfterForward {
 struct FsdpSettings {
   FsdpVersion version = FsdpVersion::V1;
   int64_t world_size = 1;
+  // Whether anything set it (--world-size, fsdp.world_size, num_processes): the text plan says when 1 is assumed.
+  bool world_size_given = false;
   ShardingStrategy strategy = ShardingStrategy::FullShard;
   int64_t shard_group_size = 0;  // HYBRID_SHARD only; 0: one node, see hybrid_group_size
   bool use_orig_params = false;

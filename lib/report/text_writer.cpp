@@ -120,6 +120,13 @@ std::string reshard_text(const ReshardAfterForward& r) {
   return "true";
 }
 
+// Under the memory header when nothing set the world size (--world-size, fsdp.world_size,
+// num_processes): the 1 it defaults to plans a single rank, which shards nothing.
+std::string world_size_note(const FsdpSettings& s) {
+  if (s.world_size_given) return "";
+  return "        world size not given, so 1: a single rank shards nothing; set it with --world-size N\n";
+}
+
 // FSDP2: the mesh, then the peak by category.
 std::string fsdp2_memory_text(const Plan& plan) {
   const MemoryPlan& m = plan.memory;
@@ -130,7 +137,8 @@ std::string fsdp2_memory_text(const Plan& plan) {
   std::string out = wrap("memory  per rank (rank 0), FSDP2, world size " + std::to_string(m.settings.world_size) +
                              ", " + mesh + ", " + optimizer_name(m.settings.optimizer) +
                              (m.settings.cpu_offload ? ", CPU offload" : "") + "; activations not included",
-                         100, std::string(8, ' '));
+                         100, std::string(8, ' ')) +
+                    world_size_note(m.settings);
   out += "        params " + format_bytes(r.params_bytes) + " + grads " + format_bytes(r.grads_bytes) +
          " + optimizer " + format_bytes(r.optimizer_bytes) + " + buffers " + format_bytes(r.buffers_bytes) +
          " = steady " + format_bytes(r.steady_bytes) + (m.settings.cpu_offload ? " (on the host)" : "") + "\n";
@@ -159,7 +167,8 @@ std::string memory_text(const Plan& plan) {
   std::string out = wrap("memory  per rank, world size " + std::to_string(m.settings.world_size) + ", " + strategy +
                              ", " + optimizer_name(m.settings.optimizer) +
                              (m.settings.use_orig_params ? ", use_orig_params" : "") + "; activations not included",
-                         100, std::string(8, ' '));
+                         100, std::string(8, ' ')) +
+                    world_size_note(m.settings);
   out += "        params " + format_bytes(r.params_bytes) + " + grads " + format_bytes(r.grads_bytes) +
          " + optimizer " + format_bytes(r.optimizer_bytes) + " + buffers " + format_bytes(r.buffers_bytes) +
          " = steady " + format_bytes(r.steady_bytes) + "\n";
