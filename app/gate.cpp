@@ -91,6 +91,15 @@ nlohmann::ordered_json Gate::annotate(nlohmann::ordered_json plan) const {
   return plan;
 }
 
+std::vector<std::string> Gate::failures() const {
+  std::vector<std::string> out;
+  if (checks_) out = violation_lines(*checks_);
+  if (diff_ && !diff_->equal())
+    out.push_back("the plan differs from " + expect_file_ + " (" + diff_summary(*diff_) +
+                  "); fsdp-plan diff shows how");
+  return out;
+}
+
 std::string Gate::text() const {
   std::string out;
   if (checks_) out += checks_to_text(*checks_);

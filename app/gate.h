@@ -8,6 +8,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "report/budgets.h"
 #include "report/plan_diff.h"
@@ -42,6 +43,9 @@ class Gate {
   nlohmann::ordered_json annotate(nlohmann::ordered_json plan) const;
   // Lines for the end of the text plan.
   std::string text() const;
+  // One line per failed check (a violated budget, a plan that differs from
+  // --expect), for stderr: exit 1 always says why, wherever the plan went.
+  std::vector<std::string> failures() const;
 
  private:
   std::optional<CheckReport> checks_;

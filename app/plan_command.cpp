@@ -122,6 +122,7 @@ int run(const Options& opt) {
 
   std::string text;
   int code = kExitOk;
+  std::vector<std::string> failures;  // why the exit is 1, one line each: said on stderr
   if (opt.dump_tree) {
     text = opt.dump_tree_text ? tree_to_text(tree) : tree_to_json(tree).dump(1) + "\n";
   } else {
@@ -138,12 +139,15 @@ int run(const Options& opt) {
                                                                            : nlohmann::ordered_json();
     Gate gate(json, policy.checks, opt.gate, opt.model);
     if (plan.has_errors() || !gate.passed()) code = kExitRefused;
+    for (const auto& w : plan.warnings)
+      if (w.severity == Severity::Error) failures.push_back(w.kind + ": " + w.message);
+    for (auto& line : gate.failures()) failures.push_back(std::move(line));
     if (!opt.emit.empty()) {
       // The plan's findings still matter: on stderr, and no config for a plan FSDP would refuse.
       for (const auto& w : plan.warnings)
-        if (w.severity != Severity::Info) spdlog::warn("{}: {}", w.kind, printable(w.message, kMaxMessage));
-      if (!gate.passed()) spdlog::warn("{}", gate.text());
+        if (w.severity == Severity::Warning) spdlog::warn("{}: {}", w.kind, printable(w.message, kMaxMessage));
       if (code != kExitOk) {
+        for (const auto& line : failures) spdlog::error("{}", line);
         spdlog::error("--emit {}: nothing written: the plan has errors or fails a check", opt.emit);
         return code;
       }
@@ -159,6 +163,8 @@ int run(const Options& opt) {
   }
 
   write_output(opt.output, text, "plan");
+  // After the plan, so that on a terminal they close it; also under -q: they are what the user asked to know.
+  for (const auto& line : failures) spdlog::error("{}", line);
   return code;
 }
 
@@ -206,7 +212,8 @@ int plan_main(int argc, char** argv) {
   app.footer("Also: fsdp-plan diff OLD.json NEW.json (see fsdp-plan diff --help);\n"
              "      fsdp-plan suggest MODEL --budget SIZE (see fsdp-plan suggest --help).\n"
              "Exit codes: 0 plan produced; 1 FSDP would refuse the model, a budget is violated, or the plan "
-             "differs from --expect; 2 usage, input or output error; 3 internal error.");
+             "differs from --expect (one line each on stderr, also with -q); 2 usage, input or output error; "
+             "3 internal error.");
 
   try {
     app.parse(argc, argv);

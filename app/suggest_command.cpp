@@ -124,7 +124,14 @@ int suggest_main(int argc, char** argv) {
     // The policy file first: if it cannot be written, no report claims it was.
     if (!output.empty() && fits) write_output(output, policy_file_json(s.ranked.front().policy).dump(2) + "\n", "policy");
     write_output("", report, "report");
-    return fits ? kExitOk : kExitRefused;
+    if (fits) return kExitOk;
+    // Exit 1 says why on stderr too: stdout may be a file no one reads.
+    std::string nearest;
+    if (!s.ranked.empty())
+      nearest = "; nearest: " + s.ranked.front().label + ", " + format_bytes(s.ranked.front().needed_bytes);
+    spdlog::error("suggest: no policy fits {} per rank{}{}", format_bytes(ctx.options.budget_bytes), nearest,
+                  output.empty() ? "" : "; nothing written to " + output);
+    return kExitRefused;
   });
 }
 

@@ -100,26 +100,40 @@ ojson checks_to_json(const CheckReport& report) {
   return {{"passed", report.passed()}, {"results", std::move(results)}, {"violations", std::move(violations)}};
 }
 
+namespace {
+
+// "max_units: 5 > 2", with the units concerned: one line of the text block, and of stderr.
+std::string check_line(const CheckResult& r) {
+  std::string line = r.rule;
+  if (r.rule == "fail_on")
+    line += " " + show(r.rule, r.limit) + ": " + r.actual.dump() + " warning" + (r.actual == 1 ? "" : "s");
+  else
+    line += ": " + show(r.rule, r.actual) + (r.passed ? " <= " : " > ") + show(r.rule, r.limit);
+  if (!r.units.empty()) {
+    std::string names;
+    for (size_t i = 0; i < r.units.size() && i < 6; ++i) names += (i ? ", " : "") + path_or_root(r.units[i]);
+    if (r.units.size() > 6) names += ", and " + std::to_string(r.units.size() - 6) + " more";
+    line += "  (" + names + ")";
+  }
+  return line;
+}
+
+}  // namespace
+
 std::string checks_to_text(const CheckReport& report) {
   size_t failed = 0;
   for (const auto& r : report.results) failed += r.passed ? 0 : 1;
   std::string out = "\nchecks  " + std::to_string(report.results.size()) + " budget" +
                     (report.results.size() == 1 ? "" : "s") + ", " +
                     (failed == 0 ? "all met" : std::to_string(failed) + " violated") + "\n";
-  for (const auto& r : report.results) {
-    std::string line = std::string(r.passed ? "  ok    " : "  FAIL  ") + r.rule;
-    if (r.rule == "fail_on")
-      line += " " + show(r.rule, r.limit) + ": " + r.actual.dump() + " warning" + (r.actual == 1 ? "" : "s");
-    else
-      line += ": " + show(r.rule, r.actual) + (r.passed ? " <= " : " > ") + show(r.rule, r.limit);
-    if (!r.units.empty()) {
-      std::string names;
-      for (size_t i = 0; i < r.units.size() && i < 6; ++i) names += (i ? ", " : "") + path_or_root(r.units[i]);
-      if (r.units.size() > 6) names += ", and " + std::to_string(r.units.size() - 6) + " more";
-      line += "  (" + names + ")";
-    }
-    out += line + "\n";
-  }
+  for (const auto& r : report.results) out += std::string(r.passed ? "  ok    " : "  FAIL  ") + check_line(r) + "\n";
+  return out;
+}
+
+std::vector<std::string> violation_lines(const CheckReport& report) {
+  std::vector<std::string> out;
+  for (const auto& r : report.results)
+    if (!r.passed) out.push_back("budget violated: " + check_line(r));
   return out;
 }
 

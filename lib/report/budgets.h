@@ -36,5 +36,8 @@ CheckReport evaluate_checks(const nlohmann::ordered_json& plan, const Budgets& b
 nlohmann::ordered_json checks_to_json(const CheckReport& report);
 // A block for the end of the text plan: one line per budget, "ok" or "FAIL".
 std::string checks_to_text(const CheckReport& report);
+// One line per violated budget ("budget violated: max_units: 5 > 2"), for
+// stderr: a failed check is said there whatever becomes of the plan.
+std::vector<std::string> violation_lines(const CheckReport& report);
 
 }  // namespace fsdp_plan
