@@ -172,13 +172,16 @@ int run(const Options& opt) {
 
 int plan_main(int argc, char** argv) {
   Options opt;
-  CLI::App app{"fsdp-plan: the PyTorch FSDP wrapping plan of a TorchScript model", "fsdp-plan"};
+  CLI::App app{"fsdp-plan: the PyTorch FSDP wrapping plan of a TorchScript (.pt) or torch.export (.pt2) model",
+               "fsdp-plan"};
   app.set_version_flag("--version", "fsdp-plan " FSDP_PLAN_VERSION_STRING);
-  app.add_option("model", opt.model, "TorchScript file (torch.jit.save of a scripted or traced module)")
+  app.add_option("model", opt.model,
+                 "TorchScript file (torch.jit.save of a scripted or traced module) or torch.export archive "
+                 "(torch.export.save, .pt2), told apart by content")
       ->required();
   add_fsdp_options(app, opt.fsdp,
-                   "auto-wrap policy JSON (policies/policy.schema.json) or an Accelerate config YAML; without "
-                   "it, no auto-wrap: one root unit",
+                   "auto-wrap policy JSON (policies/policy.schema.json) or an Accelerate config (YAML, or JSON "
+                   "as accelerate config saves it); without it, no auto-wrap: one root unit",
                    "1: FullyShardedDataParallel (default); 2: fully_shard, the policy selecting its calls");
   auto* format = app.add_option("-f,--format", opt.format, "output format (html: one self-contained page, works offline)")
       ->check(CLI::IsMember({"text", "json", "html"}))

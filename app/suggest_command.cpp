@@ -35,7 +35,7 @@ int suggest_main(int argc, char** argv) {
   bool verbose = false;
   CLI::App app{"fsdp-plan suggest: the wrapping policies that fit a per-rank memory budget, ranked",
                "fsdp-plan suggest"};
-  app.add_option("model", model, "model file, as for a plan")->required();
+  app.add_option("model", model, "model file, as for a plan: TorchScript (.pt) or torch.export (.pt2)")->required();
   app.add_option("--budget", budget, "memory per rank the plan must fit in, e.g. 80GiB, 24GB")
       ->required()->check(kSize);
   app.add_option("--activation-bytes", activations, "allowance for activations, added to the memory model's "
