@@ -140,7 +140,7 @@ int run(const Options& opt) {
     Gate gate(json, policy.checks, opt.gate, opt.model);
     if (plan.has_errors() || !gate.passed()) code = kExitRefused;
     for (const auto& w : plan.warnings)
-      if (w.severity == Severity::Error) failures.push_back(w.kind + ": " + w.message);
+      if (w.severity == Severity::Error) failures.push_back(w.kind + ": " + printable(w.message, kMaxMessage));
     for (auto& line : gate.failures()) failures.push_back(std::move(line));
     if (!opt.emit.empty()) {
       // The plan's findings still matter: on stderr, and no config for a plan FSDP would refuse.
