@@ -43,7 +43,7 @@ std::vector<ShardCall> accelerate_fsdp2_calls(const AccelerateConfig& config, co
 
   // 1. The policy, bottom-up, root excluded.
   if (config.auto_wrap_policy != "NO_WRAP") {
-    ClassMatcher matcher;
+    ClassMatcher matcher(tree);
     ClassSet classes(tree, matcher, p.module_classes.value_or(std::vector<std::string>{}));
     const bool by_size = config.auto_wrap_policy == "SIZE_BASED_WRAP";
     // sum(p.numel() for p in module.parameters()), tied tensors once; nothing ignored.

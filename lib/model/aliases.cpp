@@ -57,6 +57,7 @@ Dealiased remove_aliases(const ModuleTree& tree) {
   }
   if (out.aliases.empty()) return out;
   auto copy = std::make_unique<ModuleTree>();
+  copy->copy_class_info(tree);
   for (size_t t = 0; t < tree.num_tensors(); ++t) copy->add_tensor(tree.tensor(static_cast<TensorId>(t)));
   for (ModuleId m : tree.preorder()) {
     const auto i = static_cast<size_t>(m);

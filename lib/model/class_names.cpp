@@ -1,5 +1,6 @@
 #include "model/class_names.h"
 
+#include <algorithm>
 #include <unordered_map>
 
 #include "model/module_tree.h"
@@ -106,6 +107,10 @@ TreeClasses::TreeClasses(const ModuleTree& tree) : of_(tree.num_modules()) {
 
 const TreeClasses& ClassMatcher::classes(const ModuleTree& tree) const {
   if (!tree_classes_ || tree_ != &tree || tree_modules_ != tree.num_modules()) {
+    if (bases_tree_ != &tree) {
+      bases_tree_ = &tree;  // lineages depend on the tree's recorded bases
+      cache_.clear();
+    }
     tree_classes_ = std::make_unique<TreeClasses>(tree);
     tree_ = &tree;
     tree_modules_ = tree.num_modules();
@@ -115,8 +120,14 @@ const TreeClasses& ClassMatcher::classes(const ModuleTree& tree) const {
 
 const std::vector<std::string>& ClassMatcher::lineage(const std::string& qualified) const {
   auto it = cache_.find(qualified);
-  if (it == cache_.end()) it = cache_.emplace(qualified, class_lineage(qualified)).first;
-  return it->second;
+  if (it != cache_.end()) return it->second;
+  const std::vector<std::string>* recorded = bases_tree_ ? bases_tree_->recorded_bases(qualified) : nullptr;
+  if (!recorded) return cache_.emplace(qualified, class_lineage(qualified)).first->second;
+  // Python's MRO, as the live module's tree recorded it: isinstance() exactly.
+  std::vector<std::string> out{qualified};
+  out.insert(out.end(), recorded->begin(), recorded->end());
+  if (std::find(out.begin(), out.end(), std::string(kModuleClass)) == out.end()) out.emplace_back(kModuleClass);
+  return cache_.emplace(qualified, std::move(out)).first->second;
 }
 
 bool ClassMatcher::is_instance(const std::string& qualified, const std::vector<std::string>& patterns) const {

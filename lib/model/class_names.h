@@ -68,13 +68,19 @@ class TreeClasses {
 // that tree's classes once computed.
 class ClassMatcher {
  public:
+  ClassMatcher() = default;
+  // Bases as `tree` records them (ModuleTree::recorded_bases: a live module's
+  // tree knows a user's own class hierarchy) come before the class table's.
+  explicit ClassMatcher(const ModuleTree& tree) : bases_tree_(&tree) {}
   // True if `qualified` (demangled) or any of its bases matches any pattern.
   bool is_instance(const std::string& qualified, const std::vector<std::string>& patterns) const;
   // The classes of `tree`'s modules, kept for the last tree asked about.
   const TreeClasses& classes(const ModuleTree& tree) const;
+  // The class and its bases, most derived first (class_lineage, or the tree's record).
+  const std::vector<std::string>& lineage(const std::string& qualified) const;
 
  private:
-  const std::vector<std::string>& lineage(const std::string& qualified) const;
+  mutable const ModuleTree* bases_tree_ = nullptr;
   mutable std::unordered_map<std::string, std::vector<std::string>> cache_;
   mutable const ModuleTree* tree_ = nullptr;
   mutable size_t tree_modules_ = 0;

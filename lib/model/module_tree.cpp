@@ -45,6 +45,20 @@ void ModuleTree::add_buffer(ModuleId m, std::string name, TensorId t) {
   module(m).buffers.push_back({std::move(name), t});
 }
 
+const std::vector<std::string>* ModuleTree::recorded_bases(const std::string& type_name) const {
+  auto it = bases_.find(type_name);
+  return it == bases_.end() ? nullptr : &it->second;
+}
+
+void ModuleTree::set_bases(const std::string& type_name, std::vector<std::string> bases) {
+  bases_[type_name] = std::move(bases);
+}
+
+void ModuleTree::copy_class_info(const ModuleTree& from) {
+  record_ = from.record_;
+  bases_ = from.bases_;
+}
+
 std::string ModuleTree::path(ModuleId m) const {
   std::vector<const std::string*> parts;
   for (ModuleId cur = m; cur > 0; cur = module(cur).parent) parts.push_back(&module(cur).name);

@@ -4,7 +4,10 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace fsdp_plan {
@@ -50,6 +53,25 @@ struct Module {
   std::vector<TensorSlot> buffers;
 };
 
+// What a file says of the model beyond its modules and tensors, where the
+// file records it: fsdp-plan-export's extra/fsdp_plan.json in a .pt2
+// (docs/export-metadata.md), or the header of a live module's tree JSON
+// (fsdp_plan.tree). TorchScript files and plain torch.export archives have none.
+struct ModelRecord {
+  std::string source;  // what recorded it, for messages: "the .pt2's extra/fsdp_plan.json"
+  // model._no_split_modules, the classes Accelerate wraps for TRANSFORMER_BASED_WRAP
+  // without a class list; nullopt: the model has none (None).
+  std::optional<std::vector<std::string>> no_split_modules;
+  std::string dtype;       // the parameters' dtype ("bfloat16"), "" if not recorded
+  std::string root_class;  // module.qualname of the root, "" if not recorded
+  std::string producer;    // "fsdp_plan 0.1.0, torch 2.13.0+cpu"
+  // The config's base_model_tp_plan (module glob -> "colwise", ...), for tensor parallelism.
+  std::vector<std::pair<std::string, std::string>> tp_plan;
+  // fsdp-plan-export traced HF's attention as eager training runs it (is_causal, no
+  // materialised mask, no repeat_kv): "eager", "export" (a plain export), "" (not HF / unknown).
+  std::string hf_attention_trace;
+};
+
 // modules[0] is the root. Children always have larger ids than their parent,
 // so a forward sweep visits parents first and a backward sweep children first.
 class ModuleTree {
@@ -93,6 +115,18 @@ class ModuleTree {
   const std::shared_ptr<const Graph>& graph() const { return graph_; }
   void set_graph(std::shared_ptr<const Graph> g) { graph_ = std::move(g); }
 
+  // The file's record of the model, or nullptr.
+  const ModelRecord* record() const { return record_ ? &*record_ : nullptr; }
+  void set_record(ModelRecord r) { record_ = std::move(r); }
+  // A class's bases as the file records them (Python's MRO after the class,
+  // `object` left out; only a live module's tree records them), or nullptr.
+  // Keyed by Module::type_name.
+  const std::vector<std::string>* recorded_bases(const std::string& type_name) const;
+  void set_bases(const std::string& type_name, std::vector<std::string> bases);
+  bool has_recorded_bases() const { return !bases_.empty(); }
+  // Both of the above, from another tree (a tree rebuilt from this one).
+  void copy_class_info(const ModuleTree& from);
+
   // Modules in `root.modules()` order: pre-order, children in registration
   // order. Iterative, so a 100,000-deep chain is fine.
   std::vector<ModuleId> preorder(ModuleId from = 0) const;
@@ -108,6 +142,8 @@ class ModuleTree {
   };
   std::vector<Sizes> sizes_;  // parallel to tensors_
   std::shared_ptr<const Graph> graph_;
+  std::optional<ModelRecord> record_;
+  std::unordered_map<std::string, std::vector<std::string>> bases_;  // recorded_bases()
 };
 
 // numel of the parameters in each module's subtree, each tensor counted once

@@ -287,7 +287,7 @@ class Analysis {
     const std::string_view want = short_name(pattern);
     const std::string prefix = pattern.substr(0, pattern.size() - want.size());  // "nn." or ""
     for (const auto& t : types) {
-      for (const auto& cls : class_lineage(t)) {
+      for (const auto& cls : matcher_.lineage(t)) {
         const std::string_view have = short_name(cls);
         if (have != want && lower(have) == lower(want)) {
           std::string fixed = prefix + std::string(have);
@@ -312,7 +312,7 @@ class Analysis {
     // Class names the model has, its modules' bases included, for suggestions.
     std::set<std::string> known;
     for (const auto& t : types)
-      for (const auto& c : class_lineage(t)) known.insert(std::string(short_name(c)));
+      for (const auto& c : matcher_.lineage(t)) known.insert(std::string(short_name(c)));
     const std::vector<std::string> candidates(known.begin(), known.end());
 
     auto check = [&](const std::vector<std::string>& patterns, const std::string& key) {

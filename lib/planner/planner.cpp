@@ -28,7 +28,7 @@ Plan plan_with(const ModuleTree& loaded, const Policy& policy, const std::string
   std::shared_ptr<const ModuleTree> own(std::move(dealiased.tree));
   const ModuleTree& tree = own ? *own : loaded;
   // A dealiased tree is another tree: the shared matcher keeps the loaded one's classes.
-  ClassMatcher own_matcher;
+  ClassMatcher own_matcher(tree);
   const ClassMatcher& matcher = own ? own_matcher : shared_matcher;
   Ignored ignored = resolve_ignored(tree, policy);
 
@@ -78,7 +78,7 @@ Plan plan_with(const ModuleTree& loaded, const Policy& policy, const std::string
 }  // namespace
 
 Plan make_plan(const ModuleTree& tree, const Policy& policy, const std::string& model_path) {
-  ClassMatcher matcher;
+  ClassMatcher matcher(tree);
   return plan_with(tree, policy, model_path, matcher, true, PlanPurpose::Report);
 }
 

@@ -85,7 +85,7 @@ std::set<std::string> classes_to_unwrap(const Plan& plan, const std::vector<std:
 bool tie_fsdp1(Policy& p, const Plan& plan, const std::vector<std::string>& users) {
   std::set<std::string> classes = classes_to_unwrap(plan, users);
   if (classes.empty()) return false;
-  const ClassMatcher matcher;
+  const ClassMatcher matcher(*plan.tree);
   if (p.module_classes) {
     auto& list = *p.module_classes;
     const size_t before = list.size();

@@ -409,7 +409,7 @@ Suggestion suggest(const ModuleTree& tree, const Policy& base, const SuggestOpti
   std::set<std::string> labels;
   for (const auto& c : candidates) labels.insert(c.label);
   std::set<UnitSet> seen;
-  const ClassMatcher matcher;  // one tree, many plans: its classes are worked out once
+  const ClassMatcher matcher(tree);  // one tree, many plans: its classes are worked out once
   for (size_t i = 0; i < candidates.size(); ++i) {
     Candidate c = std::move(candidates[i]);  // fixes below append to `candidates`
     auto plan = std::make_shared<Plan>(make_plan(tree, c.policy, "", matcher, PlanPurpose::Ranking));
