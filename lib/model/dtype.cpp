@@ -50,6 +50,13 @@ const DtypeInfo* dtype_from_stem(const std::string& stem) {
   return nullptr;
 }
 
+const DtypeInfo* dtype_from_name(const std::string& name) {
+  for (const DtypeInfo& d : kDtypes) {
+    if (name == d.name) return &d;
+  }
+  return nullptr;
+}
+
 const DtypeInfo* dtype_from_export_code(int code) {
   for (const DtypeInfo& d : kDtypes) {
     if (code != 0 && code == d.export_code) return &d;

@@ -18,6 +18,8 @@ struct DtypeInfo {
 
 // nullptr for a name PyTorch does not have.
 const DtypeInfo* dtype_from_stem(const std::string& stem);
+// By our name ("bfloat16"); nullptr for a name PyTorch does not have.
+const DtypeInfo* dtype_from_name(const std::string& name);
 // nullptr for a code torch.export's schema does not have (or 0, UNKNOWN).
 const DtypeInfo* dtype_from_export_code(int code);
 std::vector<std::string> dtype_stems();

@@ -45,8 +45,8 @@ def plan(module: Any, policy: Policy = None, example_inputs: Any = None, *, bina
       or `(args, kwargs)`. With them the module (meta or real tensors) is
       exported with torch.export (strict=False; no weights are written) to a
       temporary .pt2 that the binary plans. Without them its structure is
-      written as module-tree JSON (fsdp_plan.tree): the binary reads that once
-      issue 25's phase 2 lands, and says so until then (FsdpPlanError).
+      written as module-tree JSON (fsdp_plan.tree), classes with their bases,
+      so that a policy naming a base class matches as isinstance does.
     - `settings`: command-line options, `world_size=8` -> `--world-size 8`
       (True -> the flag alone, a list -> the option repeated; README "Usage").
     - `binary`: the fsdp-plan to run (default: $FSDP_PLAN, else this package's).
@@ -80,14 +80,7 @@ def plan(module: Any, policy: Policy = None, example_inputs: Any = None, *, bina
             cmd += ["--policy", policy_path]
         cmd += ["--format", "json", *settings_to_args(settings)]
         from ._binary import run
-        try:
-            r = run(cmd, binary=binary, timeout=timeout)
-        except FsdpPlanError as e:
-            if example_inputs is None:
-                raise FsdpPlanError(f"{e.message} (this fsdp-plan cannot read a live module's tree yet: "
-                                    "pass example_inputs to plan its torch.export instead)",
-                                    e.returncode, e.command) from None
-            raise
+        r = run(cmd, binary=binary, timeout=timeout)
         try:
             return json.loads(r.stdout)
         except json.JSONDecodeError as e:

@@ -10,15 +10,17 @@ knows and a file does not:
   a TorchScript or .pt2 file records the class alone.
 - `persistent` per buffer: whether it is in the state_dict
   (`_non_persistent_buffers_set`); both kinds are planned as FSDP holds them.
-- a header: `tree_format` (1), `producer`.
+- a header: `tree_format` (1), `producer`, and `no_split_modules` (the
+  module's `_no_split_modules`, sorted, or null: what Accelerate wraps for
+  TRANSFORMER_BASED_WRAP without a class list, as in a .pt2's record).
 
 Everything else is the --dump-tree format exactly: modules in pre-order
 (`named_modules(remove_duplicate=False)`, so a module registered under two
 names is listed twice), each with its own parameters and buffers in
 registration order, tensors numbered in order of first use so that a tensor
-reached by two names (a tied weight) has one number. The C++ side does not
-read this yet (phase 2 of issue 25: a loader for it); docs/export-metadata.md
-describes it.
+reached by two names (a tied weight) has one number. The binary reads it
+(lib/model/loaders/tree_loader.cpp, recognised by `tree_format`), with
+isinstance over the recorded bases; docs/export-metadata.md describes it.
 """
 from typing import Any, Dict, List
 
@@ -65,5 +67,7 @@ def module_tree(module: Any) -> Dict[str, Any]:
             "params": slots(m._parameters.items()),
             "buffers": slots(m._buffers.items(), getattr(m, "_non_persistent_buffers_set", set())),
         })
+    no_split = getattr(module, "_no_split_modules", None)
     return {"tree_format": TREE_FORMAT, "producer": f"fsdp_plan {__version__} (torch {torch.__version__})",
+            "no_split_modules": sorted(no_split) if no_split is not None else None,
             "modules": modules, "num_tensors": len(ids)}

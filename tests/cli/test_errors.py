@@ -135,6 +135,26 @@ def pt2_raw(name, record, new_bytes):
     return rezip_pt2(name, edit=lambda rec, data: new_bytes(data) if rec == record else data)
 
 
+def pt2_with_record(name, text):
+    """The sample .pt2 with an fsdp-plan-export record (extra/fsdp_plan.json) added."""
+    rezip_pt2(name)
+    top = zipfile.ZipFile(PT2).namelist()[0].split("/")[0]
+    with zipfile.ZipFile(name, "a", zipfile.ZIP_STORED) as z:
+        z.writestr(top + "/extra/fsdp_plan.json", text)
+    return [name]
+
+
+def tree_json(name, doc):
+    with open(name, "w") as f:
+        f.write(doc if isinstance(doc, str) else json.dumps(doc))
+    return [name]
+
+
+def tree_module(path, params=()):
+    return {"path": path, "type": "Net" if not path else "Block", "bases": ["torch.nn.modules.module.Module"],
+            "params": list(params), "buffers": []}
+
+
 def pt2_damaged(name):
     """Change a name inside models/model.json (stored) without fixing its CRC."""
     blob = bytearray(pt2_bytes())
@@ -279,6 +299,15 @@ CASES = {
                                                 emb_sizes([{"as_expr": {"expr_str": "s0"}}, {"as_int": 64}])),
     "pt2-old-format": lambda: pt2_old_format("old.pt2"),
     "pt2-inferred-class": lambda: [PT2],
+    "pt2-record-damaged": lambda: pt2_with_record("rec.pt2", "{ not json"),
+    "pt2-record-version": lambda: pt2_with_record("rec2.pt2", json.dumps(
+        {"format": "fsdp-plan-export", "format_version": 2, "no_split_modules": None})),
+    "tree-damaged": lambda: tree_json("t.tree.json", {"tree_format": 1, "num_tensors": 1, "modules": [tree_module(
+        "", [{"name": "w", "tensor": 0, "shape": [-1], "dtype": "float32", "itemsize": 4, "requires_grad": True}])]}),
+    "tree-format-version": lambda: tree_json("v2.tree.json", '{"tree_format": 2, "modules": []}'),
+    "tree-orphan": lambda: tree_json("orphan.tree.json", {"tree_format": 1, "num_tensors": 0, "modules": [
+        tree_module(""), tree_module("blocks.0")]}),
+    "model-is-policy": lambda: tree_json("policy.json", '{"module_classes": ["Block"]}'),
     "model-jit-custom-op": lambda: jit_custom_op("nms.pt"),
     "policy-missing": lambda: [GPT, "--policy", "missing.json"],
     "policy-invalid-json": lambda: policy('{\n  "module_classes": ["Block"],\n}\n'),

@@ -52,6 +52,7 @@ import test_differential as td  # noqa: E402
 
 UNRECORDED = "(unrecorded)"
 JSON_RECORDS = ("archive_format", "archive_version", "models/", "data/weights/model_weights_config.json",
+                "extra/fsdp_plan.json",
                 "data/constants/model_constants_config.json")
 
 

@@ -18,7 +18,10 @@ of the model sets it) and exported with the fsdp-plan-export command line
   computes on the live model (torch 2.13's wrap functions and FSDP1's
   grouping), and as real FSDP1 builds it under the fake backend (world size 2,
   use_orig_params false and true: test_torch2.check_real_fsdp, refusals
-  included).
+  included);
+- tree JSON: fsdp_plan.tree's tree of the live module, given to the binary as
+  fsdp_plan.plan() gives it without example inputs, plans exactly as the .pt2
+  (FSDP1 with and without use_orig_params, FSDP2).
 
 Also: a peft LoRA adapter config (--lora) on Llama, the same checks against
 get_peft_model of the live model; --dynamic batch,seq (symbolic input sizes
@@ -80,6 +83,10 @@ class Runner:
         self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs))
         self.env = dict(os.environ, FSDP_PLAN=args.binary,
                         PYTHONPATH=os.pathsep.join([os.path.join(REPO, "python"), os.environ.get("PYTHONPATH", "")]))
+
+    def selected(self, label: str) -> bool:
+        """-k A,B: the cases whose label contains A or B (all without -k)."""
+        return not self.args.only or any(k in label for k in self.args.only.split(","))
 
     def report(self, ok: bool, label: str, msgs: List[str] = ()) -> None:
         self.passed += ok
@@ -243,13 +250,51 @@ def model_case(run: Runner, name: str, work: str, live: torch.nn.Module, export_
     if classes:
         m = check_plan(run.args.binary, out, live, {"module_classes": classes}, work, label.replace(" ", "_"))
         run.report(not m, f"{label} / no_split_modules plan vs reference_plan and FSDP1 (world {WORLD})", m)
+        m = compare_tree_plan(run.args.binary, out, live, {"module_classes": classes}, work, label)
+        run.report(not m, f"{label} / the live module's tree JSON plans as the .pt2", m)
     return out
+
+
+# What only a .pt2 says: a module whose forward never ran has no recorded class there.
+PT2_ONLY_KINDS = {"inferred_class", "unrecorded_class", "fsdp2_not_called"}
+
+
+def tree_vs_pt2(tree_plan: Dict[str, Any], pt2_plan: Dict[str, Any]) -> List[str]:
+    """Differences between the plan of a live module's tree JSON and the plan of its .pt2:
+    everything but the model's path and loader, and the warnings only a .pt2 gives."""
+    def strip(p):
+        p = {k: v for k, v in p.items() if k != "model"}
+        p["warnings"] = [w for w in p.get("warnings", []) if w["kind"] not in PT2_ONLY_KINDS]
+        return p
+    a, b = strip(tree_plan), strip(pt2_plan)
+    return [] if a == b else [f"tree JSON vs .pt2: {t2.first_difference(a, b)}"]
+
+
+def compare_tree_plan(binary: str, pt2: str, live: torch.nn.Module, policy: Dict[str, Any], work: str,
+                      label: str) -> List[str]:
+    """fsdp_plan.plan(module) without example inputs (the tree JSON) against the .pt2 of the same
+    module, both for FSDP1 (use_orig_params off and on) and FSDP2."""
+    tag = label.replace(" ", "_").replace("/", "_").replace(":", "_")
+    tree = os.path.join(work, f"{tag}.tree.json")
+    with open(tree, "w") as f:
+        json.dump(module_tree(live), f)
+    ppath = os.path.join(work, f"{tag}.tree_policy.json")
+    with open(ppath, "w") as f:
+        json.dump(policy, f)
+    msgs = []
+    for extra in ([], ["--use-orig-params"], ["--fsdp-version", "2"]):
+        a, ea = run_binary(binary, tree, ppath, "--world-size", str(WORLD), *extra, ok_codes=(0, 1))
+        b, eb = run_binary(binary, pt2, ppath, "--world-size", str(WORLD), *extra, ok_codes=(0, 1))
+        if a is None or b is None:
+            return [ea or eb]
+        msgs += [f"{' '.join(extra) or 'FSDP1'}: {m}" for m in tree_vs_pt2(a, b)]
+    return msgs
 
 
 def corpus_cases(run: Runner, work: str, cfg_dir: str) -> None:
     cases = []
     for name in corpus.SMALL:
-        if run.args.only and run.args.only not in name:
+        if not run.selected(f"corpus:{name}"):
             continue
         live = corpus.build(name)
         live.train()
@@ -264,7 +309,7 @@ def corpus_cases(run: Runner, work: str, cfg_dir: str) -> None:
 def lora_case(run: Runner, work: str, cfg_dir: str) -> None:
     import peft
     label = "lora:llama"
-    if run.args.only and run.args.only not in label:
+    if not run.selected(label):
         return
     lcfg = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
     data = {k: (sorted(v) if isinstance(v, set) else v) for k, v in lcfg.to_dict().items()}
@@ -281,7 +326,7 @@ def lora_case(run: Runner, work: str, cfg_dir: str) -> None:
 
 def dynamic_case(run: Runner, work: str, cfg_dir: str) -> None:
     label = "dynamic:llama"
-    if run.args.only and run.args.only not in label:
+    if not run.selected(label):
         return
     live = corpus.build("llama")
     src = write_config("llama_dynamic", live, cfg_dir)
@@ -333,7 +378,7 @@ def load_case(run: Runner, work: str) -> None:
     """torch.export.load reads an archive with the record, and gives it back by name."""
     label = "torch.export.load"
     path = os.path.join(work, "corpus_llama_tied.pt2")
-    if run.args.only and run.args.only not in label:
+    if not run.selected(label):
         return
     if not os.path.exists(path):
         run.report(False, f"{label}: {path} was not written")
@@ -388,9 +433,39 @@ def broken():
 '''
 
 
+# A user's own hierarchy: A and B subclass Base (not a torch class), C does not.
+BASES = '''
+import torch.nn as nn
+
+class Base(nn.Module):
+    pass
+
+class A(Base):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+class B(A):
+    pass
+
+class C(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c = A(), B(), C()
+
+def make():
+    return Net()
+'''
+
+
 def factory_case(run: Runner, work: str) -> None:
     label = "factory"
-    if run.args.only and run.args.only not in label:
+    if not run.selected(label):
         return
     fdir = os.path.join(work, "factory")
     os.makedirs(fdir, exist_ok=True)
@@ -419,7 +494,7 @@ def factory_case(run: Runner, work: str) -> None:
 
 
 def error_cases(run: Runner, work: str, cfg_dir: str) -> None:
-    if run.args.only and run.args.only not in "errors":
+    if not run.selected("errors"):
         return
     bad_dir = os.path.join(cfg_dir, "bad")
     os.makedirs(bad_dir, exist_ok=True)
@@ -466,7 +541,7 @@ def error_cases(run: Runner, work: str, cfg_dir: str) -> None:
 
 def plan_api_cases(run: Runner, work: str) -> None:
     """fsdp_plan.plan() in this process: the .pt2 path, and the tree path's refusal."""
-    if run.args.only and run.args.only not in "plan()":
+    if not run.selected("plan()"):
         return
     live = corpus.build("llama")
     live.train()
@@ -501,13 +576,34 @@ def plan_api_cases(run: Runner, work: str) -> None:
                                        "fail_on": ["nested_wrap", "mixed_dtype"], "optimizer": None})
     run.report(args == ["--world-size", "8", "--use-orig-params", "--fail-on", "nested_wrap", "--fail-on",
                         "mixed_dtype"], "plan() / settings map to options", [f"{args}"])
-    # Without inputs: the tree path. This binary cannot read it yet (phase 2): a clear error.
+    # Without inputs: the module tree JSON, which plans as the .pt2 does.
     try:
-        fsdp_plan.plan(live, [layer], binary=run.args.binary)
-        run.report(True, "plan() / no example_inputs: the binary reads the module tree")
+        tree_plan = fsdp_plan.plan(live, [layer], binary=run.args.binary, world_size=WORLD)
+        m = tree_vs_pt2(tree_plan, got)
     except fsdp_plan.FsdpPlanError as e:
-        run.report("example_inputs" in str(e), "plan() / no example_inputs: FsdpPlanError says to pass example_inputs",
-                   [str(e)])
+        m = [f"FsdpPlanError: {e}"]
+    run.report(not m, "plan() / no example_inputs: the live module's tree plans as its export", m)
+    # A user's own class hierarchy: a policy naming a base class wraps its subclasses (isinstance),
+    # which only the tree can say (a .pt2 records each module's own class alone).
+    m = []
+    bdir = os.path.join(work, "bases")
+    os.makedirs(bdir, exist_ok=True)
+    with open(os.path.join(bdir, "my_models_bases.py"), "w") as f:
+        f.write(BASES)
+    sys.path.insert(0, bdir)
+    try:
+        import my_models_bases
+        net = my_models_bases.make()
+        got_base = fsdp_plan.plan(net, [my_models_bases.Base], binary=run.args.binary)
+        expected = rp.reference_plan(net, {"module_classes": ["Base"]})
+        m = [f"reference_plan: {d}" for d in known_plan_diffs(compare_plans(expected, got_base))[0]]
+        if sorted(u["path"] for u in got_base["units"]) != ["", "a", "b"]:
+            m.append(f"units {[u['path'] for u in got_base['units']]}, not a, b (subclasses of Base) and the root")
+    except Exception as e:
+        m.append(f"{type(e).__name__}: {e}")
+    finally:
+        sys.path.remove(bdir)
+    run.report(not m, "plan() / no example_inputs: a base class of the user's own matches its subclasses", m)
 
 
 def main(argv: List[str]) -> int:

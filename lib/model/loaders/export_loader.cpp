@@ -8,6 +8,7 @@
 #include <string_view>
 
 #include "model/loaders/export_program.h"
+#include "model/loaders/export_record.h"
 #include "model/loaders/printable.h"
 #include "model/loaders/zip_reader.h"
 #include "util/errors.h"
@@ -115,7 +116,10 @@ class Archive {
     rec.weights = read(weights, kMaxRecord);
     const std::string constants = "data/constants/" + rec.model_name + "_constants_config.json";
     if (has(constants)) rec.constants = read(constants, kMaxRecord);
-    return build_export_tree(name_, std::move(rec));
+    ModuleTree tree = build_export_tree(name_, std::move(rec));
+    // fsdp-plan-export's record, when the file has one (export_record.h).
+    if (has(kExportRecordName)) tree.set_record(parse_export_record(read(kExportRecordName, kMaxExportRecord), name_));
+    return tree;
   }
 
  private:

@@ -5,6 +5,7 @@
 #include "model/loaders/archive_loader.h"
 #include "model/loaders/export_loader.h"
 #include "model/loaders/loader.h"
+#include "model/loaders/tree_loader.h"
 #include "model/loaders/zip_reader.h"
 
 namespace fsdp_plan {
@@ -35,6 +36,8 @@ ModuleTree load_model(const std::string& path, LoaderKind kind) {
   // it has one loader whatever --loader says (the choice is TorchScript's).
   std::unique_ptr<zip::Reader> zip = open_if_zip(path);
   if (zip && is_export_archive(*zip)) return load_export(path, std::move(zip));
+  // A live module's tree (fsdp_plan.tree): JSON, which no model file is.
+  if (!zip && looks_like_json_object(path)) return load_tree_json(path);
   switch (kind) {
     case LoaderKind::Archive: return zip ? load_archive(path, std::move(zip)) : load_archive(path);
     case LoaderKind::Jit:

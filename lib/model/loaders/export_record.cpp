@@ -1,0 +1,94 @@
+#include "model/loaders/export_record.h"
+
+#include <nlohmann/json.hpp>
+
+#include "model/loaders/printable.h"
+#include "util/errors.h"
+
+namespace fsdp_plan {
+namespace {
+
+// Bounds on what one record may hold: far past any model (Llama's
+// no_split_modules is one name, a tensor-parallel plan a few dozen globs).
+constexpr size_t kMaxNames = 100000;
+constexpr size_t kMaxName = 4096;
+
+class Reader {
+ public:
+  explicit Reader(const std::string& file) : file_(file) {}
+
+  [[noreturn]] void damaged(const std::string& why) const {
+    throw InputError(file_, std::string("record ") + kExportRecordName + " is damaged (" + why +
+                                "); export the model again with fsdp-plan-export");
+  }
+
+  ModelRecord read(const std::string& text) {
+    nlohmann::json doc = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (doc.is_discarded()) damaged("invalid JSON");
+    if (!doc.is_object()) damaged("not a JSON object");
+    auto format = doc.find("format");
+    if (format == doc.end() || !format->is_string() || *format != "fsdp-plan-export")
+      damaged("its \"format\" is not \"fsdp-plan-export\"");
+    auto version = doc.find("format_version");
+    if (version == doc.end() || !version->is_number_integer()) damaged("no integer \"format_version\"");
+    if (*version != kExportRecordFormat) {
+      throw InputError(file_, std::string("record ") + kExportRecordName + " has format_version " +
+                                  printable(version->dump()) + ", but this fsdp-plan reads version " +
+                                  std::to_string(kExportRecordFormat) +
+                                  ": use the fsdp-plan of the fsdp-plan-export that wrote it");
+    }
+    ModelRecord r;
+    r.source = std::string("the .pt2's ") + kExportRecordName;
+    if (auto it = doc.find("no_split_modules"); it != doc.end() && !it->is_null())
+      r.no_split_modules = names(*it, "no_split_modules");
+    else if (it == doc.end())
+      damaged("no \"no_split_modules\"");
+    r.dtype = optional_string(doc, "dtype");
+    r.root_class = optional_string(doc, "root_class");
+    if (auto it = doc.find("exporter"); it != doc.end() && !it->is_null()) {
+      if (!it->is_object()) damaged("\"exporter\" is not an object");
+      for (auto& [k, v] : it->items()) {
+        if (!v.is_string()) damaged("\"exporter\"." + printable(k) + " is not a string");
+        r.producer += (r.producer.empty() ? "" : ", ") + printable(k) + " " + printable(v.get<std::string>());
+      }
+    }
+    if (auto it = doc.find("base_model_tp_plan"); it != doc.end() && !it->is_null()) {
+      if (!it->is_object() || it->size() > kMaxNames) damaged("\"base_model_tp_plan\" is not an object of strings");
+      for (auto& [k, v] : it->items()) {
+        if (!v.is_string() || k.size() > kMaxName) damaged("\"base_model_tp_plan\" is not an object of strings");
+        r.tp_plan.emplace_back(k, v.get<std::string>());
+      }
+    }
+    r.hf_attention_trace = optional_string(doc, "hf_attention");
+    return r;
+  }
+
+ private:
+  std::vector<std::string> names(const nlohmann::json& v, const std::string& key) const {
+    if (!v.is_array() || v.size() > kMaxNames) damaged("\"" + key + "\" is not a list of class names");
+    std::vector<std::string> out;
+    for (const auto& n : v) {
+      if (!n.is_string() || n.get_ref<const std::string&>().empty() || n.get_ref<const std::string&>().size() > kMaxName)
+        damaged("\"" + key + "\" is not a list of class names");
+      out.push_back(n.get<std::string>());
+    }
+    return out;
+  }
+
+  std::string optional_string(const nlohmann::json& doc, const std::string& key) const {
+    auto it = doc.find(key);
+    if (it == doc.end() || it->is_null()) return "";
+    if (!it->is_string()) damaged("\"" + key + "\" is not a string");
+    return it->get<std::string>();
+  }
+
+  const std::string& file_;
+};
+
+}  // namespace
+
+ModelRecord parse_export_record(const std::string& text, const std::string& file) {
+  return Reader(file).read(text);
+}
+
+}  // namespace fsdp_plan
