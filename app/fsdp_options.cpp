@@ -18,11 +18,38 @@ const CLI::Validator kPositiveCount(
     },
     "N");
 
+// --module-classes A,B: names split at commas, spaces around them dropped.
+std::vector<std::string> class_list(const std::string& text) {
+  std::vector<std::string> out;
+  size_t pos = 0;
+  while (true) {
+    const size_t comma = text.find(',', pos);
+    std::string name = text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    name.erase(0, name.find_first_not_of(" \t"));
+    name.erase(name.find_last_not_of(" \t") + 1);
+    if (name.empty())
+      throw UsageError("--module-classes \"" + text + "\": an empty class name; give names separated by commas, "
+                       "e.g. --module-classes LlamaDecoderLayer,LlamaRMSNorm");
+    if (name.find_first_of(" \t") != std::string::npos)
+      throw UsageError("--module-classes \"" + text + "\": \"" + name + "\" is not a class name (a space inside); "
+                       "separate names with commas");
+    out.push_back(std::move(name));
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  return out;
+}
+
 }  // namespace
 
 void add_fsdp_options(CLI::App& app, FsdpOptions& opt, const std::string& policy_help,
                       const std::string& version_help) {
   app.add_option("-p,--policy", opt.policy, policy_help);
+  app.add_option("--module-classes", opt.module_classes,
+                 "wrap these classes, comma-separated (ModuleWrapPolicy; short or dotted names, matched as "
+                 "isinstance): replaces the policy's module_classes, or an Accelerate config's "
+                 "fsdp_transformer_layer_cls_to_wrap as accelerate launch's flag of that name does")
+      ->type_name("A,B");
   const char* group = "FSDP settings (override the policy's \"fsdp\")";
   app.add_option("--world-size", opt.world_size, "ranks, for the memory model (default 1)")->check(kPositiveCount)->group(group);
   app.add_option("--sharding-strategy", opt.strategy, "FSDP sharding strategy (default FULL_SHARD)")
@@ -39,7 +66,9 @@ void add_fsdp_options(CLI::App& app, FsdpOptions& opt, const std::string& policy
 }
 
 PolicyFile load_policy(const FsdpOptions& opt) {
-  PolicyFile file = read_policy_file(opt.policy);
+  PolicyOverrides overrides;
+  if (opt.module_classes) overrides.module_classes = class_list(*opt.module_classes);
+  PolicyFile file = read_policy_file(opt.policy, overrides);
   FsdpSettings& fsdp = file.policy.fsdp;
   if (opt.world_size) {
     fsdp.world_size = *opt.world_size;

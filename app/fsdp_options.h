@@ -21,6 +21,7 @@ struct UsageError : std::runtime_error {
 
 struct FsdpOptions {
   std::string policy;  // --policy: a JSON policy or an Accelerate config
+  std::optional<std::string> module_classes;  // --module-classes A,B
   std::optional<int64_t> world_size, shard_group_size;
   std::optional<std::string> strategy, optimizer;
   std::optional<int> fsdp_version;

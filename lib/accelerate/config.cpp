@@ -967,7 +967,7 @@ std::string py_list(const std::vector<std::string>& v) {
 
 class Reader {
  public:
-  Reader(std::string file) : file_(std::move(file)) {}
+  Reader(std::string file, AccelerateOverrides overrides) : file_(std::move(file)), overrides_(std::move(overrides)) {}
 
   [[noreturn]] void fail(const std::string& what) const { throw InputError(file_, what); }
   // Where accelerate launch (or the plugin it feeds) raises.
@@ -1278,7 +1278,17 @@ class Reader {
     note("auto_wrap_policy", name, pol.set);
     const bool by_class = name == "TRANSFORMER_BASED_WRAP", by_size = name == "SIZE_BASED_WRAP";
     Env cls = env("fsdp_transformer_layer_cls_to_wrap");
-    if (by_class) {
+    if (const auto& given = overrides_.transformer_layer_cls_to_wrap) {
+      // `accelerate launch --fsdp_transformer_layer_cls_to_wrap A,B` wins over the file, but only
+      // TRANSFORMER_BASED_WRAP reads it: rather than plan classes that would do nothing, refuse.
+      if (!by_class)
+        fail("--module-classes names the classes TRANSFORMER_BASED_WRAP wraps, but this config's "
+             "fsdp_auto_wrap_policy is " + name + (pol.set ? "" : " (not set)") +
+             ", which wraps no class: set fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP in it");
+      out_.class_names = *given;
+      out_.policy.module_classes = *given;
+      out_.effective.push_back("transformer_layer_cls_to_wrap=\"" + join(*given, ",") + "\" (--module-classes)");
+    } else if (by_class) {
       if (cls.set) {
         // str(value).split(","): a YAML list becomes "['A', 'B']", names are not stripped.
         std::vector<std::string> names;
@@ -1419,6 +1429,7 @@ class Reader {
   }
 
   std::string file_;
+  AccelerateOverrides overrides_;
   std::map<std::string, PyValue> top_;
   std::map<std::string, PyValue> fsdp_;
   std::vector<std::string> order_;  // fsdp_config keys in file order, prefixed
@@ -1441,12 +1452,14 @@ std::optional<MixedPrecision> accelerate_dtypes(const std::string& mode, FsdpVer
   return p;
 }
 
-AccelerateConfig parse_accelerate_config(const std::string& text, const std::string& file) {
-  return Reader(file).read(text);
+AccelerateConfig parse_accelerate_config(const std::string& text, const std::string& file,
+                                         const AccelerateOverrides& overrides) {
+  return Reader(file, overrides).read(text);
 }
 
-AccelerateConfig parse_accelerate_config_json(const nlohmann::json& doc, const std::string& file) {
-  return Reader(file).read_json(doc);
+AccelerateConfig parse_accelerate_config_json(const nlohmann::json& doc, const std::string& file,
+                                              const AccelerateOverrides& overrides) {
+  return Reader(file, overrides).read_json(doc);
 }
 
 void resolve_accelerate_config(AccelerateConfig& config, const ModuleTree& tree) {

@@ -48,13 +48,25 @@ bool is_accelerate_config_json(const nlohmann::json& doc);
 // CLI asks again when --fsdp-version overrides the config's version.
 std::optional<MixedPrecision> accelerate_dtypes(const std::string& mode, FsdpVersion version);
 
+// What the command line sets over the file, as `accelerate launch --fsdp_KEY
+// VALUE` overrides the config's fsdp_config.KEY (accelerate/commands/launch.py:
+// _validate_launch_command copies a config value only onto an argument not
+// in args.nondefault).
+struct AccelerateOverrides {
+  // --module-classes A,B: --fsdp_transformer_layer_cls_to_wrap A,B.
+  std::optional<std::vector<std::string>> transformer_layer_cls_to_wrap;
+};
+
 // Parses and validates; throws InputError naming `file` where `accelerate
-// launch` would refuse the file. A YAML error says its line and column; a
-// file that is no mapping says what it is instead (empty, a list, ...).
-AccelerateConfig parse_accelerate_config(const std::string& text, const std::string& file);
+// launch` would refuse the file (or the overrides with it). A YAML error says
+// its line and column; a file that is no mapping says what it is instead
+// (empty, a list, ...).
+AccelerateConfig parse_accelerate_config(const std::string& text, const std::string& file,
+                                         const AccelerateOverrides& overrides = {});
 // The same config written as JSON, as ClusterConfig.from_json_file reads it
 // (json.load: its values are never YAML-resolved).
-AccelerateConfig parse_accelerate_config_json(const nlohmann::json& doc, const std::string& file);
+AccelerateConfig parse_accelerate_config_json(const nlohmann::json& doc, const std::string& file,
+                                              const AccelerateOverrides& overrides = {});
 
 // Accelerate's lookups on the model: each class name by
 // get_module_class_from_name (exact bare class name, first module in

@@ -30,16 +30,19 @@ bool read_as_json(const std::string& text, const std::string& path) {
 
 }  // namespace
 
-PolicyFile read_policy_file(const std::string& path) {
+PolicyFile read_policy_file(const std::string& path, const PolicyOverrides& overrides) {
   PolicyFile out;
-  if (path.empty()) return out;
+  if (path.empty()) {
+    if (overrides.module_classes) out.policy.module_classes = overrides.module_classes;
+    return out;
+  }
   std::string text = read_text_file(path, kMaxPolicyFileBytes, "a policy");
   reject_model_file(text, path);
   if (text.find_first_not_of(" \t\r\n") == std::string::npos)
     throw InputError(path, "is empty: give a policy JSON (policies/policy.schema.json) or an Accelerate config");
   if (!read_as_json(text, path)) {
     // YAML: an Accelerate config, or its reader says what the file is instead.
-    out.accelerate = parse_accelerate_config(text, path);
+    out.accelerate = parse_accelerate_config(text, path, {overrides.module_classes});
     out.policy = out.accelerate->policy;
     return out;
   }
@@ -52,11 +55,12 @@ PolicyFile read_policy_file(const std::string& path) {
                                                    "config in YAML needs a .yaml name)");
   }
   if (is_accelerate_config_json(doc)) {
-    out.accelerate = parse_accelerate_config_json(doc, path);
+    out.accelerate = parse_accelerate_config_json(doc, path, {overrides.module_classes});
     out.policy = out.accelerate->policy;
-  } else {
-    out.policy = parse_policy(text, path);
+    return out;
   }
+  out.policy = parse_policy(text, path);
+  if (overrides.module_classes) out.policy.module_classes = overrides.module_classes;
   return out;
 }
 

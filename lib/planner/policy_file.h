@@ -20,8 +20,17 @@ struct PolicyFile {
   std::optional<AccelerateConfig> accelerate;  // the file was an Accelerate config
 };
 
+// What the command line sets over the file's wrapping.
+struct PolicyOverrides {
+  // --module-classes: the policy's module_classes (its other keys stay: a
+  // min_num_params still ORs with them, as FSDP's _or_policy does); for an
+  // Accelerate config, fsdp_transformer_layer_cls_to_wrap as `accelerate
+  // launch --fsdp_transformer_layer_cls_to_wrap` sets it over the file.
+  std::optional<std::vector<std::string>> module_classes;
+};
+
 // Throws InputError naming `path`. An empty path is FSDP's default: no auto-wrap.
-PolicyFile read_policy_file(const std::string& path);
+PolicyFile read_policy_file(const std::string& path, const PolicyOverrides& overrides = {});
 
 // Settings from the command line override the file's: an Accelerate config
 // then derives its dtypes for the FSDP version that runs it, as Accelerate's

@@ -145,8 +145,8 @@ def plan_units(plan):
     return sorted(u["path"] for u in plan["units"] if u["path"])
 
 
-def accelerate_plugin(config_path):
-    """(plugin, launch args) as `accelerate launch --config_file CONFIG` makes them."""
+def accelerate_plugin(config_path, launch_flags=()):
+    """(plugin, launch args) as `accelerate launch --config_file CONFIG [FLAGS]` makes them."""
     from accelerate import FullyShardedDataParallelPlugin
     from accelerate.commands.config.config_args import load_config_from_file
     from accelerate.commands.launch import _validate_launch_command, launch_command_parser
@@ -154,7 +154,7 @@ def accelerate_plugin(config_path):
     from accelerate.utils.launch import prepare_multi_gpu_env
 
     load_config_from_file(config_path)  # the loader's own checks (top-level keys)
-    args = launch_command_parser().parse_args(["--config_file", config_path, "train.py"])
+    args = launch_command_parser().parse_args(["--config_file", config_path, *launch_flags, "train.py"])
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         args, _, _ = _validate_launch_command(args)
         env = prepare_multi_gpu_env(args)
@@ -191,12 +191,12 @@ def fsdp_units(wrapped):
     return out
 
 
-def accelerate_fsdp_units(config_path, model_name):
+def accelerate_fsdp_units(config_path, model_name, launch_flags=()):
     """The units FSDP builds from Accelerate's plugin, as Accelerator.prepare_model calls it."""
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
     from torch.distributed.fsdp import ShardingStrategy
 
-    plugin, args = accelerate_plugin(config_path)
+    plugin, args = accelerate_plugin(config_path, launch_flags)
     meta = build(model_name, "meta")
     plugin.set_auto_wrap_policy(meta)  # Accelerate's class lookup, on the meta-device model
     model = build(model_name)
@@ -329,7 +329,7 @@ class AccelerateConfigs(SavedModels):
             self.assertEqual(bool(mp[p]), on, f"{config}: emitted torch, mixed precision of {p!r}")
 
 
-def accelerate_fsdp2_calls(config_path, model_name):
+def accelerate_fsdp2_calls(config_path, model_name, launch_flags=()):
     """[(module paths, reshard_after_forward)] of the fully_shard calls Accelerate's own
     fsdp2_prepare_model makes, recorded around torch's real fully_shard (fake backend)."""
     import types
@@ -337,7 +337,7 @@ def accelerate_fsdp2_calls(config_path, model_name):
     import torch.distributed.fsdp as torch_fsdp
     from accelerate.utils import fsdp_utils
 
-    plugin, args = accelerate_plugin(config_path)
+    plugin, args = accelerate_plugin(config_path, launch_flags)
     plugin.cpu_ram_efficient_loading = False  # no meta round trip or state-dict broadcast
     model = build(model_name)
     names = {id(m): n for n, m in model.named_modules()}

@@ -215,6 +215,50 @@ torch.jit.save(torch.jit.script(Net()), {path!r})
         self.assertIn(("nested_wrap", "error"), kinds)
 
 
+
+class ModuleClassesOption(Scratch):
+    """--module-classes A,B (plan and suggest): the policy's module_classes from the command
+    line; with --policy it replaces the file's list and keeps the rest (docs/install.md)."""
+
+    def plan(self, *args):
+        r = run(GPT, "--format", "json", *args)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        return json.loads(r.stdout)
+
+    def test_same_plan_as_the_policy_file(self):
+        flag = self.plan("--module-classes", "Block")
+        file = self.plan("--policy", os.path.join(POLICIES, "transformer.json"))
+        self.assertEqual(flag["units"], file["units"])
+        self.assertEqual(flag["policy"], file["policy"])
+        self.assertEqual(flag["memory"], file["memory"])
+
+    def test_replaces_the_files_classes_and_keeps_the_rest(self):
+        policy = self.write("p.json", json.dumps({"module_classes": ["Linear"], "min_num_params": 100000,
+                                                  "mixed_precision": {"param_dtype": "bfloat16"}}))
+        got = self.plan("--policy", policy, "--module-classes", " Block , LayerNorm")
+        self.assertEqual(got["policy"]["module_classes"], ["Block", "LayerNorm"])
+        self.assertEqual(got["policy"]["min_num_params"], 100000)
+        self.assertEqual(got["policy"]["mixed_precision"]["param_dtype"], "bfloat16")
+        want = self.plan("--policy", self.write("q.json", json.dumps(
+            {"module_classes": ["Block", "LayerNorm"], "min_num_params": 100000,
+             "mixed_precision": {"param_dtype": "bfloat16"}})))
+        self.assertEqual(got["units"], want["units"])
+
+    def test_suggest_takes_it_as_the_base_policy(self):
+        r = run("suggest", GPT, "--budget", "1GiB", "--module-classes", "Block", "--format", "json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        ranked = json.loads(r.stdout)
+        base = [c for c in ranked["candidates"] if c["label"] == "base policy"]
+        self.assertEqual(len(base), 1, [c["label"] for c in ranked["candidates"]])
+        self.assertEqual(base[0]["policy"]["module_classes"], ["Block"])
+
+    def test_bad_lists_are_usage_errors(self):
+        for bad, needle in (("Block,,Head", "an empty class name"), ("", "an empty class name"),
+                            ("Blo ck", "a space inside")):
+            with self.subTest(value=bad):
+                self.assert_input_error(run(GPT, "--module-classes", bad), "--module-classes", needle)
+
+
 if __name__ == "__main__":
     if len(sys.argv) > 1:
         BINARY = sys.argv.pop(1)

@@ -350,6 +350,8 @@ CASES = {
     "accelerate-stale-key": lambda: accelerate("  fsdp_backward_prefetch_policy: BACKWARD_PRE\n"),
     "accelerate-class-missing": lambda: accelerate("  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n"
                                                    "  fsdp_transformer_layer_cls_to_wrap: Blok\n"),
+    "accelerate-module-classes-size": lambda: accelerate("  fsdp_auto_wrap_policy: SIZE_BASED_WRAP\n")
+    + ["--module-classes", "Block"],
     "policy-class-case": lambda: policy('{"module_classes": ["block"]}'),
     "policy-class-prefix": lambda: policy('{"module_classes": ["nn.Linear"]}'),
     "policy-is-model": lambda: (model("model.pt", gpt_bytes()), [GPT, "--policy", "model.pt"])[1],
@@ -437,6 +439,7 @@ CASES = {
     "model-code-slot-type": lambda: code_edit(b"  mlp : __torch__.models.MLP", b"  mlp : __torch__.models.MLQ"),
     "model-code-flag": lambda: code_edit(b'__buffers__ = ["mask", ]', b'__buffers__ = ["masq", ]'),
     "pt2-deflate-bomb": lambda: [hostile.pt2_bomb("bomb.pt2")],
+    "usage-module-classes-empty": lambda: [GPT, "--module-classes", "Block,,Head"],
 }
 
 
