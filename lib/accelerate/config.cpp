@@ -1305,14 +1305,11 @@ class Reader {
                       "is a YAML list; Accelerate takes str() of it (\"" + cls.value +
                           "\") and splits that at commas; write one comma-separated string instead");
         note("transformer_layer_cls_to_wrap", "\"" + cls.value + "\"", true);
+        out_.policy.module_classes = out_.class_names;
       } else {
-        key_warning("fsdp_transformer_layer_cls_to_wrap",
-                    "not set: Accelerate wraps the classes in model._no_split_modules, which a TorchScript file "
-                    "does not record; planned with no class, as Accelerate does for a model without "
-                    "_no_split_modules (only the root unit). Name the classes in fsdp_transformer_layer_cls_to_wrap");
-        out_.class_names = std::vector<std::string>{};
+        // model._no_split_modules: resolve_accelerate_config looks for it in the file.
+        out_.policy.module_classes = std::vector<std::string>{};
       }
-      out_.policy.module_classes = out_.class_names;
     } else if (cls.set) {
       key_warning("fsdp_transformer_layer_cls_to_wrap", "does nothing with auto_wrap_policy " + name +
                                                             " (only TRANSFORMER_BASED_WRAP reads it)");
@@ -1464,6 +1461,35 @@ AccelerateConfig parse_accelerate_config_json(const nlohmann::json& doc, const s
 
 void resolve_accelerate_config(AccelerateConfig& config, const ModuleTree& tree) {
   const std::vector<ModuleId> order = tree.preorder();
+  if (config.auto_wrap_policy == "TRANSFORMER_BASED_WRAP" && !config.class_names) {
+    // FullyShardedDataParallelPlugin.set_auto_wrap_policy (FSDP2: fsdp_utils.py:
+    // fsdp2_prepare_auto_wrap_policy): list(model._no_split_modules), or [] for None, then the
+    // same lookup as a class list in the config.
+    const ModelRecord* record = tree.record();
+    if (record && record->no_split_modules) {
+      config.class_names = *record->no_split_modules;
+      Warning w = make_warning("accelerate_config",
+                               "fsdp_transformer_layer_cls_to_wrap not set: Accelerate wraps the classes in "
+                               "model._no_split_modules, which " + record->source + " records: " +
+                                   (config.class_names->empty() ? std::string("[] (none)") : join(*config.class_names)));
+      w.classes = *config.class_names;
+      config.warnings.push_back(std::move(w));
+    } else {
+      config.class_names = std::vector<std::string>{};
+      config.warnings.push_back(make_warning(
+          "accelerate_config_key",
+          record ? "fsdp_transformer_layer_cls_to_wrap: not set: Accelerate wraps the classes in "
+                   "model._no_split_modules, and " + record->source + " records that the model has none (None); "
+                   "planned with no class, as Accelerate does (only the root unit). Name the classes in "
+                   "fsdp_transformer_layer_cls_to_wrap or with --module-classes"
+                 : "fsdp_transformer_layer_cls_to_wrap: not set: Accelerate wraps the classes in "
+                   "model._no_split_modules, which this file does not record (fsdp-plan-export writes it into a "
+                   ".pt2); planned with no class, as Accelerate does for a model without _no_split_modules (only "
+                   "the root unit). Name the classes in fsdp_transformer_layer_cls_to_wrap or with "
+                   "--module-classes"));
+    }
+    config.policy.module_classes = config.class_names;
+  }
   if (config.class_names) {
     // get_module_class_from_name: the first module in pre-order whose bare
     // class name equals the name; then isinstance() against that class.

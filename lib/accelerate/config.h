@@ -73,6 +73,9 @@ AccelerateConfig parse_accelerate_config_json(const nlohmann::json& doc, const s
 // pre-order), fsdp_ignored_modules by re.fullmatch over module paths. Fills
 // policy.module_classes and policy.ignored_modules with what matched and adds
 // the error Accelerate raises for a missing class (with the nearest names).
+// TRANSFORMER_BASED_WRAP without a class list takes model._no_split_modules
+// where the file records it (fsdp-plan-export's record, a live module's
+// tree), and warns that it is unknown otherwise.
 void resolve_accelerate_config(AccelerateConfig& config, const ModuleTree& tree);
 
 // One fully_shard call of Accelerate's FSDP2 preparation.

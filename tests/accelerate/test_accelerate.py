@@ -669,6 +669,104 @@ class EmittedCodeLints(SavedModels):
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
 
 
+NO_CLASS_LIST = {
+    "fsdp1": "fsdp_config:\n  fsdp_version: 1\n  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n",
+    "fsdp2": "fsdp_config:\n  fsdp_version: 2\n  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n",
+}
+
+
+class RecordedNoSplitModules(unittest.TestCase):
+    """Issue 25: an Accelerate config with TRANSFORMER_BASED_WRAP and no
+    fsdp_transformer_layer_cls_to_wrap plans with model._no_split_modules, as Accelerate does,
+    where the file records it: a .pt2 that fsdp-plan-export wrote (its extra/fsdp_plan.json), or
+    a live module's tree JSON (fsdp_plan.tree). Checked against Accelerate's own plugin
+    (FSDP1: set_auto_wrap_policy and FullyShardedDataParallel under the fake backend; FSDP2:
+    fsdp2_prepare_model around fully_shard) on the live model. A TorchScript file records no
+    _no_split_modules: the warning says so and the plan has the root unit only. --module-classes
+    with such a config is accelerate launch's --fsdp_transformer_layer_cls_to_wrap."""
+
+    MODELS = ("llama", "gpt2")
+
+    @classmethod
+    def setUpClass(cls):
+        sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
+        from fsdp_plan.export import export_module
+        from fsdp_plan.tree import module_tree
+
+        cls.tmp = tempfile.TemporaryDirectory()
+        cls.files = {}
+        for name in cls.MODELS:
+            meta = build(name, "meta").train()
+            meta.config.use_cache = False  # as fsdp-plan-export builds it: no KV cache in the outputs
+            ids, labels = (torch.zeros(1, 8, dtype=torch.long, device="meta") for _ in range(2))
+            pt2 = os.path.join(cls.tmp.name, name + ".pt2")
+            export_module(meta, (), {"input_ids": ids, "labels": labels}, pt2)
+            tree = os.path.join(cls.tmp.name, name + ".tree.json")
+            with open(tree, "w") as f:
+                json.dump(module_tree(build(name, "meta")), f)
+            ts = os.path.join(cls.tmp.name, name + ".pt")
+            save_torchscript(name, ts)
+            cls.files[name] = {"pt2": pt2, "tree": tree, "pt": ts}
+        cls.configs = {}
+        for version, body in NO_CLASS_LIST.items():
+            path = os.path.join(cls.tmp.name, version + "_no_class_list.yaml")
+            with open(path, "w") as f:
+                f.write("distributed_type: FSDP\nnum_processes: 2\n" + body)
+            cls.configs[version] = path
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def accelerate_units(self, version, name, flags=()):
+        if version == "fsdp1":
+            _, _, units = accelerate_fsdp_units(self.configs[version], name, flags)
+            return sorted(p for p in units if p)
+        _, _, calls = accelerate_fsdp2_calls(self.configs[version], name, flags)
+        return sorted(m for c in calls for m in c[0] if m)
+
+    def plan_units(self, plan, version):
+        if version == "fsdp1":
+            return plan_units(plan)
+        return sorted(m for u in plan["units"] for m in u["modules"] if m)
+
+    def test_recorded_no_split_modules_plan_as_accelerate(self):
+        for version in NO_CLASS_LIST:
+            for name in self.MODELS:
+                want = self.accelerate_units(version, name)
+                self.assertTrue(want, f"{version} {name}: Accelerate wrapped no layer")
+                for kind in ("pt2", "tree"):
+                    with self.subTest(version=version, model=name, file=kind):
+                        code, plan = plan_json(self.files[name][kind], self.configs[version])
+                        self.assertEqual(code, 0, plan["warnings"])
+                        self.assertEqual(self.plan_units(plan, version), want)
+                        notes = [w["message"] for w in plan["warnings"] if w["kind"] == "accelerate_config"]
+                        self.assertTrue(any("model._no_split_modules, which the" in m for m in notes), notes)
+
+    def test_torchscript_records_none(self):
+        code, plan = plan_json(self.files["llama"]["pt"], self.configs["fsdp1"])
+        self.assertEqual(code, 0)
+        self.assertEqual(plan_units(plan), [])
+        msgs = [w["message"] for w in plan["warnings"] if w["kind"] == "accelerate_config_key"]
+        self.assertTrue(any("which this file does not record" in m for m in msgs), msgs)
+
+    def test_module_classes_is_the_launcher_flag(self):
+        flags = ("--fsdp_transformer_layer_cls_to_wrap", "LlamaRMSNorm,LlamaDecoderLayer")
+        for version in NO_CLASS_LIST:
+            with self.subTest(version=version):
+                want = self.accelerate_units(version, "llama", flags)
+                r = run_plan(self.files["llama"]["pt"], "--policy", self.configs[version], "--format", "json",
+                             "--module-classes", flags[1])
+                self.assertEqual(r.returncode, 0, r.stderr)
+                self.assertEqual(self.plan_units(json.loads(r.stdout), version), want)
+        size = os.path.join(self.tmp.name, "size.yaml")
+        with open(size, "w") as f:
+            f.write("distributed_type: FSDP\nfsdp_config:\n  fsdp_auto_wrap_policy: SIZE_BASED_WRAP\n")
+        r = run_plan(self.files["llama"]["pt"], "--policy", size, "--module-classes", "LlamaDecoderLayer")
+        self.assertEqual((r.returncode, r.stdout), (2, ""))
+        self.assertIn("fsdp_auto_wrap_policy is SIZE_BASED_WRAP, which wraps no class", r.stderr)
+
+
 class EmitRules(unittest.TestCase):
     def test_emit_refuses_format_and_explains_what_accelerate_cannot_say(self):
         with tempfile.TemporaryDirectory() as tmp:

@@ -352,6 +352,7 @@ CASES = {
                                                    "  fsdp_transformer_layer_cls_to_wrap: Blok\n"),
     "accelerate-module-classes-size": lambda: accelerate("  fsdp_auto_wrap_policy: SIZE_BASED_WRAP\n")
     + ["--module-classes", "Block"],
+    "accelerate-no-class-list": lambda: accelerate("  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n"),
     "policy-class-case": lambda: policy('{"module_classes": ["block"]}'),
     "policy-class-prefix": lambda: policy('{"module_classes": ["nn.Linear"]}'),
     "policy-is-model": lambda: (model("model.pt", gpt_bytes()), [GPT, "--policy", "model.pt"])[1],
