@@ -2,11 +2,11 @@
 """How long a fresh machine takes to build fsdp-plan without LibTorch.
 
 Clones the repository's HEAD (committed work only) into a temporary
-directory, then configures and builds the binary the way the README tells a
-user without libtorch-dev to:
+directory, then configures and builds the binary as `scripts/dev demo` does
+(no LibTorch, no tests, so no doctest-dev needed either):
 
-    cmake -S . -B build -G Ninja -DFSDP_PLAN_LIBTORCH=OFF -DCMAKE_BUILD_TYPE=Release
-    cmake --build build --target fsdp-plan
+    cmake -S . -B build-demo -G Ninja -DFSDP_PLAN_LIBTORCH=OFF -DFSDP_PLAN_TESTS=OFF -DCMAKE_BUILD_TYPE=Release
+    cmake --build build-demo --target fsdp-plan
 
 with ccache out of the way (CCACHE_DISABLE=1, no compiler launcher), so every
 file is compiled. It prints the wall time against the one-minute target, the
@@ -39,7 +39,7 @@ def children_cpu():
 
 def fresh_build(src, build, extra, jobs):
     env = dict(os.environ, CCACHE_DISABLE="1")
-    configure = ["cmake", "-S", src, "-B", build, "-G", "Ninja", "-DFSDP_PLAN_LIBTORCH=OFF",
+    configure = ["cmake", "-S", src, "-B", build, "-G", "Ninja", "-DFSDP_PLAN_LIBTORCH=OFF", "-DFSDP_PLAN_TESTS=OFF",
                  "-DCMAKE_BUILD_TYPE=Release", "-UCMAKE_CXX_COMPILER_LAUNCHER"] + extra
     compile_ = ["cmake", "--build", build, "--target", "fsdp-plan", "-j", str(jobs)]
     load = os.getloadavg()[0]
