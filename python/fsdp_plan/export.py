@@ -11,7 +11,9 @@ the local config (`AutoConfig.from_pretrained` of the directory, or the JSON
 file), in train mode with `attn_implementation="sdpa"` (eager where the
 architecture has no SDPA) and no KV cache, and exported with
 `torch.export.export(..., strict=False)` at the training shapes with `labels`,
-so the loss is in the graph. The archive holds no weights: each distinct
+so the loss is in the graph. A Hugging Face model is traced with the attention
+eager training runs (is_causal, no materialised causal mask, no repeat_kv):
+transformers picks another one under export (_hf_training_attention says why). The archive holds no weights: each distinct
 tensor is written as a one-element stand-in expanded to its shape, so that the
 names of a tied weight still share one record (torch writes every meta tensor
 to the same empty record, which loses ties). What the file alone cannot say
@@ -83,7 +85,7 @@ def export_module(module: Any, args: Sequence[Any], kwargs: Dict[str, Any], path
 
     t0 = time.perf_counter()
     try:
-        with _quiet():
+        with _quiet(), _hf_training_attention(module) as hf_attention:
             ep = torch.export.export(module, tuple(args), kwargs=dict(kwargs), dynamic_shapes=dynamic_shapes,
                                      strict=False)
     except Exception as e:  # torch's reasons are many; the first line names it
@@ -91,6 +93,7 @@ def export_module(module: Any, args: Sequence[Any], kwargs: Dict[str, Any], path
     t1 = time.perf_counter()
     record = dict(metadata or {})
     record.update(_common_metadata(module, ep))
+    record["hf_attention"] = hf_attention
     _stand_in_weights(ep)
     _drop_stack_traces(ep)
     # Through a temporary directory beside `path`, under path's own name: torch
@@ -110,6 +113,45 @@ def export_module(module: Any, args: Sequence[Any], kwargs: Dict[str, Any], path
     t2 = time.perf_counter()
     record["seconds"] = {"export": round(t1 - t0, 3), "save": round(t2 - t1, 3)}
     return record
+
+
+@contextlib.contextmanager
+def _hf_training_attention(module: Any):
+    """Makes torch.export trace the attention a Hugging Face model runs in eager
+    training; yields what the record says of it ("eager", or None for a model
+    that is not transformers').
+
+    Under export, transformers 5 (masking_utils.py: `_ignore_causal_mask_sdpa`
+    returns False when `is_torchdynamo_exporting()`, and
+    `find_packed_sequence_indices` returns a traced tensor that turns off
+    `allow_is_causal_skip`) materialises the causal mask as a [B, 1, S, S] bool
+    tensor; SDPA then gets `attn_mask=` instead of `is_causal=True`, and with a
+    mask given, `integrations/sdpa_attention.py: use_gqa_in_sdpa` is false, so
+    grouped-query models copy k and v to every head (`repeat_kv`). Eager
+    training on a batch without padding or packing does neither: a Llama-3-8B
+    step at seq 4096 saves 2.5 GiB less (tests/activations/GRAPH.md item 8).
+    Here both checks answer as in eager (not exporting, no packed sequences).
+    An attention_mask among the inputs is still traced, so the mask stays
+    where eager would build it for padding (is_tracing(padding_mask)), and so
+    do sliding windows. tests/activations/actmodels.py: hf_training_export is
+    the same recipe, which the activation references were made with."""
+    mu = None
+    if "transformers" in sys.modules:
+        transformers = sys.modules["transformers"]
+        pretrained = getattr(transformers, "PreTrainedModel", None)
+        if pretrained is not None and any(isinstance(m, pretrained) for m in module.modules()):
+            with contextlib.suppress(ImportError):
+                import transformers.masking_utils as mu
+    if mu is None or not all(hasattr(mu, n) for n in ("is_torchdynamo_exporting", "find_packed_sequence_indices")):
+        yield None
+        return
+    saved = mu.is_torchdynamo_exporting, mu.find_packed_sequence_indices
+    mu.is_torchdynamo_exporting = lambda: False
+    mu.find_packed_sequence_indices = lambda *args, **kwargs: None
+    try:
+        yield "eager"
+    finally:
+        mu.is_torchdynamo_exporting, mu.find_packed_sequence_indices = saved
 
 
 def read_metadata(path: str) -> Optional[Dict[str, Any]]:

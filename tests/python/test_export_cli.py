@@ -13,7 +13,7 @@ of the model sets it) and exported with the fsdp-plan-export command line
   one tensor), classes compared where the archive records them;
 - metadata: extra/fsdp_plan.json is there, its no_split_modules are the live
   model's `_no_split_modules`, its tied_parameters the live model's ties, the
-  loss is in the graph;
+  loss is in the graph, hf_attention is "eager";
 - plan: the recorded no_split_modules as a policy plans as reference_plan.py
   computes on the live model (torch 2.13's wrap functions and FSDP1's
   grouping), and as real FSDP1 builds it under the fake backend (world size 2,
@@ -55,7 +55,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.normpath(os.path.join(HERE, "..", ".."))
-for sub in ("python", "tests/differential", "tests/corpus"):
+for sub in ("python", "tests/differential", "tests/corpus", "tests/activations"):
     sys.path.insert(0, os.path.join(REPO, sub))
 warnings.filterwarnings("ignore")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -244,6 +244,8 @@ def model_case(run: Runner, name: str, work: str, live: torch.nn.Module, export_
             msgs.append(f"root_class {rec.get('root_class')}, live {class_name(type(live))}")
         if rec.get("training") is not True:
             msgs.append("not exported in train mode")
+        if rec.get("hf_attention") != "eager":
+            msgs.append(f"hf_attention {rec.get('hf_attention')!r}, not 'eager' (traced as eager training runs)")
     run.report(not msgs, f"{label} / metadata", msgs)
 
     classes = (rec or {}).get("no_split_modules") or []
@@ -372,6 +374,60 @@ def dynamic_case(run: Runner, work: str, cfg_dir: str) -> None:
     except Exception as e:
         msgs.append(f"{type(e).__name__}: {str(e).splitlines()[0][:300]}")
     run.report(not msgs, f"{label} / runs at batch x seq 2x8 and 3x12", msgs)
+
+
+def walk_cases(run: Runner, work: str, cfg_dir: str) -> None:
+    """The exporter traces what eager training runs (GRAPH.md item 8): for each model of the
+    activation references (tests/activations/actmodels.MODELS), the saved bytes graph_walk.py
+    computes from the exporter's .pt2 (built on the meta device from the config) equal, in total,
+    for parameters, for inputs and per module, those of the as-trained corpus export
+    (make_exports.export_one: the eager CPU model traced inside actmodels.hf_training_export), at
+    batch 1 x seq 16 in float32."""
+    import actmodels
+    import graph_walk
+    import make_exports
+    import peft
+    act_dir = os.path.join(work, "act_exports")
+    os.makedirs(act_dir, exist_ok=True)
+    for name in actmodels.MODELS:
+        label = f"walk:{name}"
+        if not run.selected(label):
+            continue
+        seq = None if name == "vit" else SEQ
+        c = dict(model=name, batch=1, seq=seq, dtype="float32")
+        c["file"] = make_exports.file_stem(c) + ".pt2"
+        msgs: List[str] = []
+        try:
+            make_exports.export_one(c, act_dir)
+            want = graph_walk.walk(os.path.join(act_dir, c["file"]))
+        except Exception as e:
+            run.report(False, f"{label} / the as-trained corpus export", [f"{type(e).__name__}: {e}"])
+            continue
+        base = corpus.build(actmodels.corpus_name(name))
+        src = write_config(f"walk_{actmodels.corpus_name(name)}", base, cfg_dir)
+        argv = [src, "--batch", "1"] + ([] if seq is None else ["--seq", str(seq)])
+        if name == "llama_lora":
+            adapter = os.path.join(cfg_dir, "walk_lora_adapter.json")
+            cfg = peft.LoraConfig(**actmodels.LORA).to_dict()
+            with open(adapter, "w") as f:
+                json.dump({k: sorted(v) if isinstance(v, set) else v for k, v in cfg.items()}, f)
+            argv += ["--lora", adapter]
+        out = os.path.join(work, f"walk_{name}.pt2")
+        r = run.export(*argv, "-o", out)
+        if r.returncode != 0:
+            run.report(False, f"{label} / export", [r.stderr.strip()[-500:]])
+            continue
+        got = graph_walk.walk(out)
+        for key in ("total_bytes", "param_saved_bytes", "input_saved_bytes"):
+            if got[key] != want[key]:
+                msgs.append(f"{key}: exporter {got[key]}, as-trained export {want[key]}")
+        for path in sorted(set(got["modules"]) | set(want["modules"])):
+            a = got["modules"].get(path, {}).get("total_bytes", 0)
+            b = want["modules"].get(path, {}).get("total_bytes", 0)
+            if a != b:
+                msgs.append(f"module {path!r}: exporter {a}, as-trained export {b}")
+        run.report(not msgs, f"{label} / saved bytes of the exporter's graph equal the as-trained export's "
+                             f"({want['total_bytes']})", msgs)
 
 
 def load_case(run: Runner, work: str) -> None:
@@ -627,6 +683,7 @@ def main(argv: List[str]) -> int:
     lora_case(run, work, cfg_dir)
     dynamic_case(run, work, cfg_dir)
     load_case(run, work)
+    walk_cases(run, work, cfg_dir)
     factory_case(run, work)
     error_cases(run, work, cfg_dir)
     plan_api_cases(run, work)
