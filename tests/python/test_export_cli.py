@@ -26,13 +26,23 @@ of the model sets it) and exported with the fsdp-plan-export command line
 Also: a peft LoRA adapter config (--lora) on Llama, the same checks against
 get_peft_model of the live model; --dynamic batch,seq (symbolic input sizes
 in the file, the same plan as the static export, and the loaded program run
-at two sizes); torch.export.load of an archive with the record; --factory;
-the error exits (exit 2, one line naming the file); fsdp_plan.plan() through
-the .pt2 path (example_inputs) against the reference and real FSDP1, and
-without inputs (the tree path, which this binary does not read yet).
+at two sizes); torch.export.load of an archive with the record; the graph
+against tests/activations (walk:NAME: graph_walk.py's saved bytes on the
+exporter's file equal those of the as-trained corpus export, for every model
+of actmodels.MODELS); --factory; the error exits (exit 2, one line naming the
+file); fsdp_plan.plan() through the .pt2 path (example_inputs) against the
+reference and real FSDP1, and without inputs (the tree path) against the
+.pt2 path and, for a user's own base class, reference_plan.py.
 
-    $FSDP_PLAN_VENV/bin/python tests/python/test_export_cli.py BINARY [-k SUBSTRING] [--keep DIR] [-v]
+    $FSDP_PLAN_VENV/bin/python tests/python/test_export_cli.py BINARY [-k A,B,...] [--keep DIR] [-v]
         [--exporter COMMAND] [-j JOBS]
+
+-k runs the cases whose label contains one of the comma-separated substrings
+(the labels are printed: corpus:NAME, lora:llama, dynamic:llama,
+torch.export.load, walk:NAME, factory, errors, plan()). ctest's `export_cli`
+runs the subset tests/CMakeLists.txt names in FSDP_PLAN_EXPORT_CLI_SUBSET
+(Llama, tied Llama, GPT-2, the LoRA, the dynamic export, two graph walks, the
+factory, the errors, plan()); the full run is the command without -k.
 
 BINARY is the fsdp-plan to plan with (a build's, or the one a wheel
 installed). The exporter runs as `python -m fsdp_plan.export` from this
@@ -667,7 +677,9 @@ def main(argv: List[str]) -> int:
     ap.add_argument("binary")
     ap.add_argument("--exporter", default=None, help="the fsdp-plan-export command (default: python -m "
                                                      "fsdp_plan.export from this checkout)")
-    ap.add_argument("-k", dest="only", default=None)
+    ap.add_argument("-k", dest="only", default=None,
+                    help="only the cases whose label contains one of these comma-separated substrings "
+                         "(corpus:NAME, lora:, dynamic:, torch.export.load, walk:NAME, factory, errors, plan())")
     ap.add_argument("--keep", default=None)
     ap.add_argument("-v", dest="verbose", action="store_true")
     ap.add_argument("-j", dest="jobs", type=int, default=2, help="exports running at once (default 2)")
