@@ -1,0 +1,238 @@
+"""Ground truth for 2-D plans: real parallelize_module + fully_shard on a fake-backend device mesh.
+
+For each case (a corpus decoder, a mesh, a tensor-parallel plan written in the policy's own
+"tensor_parallel.plan" language), this script builds the model on the meta device, rank 0 of a
+single-process "fake" process group, makes the mesh with init_device_mesh("cpu", ...,
+mesh_dim_names=("dp_shard", "tp")) (or ("dp_replicate", "dp_shard", "tp")), runs torch 2.13's
+parallelize_module on the "tp" sub-mesh and then fully_shard on each decoder layer and the root
+on the "dp_shard" (or ("dp_replicate", "dp_shard")) sub-mesh, and records per parameter:
+
+- `tp_placement`, `tp_local_shape`: the DTensor placement on the tp mesh and rank 0's local
+  shape after parallelize_module ("none" and the full shape for a parameter no style touched);
+- `placements`, `mesh_dims`: the sharded DTensor's placements after fully_shard;
+- `local_shape`: rank 0's local shard (to_local()), `padded_shard_shape`: FSDP2's padded
+  sharded size (FSDPParam.padded_sharded_param_size);
+- the warnings parallelize_module raised (a plan key that resolves to no module);
+- for the cases that fail (tp not dividing the attention or key-value heads), one forward and
+  backward on meta inputs run to the error, whose type and message are recorded.
+
+    /work/main/.venv/bin/python tests/tensor_parallel/tp_reference.py [--out FILE] [-k SUBSTRING]
+
+With --check, compares against the stored reference instead of writing it (exit 1 on a
+difference). Runs in about half a minute (imports included).
+"""
+import argparse
+import json
+import os
+import re
+import sys
+import warnings
+from typing import Any, Dict, List, Optional
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "corpus"))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.nn as nn  # noqa: E402
+from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
+from torch.distributed.fsdp import fully_shard  # noqa: E402
+from torch.distributed.tensor import DTensor, Replicate, Shard  # noqa: E402
+from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput,  # noqa: E402
+                                               PrepareModuleOutput, RowwiseParallel, SequenceParallel,
+                                               parallelize_module)
+from torch.testing._internal.distributed.fake_pg import FakeStore  # noqa: E402
+
+import corpus  # noqa: E402
+import transformers as T  # noqa: E402
+
+REFERENCE = os.path.join(HERE, "reference.json")
+
+# A Llama with as many key-value heads as heads, so that tp 4 divides both (the corpus Llama has
+# 4 heads and 2 key-value heads: tp 4 is its failing case).
+MODELS = {
+    "llama": corpus.SMALL["llama"],
+    "mistral": corpus.SMALL["mistral"],
+    "llama_kv4": corpus._decoder(T.LlamaConfig, T.LlamaForCausalLM,
+                                 **{**corpus._LLAMA_SMALL, "num_key_value_heads": 4},
+                                 tie_word_embeddings=False),
+}
+
+# torchtitan's Llama plan (torchtitan/models/llama3/infra/parallelize.py: apply_tp), with HF's
+# module names: embedding rowwise into a sequence-sharded residual, norms sequence-parallel,
+# attention and MLP colwise -> rowwise, the head colwise gathering its output.
+TITAN_PLAN = {
+    "model.embed_tokens": {"style": "rowwise", "input_layouts": "replicate", "output_layouts": "shard(1)"},
+    "model.norm": "sequence_parallel",
+    "lm_head": {"style": "colwise", "input_layouts": "shard(1)", "output_layouts": "replicate"},
+    "model.layers.*.input_layernorm": "sequence_parallel",
+    "model.layers.*.post_attention_layernorm": "sequence_parallel",
+    "model.layers.*.self_attn.q_proj": "colwise",
+    "model.layers.*.self_attn.k_proj": "colwise",
+    "model.layers.*.self_attn.v_proj": "colwise",
+    "model.layers.*.self_attn.o_proj": {"style": "rowwise", "output_layouts": "shard(1)"},
+    "model.layers.*.mlp.gate_proj": "colwise",
+    "model.layers.*.mlp.up_proj": "colwise",
+    "model.layers.*.mlp.down_proj": {"style": "rowwise", "output_layouts": "shard(1)"},
+}
+
+
+def hf_plan(name: str) -> Dict[str, Any]:
+    """The model's own plan: the config's base_model_tp_plan under the base model's prefix, and
+    the head's _tp_plan entry ("colwise_gather_output": colwise with a replicated output)."""
+    model = MODELS[name]("meta")
+    prefix = model.base_model_prefix + "."
+    plan: Dict[str, Any] = {prefix + k: v for k, v in model.config.base_model_tp_plan.items()}
+    for k, v in (type(model)._tp_plan or {}).items():
+        plan[k] = {"style": "colwise", "output_layouts": "replicate"} if v == "colwise_gather_output" else v
+    return plan
+
+
+CASES: Dict[str, Dict[str, Any]] = {
+    "llama_hf_4x2": dict(model="llama", mesh={"dp_shard": 4, "tp": 2}, plan="hf", forward=True),
+    "llama_titan_4x2": dict(model="llama", mesh={"dp_shard": 4, "tp": 2}, plan=TITAN_PLAN),
+    "mistral_hf_4x2": dict(model="mistral", mesh={"dp_shard": 4, "tp": 2}, plan="hf", forward=True),
+    "llama_kv4_titan_2x4": dict(model="llama_kv4", mesh={"dp_shard": 2, "tp": 4}, plan=TITAN_PLAN),
+    "mistral_hsdp_2x2x2": dict(model="mistral", mesh={"dp_replicate": 2, "dp_shard": 2, "tp": 2}, plan="hf"),
+    # A key that resolves to no module: parallelize_module warns and skips it.
+    "llama_unmatched_4x2": dict(model="llama", mesh={"dp_shard": 4, "tp": 2},
+                                plan={**TITAN_PLAN, "model.layers.*.attn.q_proj": "colwise"}),
+    # colwise on an RMSNorm: ColwiseParallel takes only nn.Linear and nn.Embedding.
+    "llama_colwise_norm_4x2": dict(model="llama", mesh={"dp_shard": 4, "tp": 2},
+                                   plan={**TITAN_PLAN, "model.norm": "colwise"}),
+    # tp 4 > 2 key-value heads: k_proj and v_proj split into 4 rows of a head_dim-8 head.
+    "llama_kv_heads_2x4": dict(model="llama", mesh={"dp_shard": 2, "tp": 4}, plan="hf", forward=True),
+    # tp 3 divides neither the 4 heads nor the 2 key-value heads (world 6 as 2 x 3).
+    "llama_heads_2x3": dict(model="llama", mesh={"dp_shard": 2, "tp": 3}, plan="hf", forward=True),
+}
+
+LAYOUT = re.compile(r"^(replicate|shard\((-?\d+)\))$")
+
+
+def layout(text: str):
+    m = LAYOUT.match(text)
+    if not m:
+        raise ValueError(f"bad layout {text!r}")
+    return Replicate() if m.group(1) == "replicate" else Shard(int(m.group(2)))
+
+
+def torch_style(spec: Any):
+    """A policy plan entry ("colwise" or {"style": "colwise", "output_layouts": ...}) as torch's
+    ParallelStyle."""
+    if isinstance(spec, str):
+        spec = {"style": spec}
+    kw = {}
+    for key in ("input_layouts", "output_layouts"):
+        if key in spec:
+            kw[key] = layout(spec[key])
+    if "use_local_output" in spec:
+        kw["use_local_output"] = spec["use_local_output"]
+    style = spec["style"]
+    if style == "colwise":
+        return ColwiseParallel(**kw)
+    if style == "rowwise":
+        return RowwiseParallel(**kw)
+    if style == "sequence_parallel":
+        return SequenceParallel(**({"sequence_dim": spec["sequence_dim"]} if "sequence_dim" in spec else {}))
+    raise ValueError(f"style {style!r} not in this script")
+
+
+def placement_text(p) -> str:
+    return repr(p)  # "Shard(dim=0)", "_StridedShard(dim=0, sf=2)", "Replicate()"
+
+
+def run_case(name: str, case: Dict[str, Any]) -> Dict[str, Any]:
+    mesh_shape = case["mesh"]
+    dims = [d for d in ("dp_replicate", "dp_shard", "tp") if d in mesh_shape]
+    sizes = [mesh_shape[d] for d in dims]
+    world = 1
+    for s in sizes:
+        world *= s
+    plan = hf_plan(case["model"]) if case["plan"] == "hf" else case["plan"]
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
+    mesh = init_device_mesh("cpu", tuple(sizes), mesh_dim_names=tuple(dims))
+    dp_mesh = mesh[tuple(d for d in dims if d != "tp")] if "dp_replicate" in dims else mesh["dp_shard"]
+    model = MODELS[case["model"]]("meta")
+    full = {n: list(p.shape) for n, p in model.named_parameters()}
+    out: Dict[str, Any] = {"model": case["model"], "mesh": mesh_shape, "world_size": world,
+                           "plan": plan, "error": None}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            parallelize_module(model, mesh["tp"], {k: torch_style(v) for k, v in plan.items()})
+        except Exception as e:  # a style on a module it cannot split: the error is the point
+            out["error"] = {"type": type(e).__name__, "message": str(e).splitlines()[0]}
+            out["params"], out["warnings"] = {}, []
+            return out
+    out["warnings"] = sorted({re.sub(r" in module .*, skipping", ", skipping", str(w.message), flags=re.S)
+                              for w in caught if "could not be resolved" in str(w.message)})
+    params: Dict[str, Dict[str, Any]] = {}
+    for n, p in model.named_parameters():
+        if isinstance(p, DTensor):
+            params[n] = {"tp_placement": placement_text(p.placements[0]), "tp_local_shape": list(p.to_local().shape)}
+        else:
+            params[n] = {"tp_placement": "none", "tp_local_shape": list(p.shape)}
+        params[n]["shape"] = full[n]
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=dp_mesh)
+    fully_shard(model, mesh=dp_mesh)
+    padded = {}
+    for mod in model.modules():
+        state = getattr(mod, "_get_fsdp_state", None)
+        group = state()._fsdp_param_group if state else None
+        if group is None:
+            continue
+        for fp in group.fsdp_params:
+            padded[id(fp.sharded_param)] = list(fp.padded_sharded_param_size)
+    for n, p in model.named_parameters():
+        params[n].update(placements=[placement_text(x) for x in p.placements],
+                         mesh_dims=list(p.device_mesh.mesh_dim_names),
+                         local_shape=list(p.to_local().shape), padded_shard_shape=padded[id(p)])
+    out["params"] = params
+    if case.get("forward"):
+        out["error"] = first_forward(case["model"], mesh["tp"], plan)
+    return out
+
+
+def first_forward(model_name: str, tp_mesh, plan: Dict[str, Any]) -> Optional[Dict[str, str]]:
+    """One forward of the tensor-parallel model (no FSDP: fully_shard refuses meta parameters in
+    forward; nor do meta tensors: HF's mask calls .item()) on the CPU, where the small model's
+    real weights cost a few hundred KB and the fake backend's collectives do nothing: its error,
+    or None."""
+    model = MODELS[model_name]("cpu")
+    parallelize_module(model, tp_mesh, {k: torch_style(v) for k, v in plan.items()})
+    ids = torch.randint(3, 200, (1, 4))
+    try:
+        model(input_ids=ids)
+    except Exception as e:  # the failure is the point: record it
+        return {"type": type(e).__name__, "message": str(e).splitlines()[0]}
+    return None
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default=REFERENCE, help="where to write the reference (default: %(default)s)")
+    ap.add_argument("--check", action="store_true", help="compare with --out instead of writing it")
+    ap.add_argument("-k", default="", help="only the cases whose name contains this")
+    args = ap.parse_args(argv)
+    warnings.filterwarnings("ignore")
+    result = {"torch": torch.__version__.split("+")[0], "transformers": T.__version__,
+              "cases": {n: run_case(n, c) for n, c in CASES.items() if args.k in n}}
+    text = json.dumps(result, indent=1, sort_keys=True) + "\n"
+    if args.check:
+        with open(args.out) as f:
+            stored = json.load(f)
+        bad = [n for n, c in result["cases"].items() if stored["cases"].get(n) != c]
+        for n in bad:
+            print(f"FAIL {n}: torch's result differs from {args.out}")
+        return 1 if bad else 0
+    with open(args.out, "w") as f:
+        f.write(text)
+    print(f"wrote {args.out}: {len(result['cases'])} cases")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
