@@ -23,6 +23,14 @@ struct Group {
   int64_t optimizer = 0;        // real rank-0 shard (= padded on rank 0), plus Adam's steps
 };
 
+// A parameter's numel and dim 0 after parallelize_module (rank 0's local tensor).
+void local_size(const TensorParallelPlan& tp, TensorId t, int64_t& numel, int64_t& d0) {
+  const auto& shape = tp.local_shape[static_cast<size_t>(t)];
+  numel = 1;
+  for (int64_t d : shape) numel *= d;
+  d0 = shape.empty() ? 1 : shape[0];
+}
+
 }  // namespace
 
 Fsdp2Mesh fsdp2_mesh(const FsdpSettings& s) {
@@ -59,7 +67,10 @@ Fsdp2Memory::Fsdp2Memory(const Plan& plan) {
     for (const auto& o : u.params) {
       owned[static_cast<size_t>(o.tensor)] = true;
       const TensorInfo& t = tree.tensor(o.tensor);
-      const int64_t numel = tree.numel(o.tensor), d0 = tree.dim0(o.tensor);
+      int64_t numel = tree.numel(o.tensor), d0 = tree.dim0(o.tensor);
+      // With tensor parallelism, fully_shard shards the TP-local tensor (_fsdp_param.py:
+      // FSDPParam._init_sharding_spec_tp: DTensor.to_local(), then chunks on dim 0).
+      if (plan.tensor_parallel) local_size(*plan.tensor_parallel, o.tensor, numel, d0);
       const int64_t orig = t.itemsize;
       // MixedPrecisionPolicy: param_dtype applies to floating parameters of another dtype
       // (the float8 kinds, whose size this model does not know, are left as they are).
@@ -78,6 +89,8 @@ Fsdp2Memory::Fsdp2Memory(const Plan& plan) {
     up.end = params_.size();
     for (const auto& o : u.buffers) buffers_bytes_ += tree.bytes(o.tensor);
   }
+  // fully_shard's mesh is the (dp_replicate,) dp_shard sub-mesh.
+  if (plan.tensor_parallel) tp_mesh_ = Fsdp2Mesh{plan.tensor_parallel->mesh.dp_replicate, plan.tensor_parallel->mesh.dp_shard};
   // The hooks' order: forward in unit order, each group's post-forward when
   // the next unit is outside it (post-order); backward in reverse post-order,
   // each group's post-backward when the next one is outside it.
@@ -104,7 +117,12 @@ Fsdp2Memory::Fsdp2Memory(const Plan& plan) {
   // Ignored parameters: whole on every rank, with whole gradients and state.
   for (TensorId t = 0; t < static_cast<TensorId>(tree.num_tensors()); ++t) {
     if (!tree.is_param(t) || owned[static_cast<size_t>(t)]) continue;
-    const int64_t bytes = tree.bytes(t);
+    int64_t bytes = tree.bytes(t);
+    if (plan.tensor_parallel) {
+      int64_t numel = 0, d0 = 0;
+      local_size(*plan.tensor_parallel, t, numel, d0);
+      bytes = numel * tree.tensor(t).itemsize;
+    }
     unowned_bytes_ += bytes;
     if (!tree.tensor(t).requires_grad) continue;
     unowned_trainable_bytes_ += bytes;
@@ -123,7 +141,7 @@ MemoryPlan Fsdp2Memory::estimate(const FsdpSettings& settings, bool timeline) co
   MemoryPlan mem;
   mem.settings = settings;
   mem.effective_strategy = settings.strategy;
-  const Fsdp2Mesh mesh = fsdp2_mesh(settings);
+  const Fsdp2Mesh mesh = tp_mesh_ ? *tp_mesh_ : fsdp2_mesh(settings);
   const int64_t S = mesh.shard;
   mem.shard_group_size = S;
   mem.replicate_size = mesh.replicate;

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "plan/memory.h"
@@ -60,6 +61,8 @@ class Fsdp2Memory {
   std::vector<size_t> post_order_;
   std::vector<int> forward_closes_, backward_closes_;
   int64_t buffers_bytes_ = 0;
+  // With tensor parallelism: the mesh's FSDP dimensions, whatever the settings say.
+  std::optional<Fsdp2Mesh> tp_mesh_;
   // Parameters in no unit (ignored): whole on every rank.
   int64_t unowned_bytes_ = 0, unowned_trainable_bytes_ = 0, unowned_largest_trainable_ = 0;
 };

@@ -13,6 +13,7 @@
 #include "model/aliases.h"
 #include "model/module_tree.h"
 #include "plan/memory.h"
+#include "plan/tensor_parallel.h"
 #include "policy/policy.h"
 #include "util/warnings.h"
 
@@ -71,6 +72,7 @@ struct Plan {
   std::vector<Unit> units;
   std::vector<Warning> warnings;
   MemoryPlan memory;
+  std::optional<TensorParallelPlan> tensor_parallel;  // policy.tensor_parallel's placements
 
   // FSDP1: FullyShardedDataParallel units; FSDP2: fully_shard groups.
   FsdpVersion version() const { return policy.fsdp.version; }

@@ -14,6 +14,7 @@
 #include "plan/analysis.h"
 #include "plan/refusals.h"
 #include "policy/ignored.h"
+#include "tp/placements.h"
 
 namespace fsdp_plan {
 
@@ -47,6 +48,9 @@ Plan plan_with(const ModuleTree& loaded, const Policy& policy, const std::string
     // The containers' fix replans twice: for reports only (suggest does not rank it).
     analyse_fsdp2(plan, calls, matcher, report && search_fixes ? &replan : nullptr);
     if (report) root_warnings(plan, search_fixes ? &replan : nullptr);  // the root group is never resharded either
+    // parallelize_module runs before fully_shard: FSDP2 shards each TP-local tensor.
+    if (policy.tensor_parallel)
+      plan.tensor_parallel = plan_tensor_parallel(tree, *policy.tensor_parallel, policy.fsdp.world_size, plan.warnings);
     plan.memory = estimate_memory_fsdp2(plan, policy.fsdp, report);
     return plan;
   }

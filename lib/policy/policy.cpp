@@ -26,7 +26,7 @@ constexpr size_t kMaxPolicyString = 4096;
 const std::vector<std::string> kTopKeys = {"$schema", "module_classes", "min_num_params",
                                            "force_leaf_modules", "exclude_wrap_modules",
                                            "mixed_precision", "ignored_modules", "ignored_params",
-                                           "fsdp", "checks", "groups"};
+                                           "fsdp", "checks", "groups", "tensor_parallel"};
 const std::vector<std::string> kChecksKeys = {"max_unit_numel", "max_units", "max_root_share", "max_peak_bytes",
                                               "fail_on", "warn_root_share"};
 const std::vector<std::string> kMixedPrecisionKeys = {"param_dtype", "reduce_dtype", "buffer_dtype",
@@ -308,6 +308,8 @@ class Parser {
       p.ignored_params = string_list(*it, "ignored_params", false);
     if (auto it = doc.find("checks"); it != doc.end() && !it->is_null()) p.checks = checks(*it);
     if (auto it = doc.find("groups"); it != doc.end() && !it->is_null()) p.groups = groups(*it);
+    if (auto it = doc.find("tensor_parallel"); it != doc.end() && !it->is_null())
+      p.tensor_parallel = parse_tensor_parallel(*it, file_);
     return p;
   }
 
@@ -371,6 +373,7 @@ std::string Policy::combination_error() const {
     return std::string("FSDP2 has no sharding strategy ") + strategy_name(fsdp.strategy) +
            ": use fsdp.reshard_after_forward false for SHARD_GRAD_OP's behaviour, HYBRID_SHARD for a "
            "(replicate, shard) mesh";
+  if (tensor_parallel) return tensor_parallel_error(*tensor_parallel, fsdp);
   return "";
 }
 
@@ -432,6 +435,7 @@ nlohmann::ordered_json policy_to_json(const Policy& p) {
                         {"reshard_after_forward", g.reshard_after_forward ? reshard_to_json(*g.reshard_after_forward)
                                                                           : nlohmann::ordered_json(nullptr)}});
     out["groups"] = std::move(groups);
+    if (p.tensor_parallel) out["tensor_parallel"] = tensor_parallel_to_json(*p.tensor_parallel, p.fsdp.world_size);
   }
   return out;
 }
@@ -475,6 +479,7 @@ nlohmann::ordered_json policy_file_json(const Policy& p) {
       fsdp["reshard_after_forward"] = reshard_to_json(p.fsdp.reshard_after_forward);
   }
   out["fsdp"] = fsdp;
+  if (p.tensor_parallel) out["tensor_parallel"] = tensor_parallel_file_json(*p.tensor_parallel);
   return out;
 }
 

@@ -11,6 +11,7 @@
 
 #include "policy/budgets.h"
 #include "policy/settings.h"
+#include "policy/tensor_parallel.h"
 
 namespace fsdp_plan {
 
@@ -56,6 +57,7 @@ struct Policy {
   // two modules tied by weight (transformers 5's T5), so only when asked.
   bool module_aliases = false;
   std::vector<Fsdp2Group> groups;            // FSDP2 only: explicit fully_shard calls
+  std::optional<TensorParallel> tensor_parallel;  // FSDP2 only: a (dp_shard, tp) mesh
 
   // FSDP auto-wraps only when a wrapping policy is given; mixed precision
   // alone changes no unit.

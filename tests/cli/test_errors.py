@@ -326,6 +326,18 @@ CASES = {
     "policy-bad-root-share": lambda: policy('{"checks": {"warn_root_share": 1.5}}'),
     "policy-bad-fsdp-version": lambda: policy('{"fsdp": {"version": 3}}'),
     "policy-groups-fsdp1": lambda: policy('{"groups": [{"modules": ["tok_emb"]}]}'),
+    "policy-tp-fsdp1": lambda: policy('{"fsdp": {"world_size": 4}, '
+                                      '"tensor_parallel": {"degree": 2, "plan": {"blocks.*.fc1": "colwise"}}}'),
+    "policy-tp-mesh-size": lambda: policy('{"fsdp": {"version": 2, "world_size": 6}, "tensor_parallel": '
+                                          '{"degree": 2, "plan": {"blocks.*.fc1": "colwise"}, "mesh": {"dp_shard": 4}}}'),
+    "policy-tp-no-fsdp-dim": lambda: policy('{"fsdp": {"version": 2, "world_size": 2}, '
+                                            '"tensor_parallel": {"degree": 2, "plan": {"blocks.*.fc1": "colwise"}}}'),
+    "policy-tp-bad-style": lambda: policy('{"fsdp": {"version": 2, "world_size": 4}, '
+                                          '"tensor_parallel": {"degree": 2, "plan": {"blocks.*.fc1": "colwse"}}}'),
+    "policy-tp-bad-layout": lambda: policy('{"fsdp": {"version": 2, "world_size": 4}, "tensor_parallel": {"degree": 2, '
+                                           '"plan": {"blocks.*.fc2": {"style": "rowwise", "output_layouts": "Shard(1)"}}}}'),
+    "policy-tp-model-plan": lambda: policy('{"fsdp": {"version": 2, "world_size": 4}, '
+                                           '"tensor_parallel": {"degree": 2, "plan": "model"}}'),
     "policy-mp-bad-flag": lambda: policy('{"mixed_precision": {"keep_low_precision_grads": "yes"}}'),
     "policy-mp-fsdp1-field-fsdp2": lambda: policy('{"mixed_precision": {"param_dtype": "bfloat16", '
                                                   '"keep_low_precision_grads": true}, "fsdp": {"version": 2}}'),

@@ -1,0 +1,239 @@
+#include "policy/tensor_parallel.h"
+
+#include <algorithm>
+#include <regex>
+
+#include "util/errors.h"
+#include "util/strings.h"
+
+namespace fsdp_plan {
+namespace {
+
+using json = nlohmann::json;
+
+const std::vector<std::string> kKeys = {"degree", "plan", "mesh"};
+const std::vector<std::string> kMeshKeys = {"dp_replicate", "dp_shard"};
+const std::vector<std::string> kStyleKeys = {"style", "input_layouts", "output_layouts", "use_local_output",
+                                             "sequence_dim"};
+
+std::string type_of(const json& v) {
+  if (v.is_number_integer()) return "an integer";
+  if (v.is_number_float()) return "a number";
+  if (v.is_string()) return "a string";
+  if (v.is_boolean()) return "a boolean";
+  if (v.is_null()) return "null";
+  if (v.is_array()) return "a list";
+  return "an object";
+}
+
+// torch's layouts as a plan writes them: Replicate() or Shard(d).
+bool valid_layout(const std::string& s) {
+  static const std::regex re(R"(^(replicate|shard\(-?[0-9]+\))$)");
+  return std::regex_match(s, re);
+}
+
+std::string layout_python(const std::string& s) {
+  if (s == "replicate") return "Replicate()";
+  return "Shard(" + s.substr(6, s.size() - 7) + ")";
+}
+
+class TpReader {
+ public:
+  explicit TpReader(const std::string& file) : file_(file) {}
+  [[noreturn]] void fail(const std::string& what) const { throw InputError(file_, what); }
+
+  void check_keys(const json& obj, const std::vector<std::string>& allowed, const std::string& where) const {
+    for (const auto& [key, value] : obj.items()) {
+      (void)value;
+      if (std::find(allowed.begin(), allowed.end(), key) != allowed.end()) continue;
+      auto near = closest(key, allowed, 1);
+      fail("unknown key \"" + key + "\" in \"" + where + "\"" +
+           (near.empty() ? " (valid keys: " + join(allowed) + ")" : "; did you mean \"" + near[0] + "\"?"));
+    }
+  }
+
+  int64_t size(const json& v, const std::string& key) const {
+    if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() > kMaxWorldSize)
+      fail("\"" + key + "\" must be a number of ranks from 1 to " + std::to_string(kMaxWorldSize) + ", not " +
+           v.dump());
+    return v.get<int64_t>();
+  }
+
+  TpStyleSpec style(const json& v, const std::string& where) const {
+    TpStyleSpec spec;
+    const json* name = &v;
+    if (v.is_object()) {
+      check_keys(v, kStyleKeys, where);
+      auto it = v.find("style");
+      if (it == v.end()) fail("\"" + where + "\" has no \"style\"");
+      name = &*it;
+    } else if (!v.is_string()) {
+      fail("\"" + where + "\" must be a style name or an object with \"style\", not " + type_of(v));
+    }
+    if (!name->is_string()) fail("\"" + where + ".style\" must be a string, not " + type_of(*name));
+    const std::string s = name->get<std::string>();
+    auto parsed = tp_style_names().parse(s);
+    if (!parsed) {
+      auto near = closest(s, tp_style_names().names(), 1);
+      fail("\"" + where + "\" names the style \"" + s + "\"" +
+           (near.empty() ? ", not one of " + join(tp_style_names().names()) : "; did you mean \"" + near[0] + "\"?"));
+    }
+    spec.style = *parsed;
+    if (!v.is_object()) return spec;
+    for (auto [key, field] : {std::pair{"input_layouts", &TpStyleSpec::input_layouts},
+                              std::pair{"output_layouts", &TpStyleSpec::output_layouts}}) {
+      auto it = v.find(key);
+      if (it == v.end()) continue;
+      if (!it->is_string() || !valid_layout(it->get<std::string>()))
+        fail("\"" + where + "." + key + "\" must be \"replicate\" or \"shard(DIM)\", not " + it->dump());
+      spec.*field = it->get<std::string>();
+    }
+    if (auto it = v.find("use_local_output"); it != v.end()) {
+      if (!it->is_boolean()) fail("\"" + where + ".use_local_output\" must be true or false, not " + type_of(*it));
+      spec.use_local_output = it->get<bool>();
+    }
+    if (auto it = v.find("sequence_dim"); it != v.end()) {
+      if (spec.style != TpStyle::SequenceParallel)
+        fail("\"" + where + ".sequence_dim\" is SequenceParallel's: the style here is " + s);
+      if (!it->is_number_integer()) fail("\"" + where + ".sequence_dim\" must be an integer, not " + type_of(*it));
+      spec.sequence_dim = it->get<int64_t>();
+    }
+    // The layouts each style's constructor takes (torch/distributed/tensor/parallel/style.py).
+    const bool io = spec.style == TpStyle::Colwise || spec.style == TpStyle::Rowwise;
+    if (spec.input_layouts && !io && spec.style != TpStyle::PrepareModuleInput)
+      fail("\"" + where + ".input_layouts\": the style " + s + " takes no input_layouts");
+    if (spec.output_layouts && !io && spec.style != TpStyle::PrepareModuleOutput)
+      fail("\"" + where + ".output_layouts\": the style " + s + " takes no output_layouts");
+    return spec;
+  }
+
+ private:
+  const std::string& file_;
+};
+
+}  // namespace
+
+const NameTable<TpStyle>& tp_style_names() {
+  static const NameTable<TpStyle> table({{"colwise", TpStyle::Colwise},
+                                         {"rowwise", TpStyle::Rowwise},
+                                         {"sequence_parallel", TpStyle::SequenceParallel},
+                                         {"replicate", TpStyle::Replicate},
+                                         {"prepare_module_input", TpStyle::PrepareModuleInput},
+                                         {"prepare_module_output", TpStyle::PrepareModuleOutput}});
+  return table;
+}
+
+TpMeshSizes tp_mesh_sizes(const TensorParallel& tp, int64_t world_size) {
+  TpMeshSizes m;
+  m.tp = tp.degree;
+  m.dp_replicate = tp.dp_replicate > 0 ? tp.dp_replicate : 1;
+  m.dp_shard = tp.dp_shard > 0 ? tp.dp_shard : std::max<int64_t>(1, world_size / (m.tp * m.dp_replicate));
+  return m;
+}
+
+TensorParallel parse_tensor_parallel(const json& v, const std::string& file) {
+  TpReader r(file);
+  if (!v.is_object()) r.fail("\"tensor_parallel\" must be an object, not " + type_of(v));
+  r.check_keys(v, kKeys, "tensor_parallel");
+  TensorParallel tp;
+  auto degree = v.find("degree");
+  if (degree == v.end()) r.fail("\"tensor_parallel\" has no \"degree\" (the size of the mesh's tp dimension)");
+  tp.degree = r.size(*degree, "tensor_parallel.degree");
+  auto plan = v.find("plan");
+  if (plan == v.end())
+    r.fail("\"tensor_parallel\" has no \"plan\" (module-path patterns to styles, as parallelize_module takes)");
+  if (plan->is_string() && plan->get<std::string>() == "model")
+    r.fail("\"tensor_parallel.plan\": \"model\" (the model's recorded base_model_tp_plan) is not read yet: write "
+           "the plan as patterns to styles");
+  if (!plan->is_object()) r.fail("\"tensor_parallel.plan\" must be an object of patterns to styles, not " +
+                                 type_of(*plan));
+  if (plan->empty()) r.fail("\"tensor_parallel.plan\" is empty");
+  for (const auto& [pattern, style] : plan->items())
+    tp.plan.emplace_back(pattern, r.style(style, "tensor_parallel.plan[\"" + pattern + "\"]"));
+  if (auto mesh = v.find("mesh"); mesh != v.end() && !mesh->is_null()) {
+    if (!mesh->is_object()) r.fail("\"tensor_parallel.mesh\" must be an object, not " + type_of(*mesh));
+    r.check_keys(*mesh, kMeshKeys, "tensor_parallel.mesh");
+    if (auto it = mesh->find("dp_replicate"); it != mesh->end())
+      tp.dp_replicate = r.size(*it, "tensor_parallel.mesh.dp_replicate");
+    if (auto it = mesh->find("dp_shard"); it != mesh->end())
+      tp.dp_shard = r.size(*it, "tensor_parallel.mesh.dp_shard");
+  }
+  return tp;
+}
+
+std::string tensor_parallel_error(const TensorParallel& tp, const FsdpSettings& fsdp) {
+  if (!fsdp.v2())
+    return "\"tensor_parallel\" composes with FSDP2 (fully_shard on the mesh's dp_shard dimension), not "
+           "FullyShardedDataParallel: plan FSDP2 (\"fsdp\": {\"version\": 2} or --fsdp-version 2)";
+  if (fsdp.strategy == ShardingStrategy::HybridShard)
+    return "with \"tensor_parallel\", the mesh says how FSDP2 replicates: give "
+           "\"tensor_parallel.mesh.dp_replicate\" instead of HYBRID_SHARD";
+  const TpMeshSizes m = tp_mesh_sizes(tp, fsdp.world_size);
+  const int64_t product = m.dp_replicate * m.dp_shard * m.tp;
+  const std::string shape = std::string("(") + (m.dp_replicate > 1 ? "dp_replicate " + std::to_string(m.dp_replicate) + ", " : "") +
+                            "dp_shard " + std::to_string(m.dp_shard) + ", tp " + std::to_string(m.tp) + ")";
+  if (product != fsdp.world_size)
+    return "the mesh " + shape + " has " + std::to_string(product) + " ranks, the world size is " +
+           std::to_string(fsdp.world_size) +
+           (product > fsdp.world_size ? " (init_device_mesh: \"Mesh should not be bigger than default world size " +
+                                            std::to_string(fsdp.world_size) + ", but found " + std::to_string(product) +
+                                            " ranks!\")"
+                                      : " (ranks outside the mesh would train nothing)") +
+           "; make dp_replicate x dp_shard x tp the world size";
+  if (m.dp_replicate * m.dp_shard == 1)
+    return "tp " + std::to_string(m.tp) + " takes every rank: FSDP has no dimension left to shard across "
+           "(Accelerate fails with KeyError: \"Invalid mesh_dim_names ('dp_shard_cp',) specified. Valid "
+           "mesh_dim_names are ['tp'].\", huggingface/accelerate issue 3798); lower tp or plan without FSDP";
+  return "";
+}
+
+static nlohmann::ordered_json style_json(const TpStyleSpec& s) {
+  const bool bare = !s.input_layouts && !s.output_layouts && !s.use_local_output && !s.sequence_dim;
+  if (bare) return tp_style_names().name(s.style);
+  nlohmann::ordered_json j = {{"style", tp_style_names().name(s.style)}};
+  if (s.input_layouts) j["input_layouts"] = *s.input_layouts;
+  if (s.output_layouts) j["output_layouts"] = *s.output_layouts;
+  if (s.use_local_output) j["use_local_output"] = *s.use_local_output;
+  if (s.sequence_dim) j["sequence_dim"] = *s.sequence_dim;
+  return j;
+}
+
+nlohmann::ordered_json tensor_parallel_file_json(const TensorParallel& tp) {
+  nlohmann::ordered_json plan = nlohmann::ordered_json::object();
+  for (const auto& [pattern, spec] : tp.plan) plan[pattern] = style_json(spec);
+  nlohmann::ordered_json out = {{"degree", tp.degree}, {"plan", plan}};
+  nlohmann::ordered_json mesh = nlohmann::ordered_json::object();
+  if (tp.dp_replicate > 0) mesh["dp_replicate"] = tp.dp_replicate;
+  if (tp.dp_shard > 0) mesh["dp_shard"] = tp.dp_shard;
+  if (!mesh.empty()) out["mesh"] = mesh;
+  return out;
+}
+
+nlohmann::ordered_json tensor_parallel_to_json(const TensorParallel& tp, int64_t world_size) {
+  nlohmann::ordered_json out = tensor_parallel_file_json(tp);
+  const TpMeshSizes m = tp_mesh_sizes(tp, world_size);
+  out["mesh"] = {{"dp_replicate", m.dp_replicate}, {"dp_shard", m.dp_shard}};
+  return out;
+}
+
+std::string tp_style_python(const TpStyleSpec& s) {
+  std::vector<std::string> args;
+  const bool prepare = s.style == TpStyle::PrepareModuleInput || s.style == TpStyle::PrepareModuleOutput;
+  auto layouts = [&](const std::string& l) { return prepare ? "(" + layout_python(l) + ",)" : layout_python(l); };
+  if (s.input_layouts) args.push_back("input_layouts=" + layouts(*s.input_layouts));
+  if (s.output_layouts) args.push_back("output_layouts=" + layouts(*s.output_layouts));
+  if (s.sequence_dim) args.push_back("sequence_dim=" + std::to_string(*s.sequence_dim));
+  if (s.use_local_output) args.push_back(std::string("use_local_output=") + (*s.use_local_output ? "True" : "False"));
+  const char* cls = "ColwiseParallel";
+  switch (s.style) {
+    case TpStyle::Colwise: cls = "ColwiseParallel"; break;
+    case TpStyle::Rowwise: cls = "RowwiseParallel"; break;
+    case TpStyle::SequenceParallel: cls = "SequenceParallel"; break;
+    case TpStyle::Replicate: cls = "ReplicateParallel"; break;  // transformers' style, not torch's
+    case TpStyle::PrepareModuleInput: cls = "PrepareModuleInput"; break;
+    case TpStyle::PrepareModuleOutput: cls = "PrepareModuleOutput"; break;
+  }
+  return std::string(cls) + "(" + join(args, ", ") + ")";
+}
+
+}  // namespace fsdp_plan

@@ -1,0 +1,67 @@
+// The policy's "tensor_parallel" section: FSDP2 on a 2-D (dp_shard, tp) or
+// 3-D (dp_replicate, dp_shard, tp) device mesh, with parallelize_module's plan
+// on the "tp" dimension (torch/distributed/tensor/parallel/api.py:
+// parallelize_module; the styles of torch/distributed/tensor/parallel/style.py).
+// docs/tensor-parallel.md describes it.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "policy/settings.h"
+
+namespace fsdp_plan {
+
+// The ParallelStyles a plan entry names. Replicate is Hugging Face's
+// ReplicateParallel: every parameter a Replicate() DTensor on the tp mesh.
+enum class TpStyle { Colwise, Rowwise, SequenceParallel, Replicate, PrepareModuleInput, PrepareModuleOutput };
+const NameTable<TpStyle>& tp_style_names();  // colwise, rowwise, sequence_parallel, replicate, ...
+
+// One plan entry's style and the layouts its constructor takes, as written
+// ("replicate", "shard(1)"): they move activations, not parameters, so the
+// plan keeps them for the code it writes and the activation model.
+struct TpStyleSpec {
+  TpStyle style = TpStyle::Colwise;
+  std::optional<std::string> input_layouts, output_layouts;
+  std::optional<bool> use_local_output;
+  std::optional<int64_t> sequence_dim;  // sequence_parallel only
+  bool operator==(const TpStyleSpec& o) const {
+    return style == o.style && input_layouts == o.input_layouts && output_layouts == o.output_layouts &&
+           use_local_output == o.use_local_output && sequence_dim == o.sequence_dim;
+  }
+};
+
+struct TensorParallel {
+  int64_t degree = 1;  // the "tp" mesh dimension
+  // Module-path patterns to styles, in the order written: parallelize_module
+  // applies a dict's entries in order, each key matched token by token with
+  // fnmatch against child names.
+  std::vector<std::pair<std::string, TpStyleSpec>> plan;
+  // The FSDP dimensions; 0: not given (dp_replicate 1, dp_shard the rest).
+  int64_t dp_replicate = 0, dp_shard = 0;
+};
+
+// The mesh a policy describes at a world size: sizes of (dp_replicate, dp_shard, tp).
+struct TpMeshSizes {
+  int64_t dp_replicate = 1, dp_shard = 1, tp = 1;
+};
+TpMeshSizes tp_mesh_sizes(const TensorParallel& tp, int64_t world_size);
+
+// Parses the "tensor_parallel" object; throws InputError naming `file`.
+TensorParallel parse_tensor_parallel(const nlohmann::json& v, const std::string& file);
+// Why the mesh cannot be built at these settings (its product is not the
+// world size, FSDP has no dimension left, ...), or "".
+std::string tensor_parallel_error(const TensorParallel& tp, const FsdpSettings& fsdp);
+// The section as written (policy_file_json) and with defaults filled in at
+// `world_size` (policy_to_json): the same keys, the mesh's sizes resolved.
+nlohmann::ordered_json tensor_parallel_file_json(const TensorParallel& tp);
+nlohmann::ordered_json tensor_parallel_to_json(const TensorParallel& tp, int64_t world_size);
+// A style as parallelize_module's plan writes it: "ColwiseParallel(output_layouts=Replicate())".
+std::string tp_style_python(const TpStyleSpec& spec);
+
+}  // namespace fsdp_plan

@@ -1,0 +1,266 @@
+#include "tp/placements.h"
+
+#include <algorithm>
+
+#include "model/class_names.h"
+#include "plan/memory.h"
+#include "util/strings.h"
+
+namespace fsdp_plan {
+namespace {
+
+std::vector<std::string> split_dots(const std::string& s) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  for (size_t i = 0; i <= s.size(); ++i)
+    if (i == s.size() || s[i] == '.') {
+      out.push_back(s.substr(start, i - start));
+      start = i + 1;
+    }
+  return out;
+}
+
+// Python's fnmatch on [..] classes: "[abc]", "[a-z]", "[!x]"; returns the
+// index past the class, or npos for an unclosed "[" (then a literal "[").
+size_t match_class(const std::string& p, size_t i, char c, bool& matched) {
+  size_t j = i + 1;
+  bool negate = false;
+  if (j < p.size() && p[j] == '!') negate = true, ++j;
+  size_t first = j;
+  bool hit = false;
+  for (; j < p.size() && (p[j] != ']' || j == first); ++j) {
+    if (j + 2 < p.size() && p[j + 1] == '-' && p[j + 2] != ']') {
+      hit = hit || (p[j] <= c && c <= p[j + 2]);
+      j += 2;
+    } else {
+      hit = hit || p[j] == c;
+    }
+  }
+  if (j >= p.size()) return std::string::npos;
+  matched = hit != negate;
+  return j + 1;
+}
+
+bool fnmatch_at(const std::string& p, size_t pi, const std::string& s, size_t si) {
+  while (pi < p.size()) {
+    const char c = p[pi];
+    if (c == '*') {
+      for (size_t k = si; k <= s.size(); ++k)
+        if (fnmatch_at(p, pi + 1, s, k)) return true;
+      return false;
+    }
+    if (si >= s.size()) return false;
+    if (c == '?') {
+      ++pi, ++si;
+      continue;
+    }
+    if (c == '[') {
+      bool matched = false;
+      size_t next = match_class(p, pi, s[si], matched);
+      if (next != std::string::npos) {
+        if (!matched) return false;
+        pi = next, ++si;
+        continue;
+      }
+    }
+    if (c != s[si]) return false;
+    ++pi, ++si;
+  }
+  return si == s.size();
+}
+
+bool is_a(const ModuleTree& tree, ModuleId m, const char* cls) {
+  for (const auto& c : class_lineage(demangle(tree.module(m).type_name)))
+    if (c == cls) return true;
+  return false;
+}
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::vector<std::string> dims;
+  for (int64_t d : shape) dims.push_back(std::to_string(d));
+  return "[" + join(dims) + "]";
+}
+
+const char* style_class(TpStyle s) {
+  return s == TpStyle::Colwise ? "ColwiseParallel" : "RowwiseParallel";
+}
+
+}  // namespace
+
+bool fnmatch_token(const std::string& pattern, const std::string& name) { return fnmatch_at(pattern, 0, name, 0); }
+
+std::string tp_mesh_text(const TpMeshSizes& m) {
+  return std::string("(") + (m.dp_replicate > 1 ? "dp_replicate " + std::to_string(m.dp_replicate) + ", " : "") +
+         "dp_shard " + std::to_string(m.dp_shard) + ", tp " + std::to_string(m.tp) + ")";
+}
+
+TensorParallelPlan plan_tensor_parallel(const ModuleTree& tree, const TensorParallel& tp, int64_t world_size,
+                                        std::vector<Warning>& warnings) {
+  TensorParallelPlan out;
+  out.mesh = tp_mesh_sizes(tp, world_size);
+  const int64_t T = out.mesh.tp;
+  out.placement.assign(tree.num_tensors(), TpPlacement{});
+  out.local_shape.resize(tree.num_tensors());
+  for (TensorId t = 0; t < static_cast<TensorId>(tree.num_tensors()); ++t)
+    out.local_shape[static_cast<size_t>(t)] = tree.tensor(t).shape;
+  // distribute_module refuses a module it has seen (torch/distributed/tensor/_api.py: distribute_module).
+  std::vector<int> styled(tree.num_modules(), -1);
+  for (int e = 0; e < static_cast<int>(tp.plan.size()); ++e) {
+    const auto& [pattern, spec] = tp.plan[static_cast<size_t>(e)];
+    // One tp_uneven_split per plan key: its first parameter, and how many more.
+    std::string uneven;
+    int64_t uneven_count = 0;
+    // parallelize_module: level by level, each token fnmatch'ed against child names.
+    std::vector<ModuleId> frontier{0};
+    if (!pattern.empty()) {
+      const std::vector<std::string> tokens = split_dots(pattern);
+      for (size_t i = 0; i < tokens.size() && !frontier.empty(); ++i) {
+        std::vector<ModuleId> next;
+        for (ModuleId m : frontier)
+          for (ModuleId c : tree.module(m).children)
+            if (fnmatch_token(tokens[i], tree.module(c).name)) next.push_back(c);
+        if (next.empty()) {
+          std::vector<std::string> rest(tokens.begin() + static_cast<long>(i), tokens.end());
+          warnings.push_back(make_warning(
+              "tp_unmatched_pattern",
+              "the tensor_parallel plan key '" + pattern + "' matches no module: parallelize_module warns "
+              "\"Parallelize plan key '" + join(rest, ".") + "' could not be resolved: no submodule matching "
+              "token '" + tokens[i] + "' ... skipping this plan entry\" and leaves those parameters whole on "
+              "every tp rank; fix: write the key as the module paths are (\"" +
+              (frontier.front() == 0 ? std::string("(root)") : tree.path(frontier.front())) +
+              "\" has children " + [&] {
+                std::vector<std::string> names;
+                for (ModuleId c : tree.module(frontier.front()).children) names.push_back(tree.module(c).name);
+                if (names.size() > 6) names.resize(6), names.push_back("...");
+                return join(names);
+              }() + ")"));
+          frontier.clear();
+        }
+        frontier = std::move(next);
+      }
+    }
+    for (ModuleId m : frontier) {
+      const std::string where = "'" + (m == 0 ? std::string("(root)") : tree.path(m)) + "'";
+      const TpStyle style = spec.style;
+      if (style == TpStyle::PrepareModuleInput || style == TpStyle::PrepareModuleOutput) {
+        out.modules.push_back({m, e});
+        continue;  // hooks on activations only (PrepareModuleInput/Output register no parameters)
+      }
+      if (styled[static_cast<size_t>(m)] >= 0) {
+        warnings.push_back(make_warning(
+            "tp_applied_twice",
+            "module " + where + " is matched by the tensor_parallel plan keys '" +
+                tp.plan[static_cast<size_t>(styled[static_cast<size_t>(m)])].first + "' and '" + pattern +
+                "': parallelize_module fails with RuntimeError: \"distribute_module should only be called once on "
+                "a module, but it has already been called on this module!\"; fix: let one key match it"));
+        continue;
+      }
+      styled[static_cast<size_t>(m)] = e;
+      out.modules.push_back({m, e});
+      const Module& mod = tree.module(m);
+      if (style == TpStyle::Colwise || style == TpStyle::Rowwise) {
+        const bool linear = is_a(tree, m, "torch.nn.modules.linear.Linear");
+        const bool embedding = is_a(tree, m, "torch.nn.modules.sparse.Embedding");
+        if (!linear && !embedding) {
+          warnings.push_back(make_warning(
+              "tp_style_class",
+              "module " + where + " (" + bare_class(tree, m) + ") is planned " + tp_style_names().name(style) +
+                  ": parallelize_module fails with NotImplementedError: \"" + style_class(style) +
+                  " currently only support nn.Linear and nn.Embedding!\"; fix: plan its Linear children, or "
+                  "sequence_parallel / replicate for a norm"));
+          continue;
+        }
+        // style.py: ColwiseParallel shards Linear's weight and bias on dim 0 and
+        // Embedding's weight on dim 1; RowwiseParallel shards Linear's weight on
+        // dim 1 (its bias is replicated) and Embedding's weight on dim 0.
+        for (const auto& slot : mod.params) {
+          TpPlacement p;
+          const bool bias = linear && slot.name == "bias";
+          if (style == TpStyle::Rowwise && linear && slot.name != "weight" && !bias) continue;  // only weight, bias
+          if (style == TpStyle::Rowwise && bias) {
+            p.kind = TpPlacement::Kind::Replicate;
+          } else {
+            p.kind = TpPlacement::Kind::Shard;
+            p.dim = style == TpStyle::Colwise ? (embedding ? 1 : 0) : (embedding ? 0 : 1);
+          }
+          const auto& shape = tree.tensor(slot.tensor).shape;
+          const std::string pname = "'" + tree.qualify(m, slot.name) + "'";
+          if (p.kind == TpPlacement::Kind::Shard) {
+            if (static_cast<int>(shape.size()) <= p.dim) {
+              warnings.push_back(make_warning(
+                  "tp_style_class", "parameter " + pname + " has shape " + shape_text(shape) + ": " +
+                                        style_class(style) + " shards it on dim " + std::to_string(p.dim) +
+                                        ", which it does not have"));
+              continue;
+            }
+            const int64_t n = shape[static_cast<size_t>(p.dim)];
+            if (n % T != 0) {
+              if (uneven.empty())
+                uneven = "parameter " + pname + " " + shape_text(shape) + " is split on dim " + std::to_string(p.dim) +
+                         " (" + std::to_string(n) + ") by tp " + std::to_string(T) + ", which does not divide it";
+              ++uneven_count;
+            }
+          }
+          out.placement[static_cast<size_t>(slot.tensor)] = p;
+          if (p.kind == TpPlacement::Kind::Shard)
+            out.local_shape[static_cast<size_t>(slot.tensor)][static_cast<size_t>(p.dim)] =
+                ceil_div(shape[static_cast<size_t>(p.dim)], T);
+        }
+        continue;
+      }
+      // SequenceParallel and transformers' ReplicateParallel: every parameter a
+      // Replicate() DTensor. SequenceParallel re-registers module.named_parameters()
+      // under their dotted names, which nn.Module refuses for a nested one.
+      if (style == TpStyle::SequenceParallel) {
+        bool nested = false;
+        for (ModuleId c : tree.preorder(m))
+          if (c != m && !tree.module(c).params.empty()) nested = true;
+        if (nested) {
+          warnings.push_back(make_warning(
+              "tp_style_class", "module " + where + " (" + bare_class(tree, m) + ") is planned sequence_parallel, "
+                                "but its children hold parameters: parallelize_module fails with KeyError: "
+                                "'parameter name can\\'t contain \".\"'; fix: plan its norms, not the module above them"));
+          continue;
+        }
+      }
+      for (ModuleId c : tree.preorder(m))
+        for (const auto& slot : tree.module(c).params)
+          out.placement[static_cast<size_t>(slot.tensor)] = TpPlacement{TpPlacement::Kind::Replicate, 0};
+    }
+    if (uneven_count > 0)
+      warnings.push_back(make_warning(
+          "tp_uneven_split",
+          uneven + (uneven_count > 1 ? " (and " + std::to_string(uneven_count - 1) + " more under '" + pattern + "')" : "") +
+              ": DTensor splits it like torch.chunk (ranks hold different sizes), and an attention projection's "
+              "heads no longer fit (torch 2.13 with tp 3 over 4 heads: RuntimeError: shape '[1, 4, -1, 8]' is "
+              "invalid for input of size 44, in the first forward); fix: a tp that divides the heads, the "
+              "key-value heads, the FFN width and the vocabulary"));
+  }
+  return out;
+}
+
+Fsdp2TpParam fsdp2_tp_param(const TensorParallelPlan& plan, const ModuleTree& tree, TensorId t) {
+  (void)tree;
+  Fsdp2TpParam out;
+  const TpPlacement& p = plan.placement[static_cast<size_t>(t)];
+  const bool hsdp = plan.mesh.dp_replicate > 1;
+  if (hsdp) out.placements.push_back("Replicate()"), out.mesh_dims.push_back("dp_replicate");
+  out.mesh_dims.push_back("dp_shard");
+  // _fsdp_param.py: FSDPParam._init_sharding_spec_tp: FSDP's Shard(0) on the dp
+  // dimension, _StridedShard(0, split_factor=tp) when TP already shards dim 0,
+  // then the parameter's own placement on tp. A plain parameter stays 1-D on dp.
+  if (p.kind == TpPlacement::Kind::Shard && p.dim == 0)
+    out.placements.push_back("_StridedShard(dim=0, sf=" + std::to_string(plan.mesh.tp) + ")");
+  else
+    out.placements.push_back("Shard(dim=0)");
+  if (p.kind != TpPlacement::Kind::None) {
+    out.placements.push_back(tp_placement_repr(p));
+    out.mesh_dims.push_back("tp");
+  }
+  const auto& local = plan.local_shape[static_cast<size_t>(t)];
+  out.local_shape = local.empty() ? std::vector<int64_t>{1} : local;
+  if (!local.empty()) out.local_shape[0] = ceil_div(local[0], plan.mesh.dp_shard);
+  return out;
+}
+
+}  // namespace fsdp_plan

@@ -1,0 +1,41 @@
+// Tensor parallelism's placements, as parallelize_module makes them, and
+// fully_shard's dim-0 shard on top (torch/distributed/tensor/parallel/api.py,
+// style.py; torch/distributed/fsdp/_fully_shard/_fsdp_param.py).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/module_tree.h"
+#include "plan/tensor_parallel.h"
+#include "policy/tensor_parallel.h"
+#include "util/warnings.h"
+
+namespace fsdp_plan {
+
+// Matches each plan entry to modules, applies its style to their parameters,
+// and appends the refusals (tp_unmatched_pattern, tp_style_class,
+// tp_applied_twice, tp_uneven_split) to `warnings`. The mesh must be valid
+// (tensor_parallel_error says "").
+TensorParallelPlan plan_tensor_parallel(const ModuleTree& tree, const TensorParallel& tp, int64_t world_size,
+                                        std::vector<Warning>& warnings);
+
+// parallelize_module's key matching: the key's dot-separated tokens, each
+// matched with Python's fnmatch against child names, level by level ("" is
+// the module itself).
+bool fnmatch_token(const std::string& pattern, const std::string& name);
+
+// A parameter after fully_shard on the dp sub-mesh: its placements on the
+// full mesh, the mesh's dimension names, and rank 0's local shard (FSDP2's
+// padded shard: ceil(d0 / dp_shard) rows of the TP-local tensor).
+struct Fsdp2TpParam {
+  std::vector<std::string> placements, mesh_dims;
+  std::vector<int64_t> local_shape;
+};
+Fsdp2TpParam fsdp2_tp_param(const TensorParallelPlan& plan, const ModuleTree& tree, TensorId t);
+
+// "(dp_shard 4, tp 2)" or "(dp_replicate 2, dp_shard 2, tp 2)".
+std::string tp_mesh_text(const TpMeshSizes& mesh);
+
+}  // namespace fsdp_plan
