@@ -83,6 +83,11 @@ int suggest_main(int argc, char** argv) {
     // An Accelerate config's ignored modules are resolved on the model; its classes are what suggest varies.
     resolve_policy_file(policy_file, tree);
     const Policy& base = policy_file.policy;
+    if (base.tensor_parallel) {
+      spdlog::error("suggest: a policy with \"tensor_parallel\" is not searched yet: plan it with fsdp-plan MODEL "
+                    "--policy, or remove the section to search FSDP2 policies without tensor parallelism");
+      return kExitInputError;
+    }
 
     SuggestContext ctx;
     ctx.model_path = model;

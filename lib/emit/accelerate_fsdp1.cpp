@@ -55,6 +55,9 @@ std::string unit_difference(const Plan& want, const Plan& got) {
 }  // namespace
 
 std::string plan_to_accelerate(const Plan& plan) {
+  if (plan.tensor_parallel)
+    throw EmitError("Accelerate's config cannot say this plan yet: fsdp-plan does not write parallelism_config's "
+                    "tp_size with a tensor_parallel plan (docs/tensor-parallel.md)");
   if (plan.v2()) return plan_to_accelerate_fsdp2(plan);
   const Policy& p = plan.policy;
   const ModuleTree& tree = *plan.tree;

@@ -2,6 +2,7 @@
 
 #include "fsdp2/memory.h"
 #include "model/class_names.h"
+#include "tp/placements.h"
 
 namespace fsdp_plan {
 namespace {
@@ -23,6 +24,39 @@ ojson tensor_list(const Plan& plan, const std::vector<Owned>& owned, bool params
     out.push_back(std::move(j));
   }
   return out;
+}
+
+// The mesh, the modules the plan's entries apply to, and every parameter's
+// placements after parallelize_module and after fully_shard.
+ojson tensor_parallel_json(const Plan& plan) {
+  const TensorParallelPlan& tp = *plan.tensor_parallel;
+  const ModuleTree& tree = *plan.tree;
+  ojson names = ojson::array(), shape = ojson::array();
+  if (tp.mesh.dp_replicate > 1) names.push_back("dp_replicate"), shape.push_back(tp.mesh.dp_replicate);
+  names.push_back("dp_shard"), shape.push_back(tp.mesh.dp_shard);
+  names.push_back("tp"), shape.push_back(tp.mesh.tp);
+  ojson modules = ojson::array();
+  for (const auto& m : tp.modules) {
+    const auto& entry = plan.policy.tensor_parallel->plan[static_cast<size_t>(m.entry)];
+    modules.push_back({{"path", tree.path(m.module)}, {"pattern", entry.first}, {"style", tp_style_python(entry.second)}});
+  }
+  ojson params = ojson::array();
+  std::vector<bool> seen(tree.num_tensors(), false);
+  for (ModuleId m : tree.preorder())
+    for (const auto& slot : tree.module(m).params) {
+      if (seen[static_cast<size_t>(slot.tensor)]) continue;  // named_parameters(): a tied weight once
+      seen[static_cast<size_t>(slot.tensor)] = true;
+      const TpPlacement& p = tp.placement[static_cast<size_t>(slot.tensor)];
+      const Fsdp2TpParam f = fsdp2_tp_param(tp, tree, slot.tensor);
+      params.push_back({{"name", tree.qualify(m, slot.name)},
+                        {"shape", tree.tensor(slot.tensor).shape},
+                        {"tp_placement", p.kind == TpPlacement::Kind::None ? ojson(nullptr) : ojson(tp_placement_repr(p))},
+                        {"tp_local_shape", tp.local_shape[static_cast<size_t>(slot.tensor)]},
+                        {"placements", f.placements},
+                        {"mesh_dims", f.mesh_dims},
+                        {"local_shape", f.local_shape}});
+    }
+  return {{"mesh", {{"dim_names", names}, {"shape", shape}}}, {"modules", modules}, {"params", params}};
 }
 
 ojson optional_bool(const std::optional<bool>& b) { return b ? ojson(*b) : ojson(nullptr); }
@@ -160,6 +194,7 @@ nlohmann::ordered_json plan_to_json(const Plan& plan) {
   }
   out["warnings"] = std::move(warnings);
   out["memory"] = memory_json(plan);
+  if (plan.tensor_parallel) out["tensor_parallel"] = tensor_parallel_json(plan);
   return out;
 }
 

@@ -4,6 +4,7 @@
 #include <map>
 
 #include "model/class_names.h"
+#include "tp/placements.h"
 #include "util/strings.h"
 
 namespace fsdp_plan {
@@ -134,6 +135,18 @@ std::string fsdp2_memory_text(const Plan& plan) {
   std::string mesh = m.replicate_size > 1 ? "HSDP mesh (" + std::to_string(m.replicate_size) + " replicate, " +
                                                 std::to_string(m.shard_group_size) + " shard)"
                                           : "mesh (" + std::to_string(m.shard_group_size) + ")";
+  if (plan.tensor_parallel) {
+    // The 2-D (or 3-D) mesh, and how many parameters the tp dimension splits.
+    const TensorParallelPlan& tp = *plan.tensor_parallel;
+    int64_t split = 0, replicated = 0;
+    for (const auto& p : tp.placement) {
+      split += p.kind == TpPlacement::Kind::Shard;
+      replicated += p.kind == TpPlacement::Kind::Replicate;
+    }
+    mesh = "mesh " + tp_mesh_text(tp.mesh) + " with tensor parallelism: " + std::to_string(tp.modules.size()) +
+           " modules planned, " + std::to_string(split) + " parameters split on tp, " + std::to_string(replicated) +
+           " replicated";
+  }
   std::string out = wrap("memory  per rank (rank 0), FSDP2, world size " + std::to_string(m.settings.world_size) +
                              ", " + mesh + ", " + optimizer_name(m.settings.optimizer) +
                              (m.settings.cpu_offload ? ", CPU offload" : "") + "; activations not included",
