@@ -242,7 +242,7 @@ ModuleTree load_tree_json(const std::string& path) {
     throw InputError(path, "a JSON file of " + std::to_string(st.st_size) + " bytes, more than a module tree JSON can be (" +
                                std::to_string(kMaxTreeFile) + ")");
   }
-  return parse_tree_json(read_text_file(path), path);
+  return parse_tree_json(read_text_file(path, kMaxTreeFile, "a module tree JSON"), path);
 }
 
 ModuleTree parse_tree_json(const std::string& text, const std::string& file) {
