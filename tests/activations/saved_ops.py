@@ -2,7 +2,7 @@
 
 The reference semantics of the table (the C++ generator must implement the same):
 
-    rows = saved_ops.load("tests/activations/saved_ops.yaml")
+    rows = saved_ops.load("lib/activations/saved_ops.yaml")
     saved = saved_ops.predict(rows["aten.mul.Tensor"], args, outputs, Env(device="cpu"))
 
 `args` maps each argument name of the operator's schema to an `Arg`: a tensor (`TensorMeta`: sizes,
@@ -34,7 +34,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import yaml
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-DEFAULT_TABLE = os.path.join(HERE, "saved_ops.yaml")
+# The table lives beside its C++ generator (lib/activations/gen_saved_ops.py).
+DEFAULT_TABLE = os.path.normpath(os.path.join(HERE, "..", "..", "lib", "activations", "saved_ops.yaml"))
 
 ITEMSIZE = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2, "int64": 8, "int32": 4, "int16": 2,
             "int8": 1, "uint8": 1, "bool": 1, "complex64": 8}
