@@ -1254,6 +1254,10 @@ class Reader {
     if (ac_offload && !ac)
       refuse("ValueError: `activation_checkpointing_offload=True` requires `activation_checkpointing=True`.");
     if (ac_offload && !v2) refuse("ValueError: `activation_checkpointing_offload=True` requires `fsdp_version=2`.");
+    out_.activation_checkpointing = ac;
+    out_.activation_checkpointing_offload = ac_offload;
+    if (ac) note("activation_checkpointing", "true", true);
+    if (ac_offload) note("activation_checkpointing_offload", "true", true);
 
     read_wrap_policy();
     Env ignored = env("fsdp_ignored_modules");
@@ -1544,6 +1548,107 @@ void resolve_accelerate_config(AccelerateConfig& config, const ModuleTree& tree)
     }
     config.policy.ignored_modules = paths;
   }
+}
+
+std::optional<ActivationCheckpointing> accelerate_activation_checkpointing(const AccelerateConfig& config,
+                                                                          const ModuleTree& tree,
+                                                                          FsdpVersion version,
+                                                                          std::vector<Warning>& warnings) {
+  if (!config.activation_checkpointing) return std::nullopt;
+  if (config.activation_checkpointing_offload)
+    warnings.push_back(make_warning(
+        "accelerate_config_key",
+        "fsdp_activation_checkpointing_offload: offload_wrapper moves each checkpointed layer's saved input to "
+        "pinned host memory; the plan counts it on the device (an upper bound by those inputs)"));
+  const bool v2 = version == FsdpVersion::V2;
+  ActivationCheckpointing ac;
+  if (config.auto_wrap_policy == "TRANSFORMER_BASED_WRAP") {
+    // The classes resolve_accelerate_config found (the policy's module_classes).
+    if (config.policy.module_classes) ac.module_classes = *config.policy.module_classes;
+    if (ac.module_classes.empty()) {
+      warnings.push_back(make_warning("accelerate_config_key",
+                                      "fsdp_activation_checkpointing: no transformer layer class to checkpoint, so "
+                                      "Accelerate checkpoints no module"));
+      return std::nullopt;
+    }
+    return ac;
+  }
+  const int64_t min_params = config.policy.min_num_params.value_or(0);
+  const bool sized = config.auto_wrap_policy == "SIZE_BASED_WRAP" && min_params > 0;
+  if (v2) {
+    if (!sized) {
+      warnings.push_back(make_warning(
+          "accelerate_ac_refused",
+          "Accelerate would stop: TypeError: 'NoneType' object is not callable (fsdp2_apply_ac calls the FSDP2 "
+          "auto-wrap policy, which " +
+              std::string(config.auto_wrap_policy == "NO_WRAP" ? "fsdp_auto_wrap_policy NO_WRAP"
+                                                               : "fsdp_min_num_params 0") +
+              " leaves None); set fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP with the layer class, or turn "
+              "fsdp_activation_checkpointing off. Planned without activation checkpointing"));
+      return std::nullopt;
+    }
+    // fsdp2_prepare_auto_wrap_policy, size: sum(p.numel() for p in module.parameters()) > min_num_params,
+    // on every module but the root; an inner one adds nothing to its checkpointed parent.
+    const std::vector<int64_t> numel = subtree_numel(tree, std::vector<bool>(tree.num_tensors(), false));
+    std::vector<bool> inside(tree.num_modules(), false);
+    for (ModuleId m : tree.preorder()) {
+      if (m == 0) continue;
+      const ModuleId parent = tree.module(m).parent;
+      if (parent >= 0 && inside[static_cast<size_t>(parent)]) {
+        inside[static_cast<size_t>(m)] = true;
+        continue;
+      }
+      if (numel[static_cast<size_t>(m)] > min_params) {
+        ac.modules.push_back(tree.path(m));
+        inside[static_cast<size_t>(m)] = true;
+      }
+    }
+    if (ac.modules.empty()) return std::nullopt;
+    return ac;
+  }
+  if (!sized) {
+    // apply_activation_checkpointing(model, auto_wrap_policy=None): check_fn's default wraps
+    // every child, first the FullyShardedDataParallel root's own child: the whole model.
+    warnings.push_back(make_warning(
+        "accelerate_config_key",
+        "fsdp_activation_checkpointing with " +
+            std::string(config.auto_wrap_policy == "NO_WRAP" ? "fsdp_auto_wrap_policy NO_WRAP"
+                                                             : "fsdp_min_num_params 0") +
+            ": apply_activation_checkpointing gets no policy and checkpoints the whole model (the FSDP root's "
+            "child), which saves nothing: its recompute in backward holds what a plain forward does"));
+    ac.modules.push_back("");
+    return ac;
+  }
+  warnings.push_back(make_warning(
+      "accelerate_config_key",
+      "fsdp_activation_checkpointing with SIZE_BASED_WRAP: Accelerate checkpoints by size on the already sharded "
+      "model (size_based_auto_wrap_policy over the flat parameters' local shards); the plan checkpoints the FSDP "
+      "units' modules instead (an estimate)"));
+  // The recursive size rule FSDP1 wrapped the unsharded model by (wrap.py: _recursive_wrap with
+  // size_based_auto_wrap_policy): children first; a module is wrapped when what its wrapped
+  // descendants leave is at least min_num_params; ModuleList and ModuleDict never are.
+  const std::vector<int64_t> numel = subtree_numel(tree, std::vector<bool>(tree.num_tensors(), false));
+  std::vector<int64_t> wrapped_below(tree.num_modules(), 0);
+  std::vector<bool> wrapped(tree.num_modules(), false);
+  for (ModuleId m : tree.postorder()) {
+    const Module& mod = tree.module(m);
+    for (ModuleId c : mod.children)
+      wrapped_below[static_cast<size_t>(m)] +=
+          wrapped[static_cast<size_t>(c)] ? numel[static_cast<size_t>(c)] : wrapped_below[static_cast<size_t>(c)];
+    const std::string cls(short_name(demangle(mod.type_name)));
+    if (m != 0 && numel[static_cast<size_t>(m)] - wrapped_below[static_cast<size_t>(m)] >= min_params &&
+        cls != "ModuleList" && cls != "ModuleDict")
+      wrapped[static_cast<size_t>(m)] = true;
+  }
+  std::vector<bool> inside(tree.num_modules(), false);
+  for (ModuleId m : tree.preorder()) {
+    const ModuleId parent = tree.module(m).parent;
+    if (parent >= 0 && (inside[static_cast<size_t>(parent)] || wrapped[static_cast<size_t>(parent)]))
+      inside[static_cast<size_t>(m)] = true;
+    if (wrapped[static_cast<size_t>(m)] && !inside[static_cast<size_t>(m)]) ac.modules.push_back(tree.path(m));
+  }
+  if (ac.modules.empty()) return std::nullopt;
+  return ac;
 }
 
 }  // namespace fsdp_plan

@@ -33,6 +33,8 @@ struct AccelerateConfig {
   int64_t num_machines = 1;
   bool reshard_after_forward = true;  // FSDP2: fsdp_reshard_after_forward
   std::string mixed_precision = "no";  // no, fp8, fp16 or bf16; policy.mixed_precision holds its dtypes
+  bool activation_checkpointing = false;          // fsdp_activation_checkpointing
+  bool activation_checkpointing_offload = false;  // fsdp_activation_checkpointing_offload (FSDP2)
   std::vector<std::string> effective;  // "key value (where it came from)", for the info warning
 };
 
@@ -77,6 +79,25 @@ AccelerateConfig parse_accelerate_config_json(const nlohmann::json& doc, const s
 // where the file records it (fsdp-plan-export's record, a live module's
 // tree), and warns that it is unknown otherwise.
 void resolve_accelerate_config(AccelerateConfig& config, const ModuleTree& tree);
+
+// The modules Accelerate 1.15.0 checkpoints with fsdp_activation_checkpointing
+// under FSDP `version` (call after resolve_accelerate_config, before
+// apply_accelerate_fsdp2), or nullopt when it checkpoints none.
+//  - FSDP2 (accelerator.py: prepare_model -> fsdp2_apply_ac): every module but
+//    the root, bottom-up, for which the FSDP2 auto-wrap policy holds
+//    (fsdp_utils.py: fsdp2_prepare_auto_wrap_policy), the layer itself since
+//    PR 4172: its class for TRANSFORMER_BASED_WRAP, more than min_num_params
+//    parameters for SIZE_BASED_WRAP. Without a policy (NO_WRAP, or min 0) the
+//    policy is None and fsdp2_apply_ac raises TypeError: an error warning.
+//  - FSDP1 (prepare_model, FSDP1 branch): apply_activation_checkpointing on the
+//    wrapped model with the plugin's auto_wrap_policy: the wrap classes; by
+//    size on the sharded model, which the plan takes as the units' modules (a
+//    warning says so); with no policy, check_fn's default (always true) wraps
+//    the root's only child, the whole model.
+std::optional<ActivationCheckpointing> accelerate_activation_checkpointing(const AccelerateConfig& config,
+                                                                          const ModuleTree& tree,
+                                                                          FsdpVersion version,
+                                                                          std::vector<Warning>& warnings);
 
 // One fully_shard call of Accelerate's FSDP2 preparation.
 struct ShardCall {

@@ -341,6 +341,8 @@ class Analysis {
     if (pol.exclude_wrap_given) check(pol.exclude_wrap_modules, "exclude_wrap_modules");
     if (pol.mixed_precision && pol.mixed_precision->ignore_classes_given)
       check(pol.mixed_precision->ignore_classes, "mixed_precision.ignore_classes");
+    if (pol.activation_checkpointing)
+      check(pol.activation_checkpointing->module_classes, "activation_checkpointing.module_classes");
   }
 
   void unmatched_globs() {

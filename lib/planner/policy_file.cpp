@@ -73,6 +73,9 @@ std::vector<Warning> resolve_policy_file(PolicyFile& file, const ModuleTree& tre
   if (!file.accelerate) return {};
   AccelerateConfig& a = *file.accelerate;
   resolve_accelerate_config(a, tree);
+  // Before the FSDP2 calls replace the wrap classes; by the version that runs (--fsdp-version may override).
+  file.policy.activation_checkpointing =
+      accelerate_activation_checkpointing(a, tree, file.policy.fsdp.version, a.warnings);
   if (a.policy.fsdp.v2()) apply_accelerate_fsdp2(a, tree);
   file.policy.module_classes = a.policy.module_classes;
   file.policy.min_num_params = a.policy.min_num_params;

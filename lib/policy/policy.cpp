@@ -26,7 +26,9 @@ constexpr size_t kMaxPolicyString = 4096;
 const std::vector<std::string> kTopKeys = {"$schema", "module_classes", "min_num_params",
                                            "force_leaf_modules", "exclude_wrap_modules",
                                            "mixed_precision", "ignored_modules", "ignored_params",
-                                           "fsdp", "checks", "groups", "tensor_parallel"};
+                                           "fsdp", "checks", "groups", "tensor_parallel",
+                                           "activation_checkpointing"};
+const std::vector<std::string> kActivationCheckpointingKeys = {"module_classes", "modules"};
 const std::vector<std::string> kChecksKeys = {"max_unit_numel", "max_units", "max_root_share", "max_peak_bytes",
                                               "fail_on", "warn_root_share"};
 const std::vector<std::string> kMixedPrecisionKeys = {"param_dtype", "reduce_dtype", "buffer_dtype",
@@ -224,6 +226,33 @@ class Parser {
     return out;
   }
 
+  ActivationCheckpointing activation_checkpointing(const json& v) const {
+    if (!v.is_object()) fail("\"activation_checkpointing\" must be an object or null, not " + type_of(v));
+    check_keys(v, kActivationCheckpointingKeys, " in \"activation_checkpointing\"");
+    ActivationCheckpointing ac;
+    if (auto it = v.find("module_classes"); it != v.end() && !it->is_null())
+      ac.module_classes = string_list(*it, "activation_checkpointing.module_classes", true);
+    if (auto it = v.find("modules"); it != v.end() && !it->is_null()) {
+      // Exact paths, "" for the whole model: string_list refuses empty strings, so read them here.
+      if (!it->is_array())
+        fail("\"activation_checkpointing.modules\" must be a list of strings, not " + type_of(*it));
+      std::set<std::string> seen;
+      for (const auto& item : *it) {
+        if (!item.is_string())
+          fail("\"activation_checkpointing.modules\" must be a list of strings, but holds " + type_of(item));
+        std::string path = item.get<std::string>();
+        if (path.find('*') != std::string::npos)
+          fail("\"activation_checkpointing.modules\" holds \"" + path + "\": module paths here are exact, not globs");
+        if (!seen.insert(path).second) fail("\"activation_checkpointing.modules\" lists \"" + path + "\" twice");
+        ac.modules.push_back(std::move(path));
+      }
+    }
+    if (ac.module_classes.empty() && ac.modules.empty())
+      fail("\"activation_checkpointing\" names no module: give \"module_classes\" (e.g. [\"LlamaDecoderLayer\"]) "
+           "or \"modules\", or leave the key out");
+    return ac;
+  }
+
   double share(const json& v, const std::string& key) const {
     if (!v.is_number()) fail("\"" + key + "\" must be a number, not " + type_of(v));
     double share = v.get<double>();
@@ -310,6 +339,8 @@ class Parser {
     if (auto it = doc.find("groups"); it != doc.end() && !it->is_null()) p.groups = groups(*it);
     if (auto it = doc.find("tensor_parallel"); it != doc.end() && !it->is_null())
       p.tensor_parallel = parse_tensor_parallel(*it, file_);
+    if (auto it = doc.find("activation_checkpointing"); it != doc.end() && !it->is_null())
+      p.activation_checkpointing = activation_checkpointing(*it);
     return p;
   }
 
@@ -419,6 +450,10 @@ nlohmann::ordered_json policy_to_json(const Policy& p) {
   }
   out["ignored_modules"] = p.ignored_modules;
   out["ignored_params"] = p.ignored_params;
+  // Only when set, so plans without it stay as they were.
+  if (p.activation_checkpointing)
+    out["activation_checkpointing"] = {{"module_classes", p.activation_checkpointing->module_classes},
+                                       {"modules", p.activation_checkpointing->modules}};
   out["fsdp"] = {{"world_size", p.fsdp.world_size},
                  {"sharding_strategy", strategy_name(p.fsdp.strategy)},
                  {"shard_group_size", p.fsdp.shard_group_size > 0 ? nlohmann::ordered_json(p.fsdp.shard_group_size)
@@ -458,6 +493,13 @@ nlohmann::ordered_json policy_file_json(const Policy& p) {
   }
   if (!p.ignored_modules.empty()) out["ignored_modules"] = p.ignored_modules;
   if (!p.ignored_params.empty()) out["ignored_params"] = p.ignored_params;
+  if (p.activation_checkpointing) {
+    nlohmann::ordered_json ac = nlohmann::ordered_json::object();
+    if (!p.activation_checkpointing->module_classes.empty())
+      ac["module_classes"] = p.activation_checkpointing->module_classes;
+    if (!p.activation_checkpointing->modules.empty()) ac["modules"] = p.activation_checkpointing->modules;
+    out["activation_checkpointing"] = std::move(ac);
+  }
   if (!p.groups.empty()) {
     nlohmann::ordered_json groups = nlohmann::ordered_json::array();
     for (const auto& g : p.groups) {

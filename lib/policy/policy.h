@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -39,6 +40,27 @@ struct Fsdp2Group {
   std::optional<ReshardAfterForward> reshard_after_forward;  // nullopt: fsdp.reshard_after_forward
 };
 
+// Activation checkpointing (torch's checkpoint_wrapper, non-reentrant, as
+// apply_activation_checkpointing and Accelerate apply it): each module of
+// these classes (isinstance, as module_classes) or at these paths keeps only
+// its inputs through the forward and runs again in the backward. A module
+// inside another checkpointed one adds nothing the outer one does not cover.
+struct ActivationCheckpointing {
+  std::vector<std::string> module_classes;
+  std::vector<std::string> modules;  // exact module paths ("" is the whole model)
+};
+
+// How activations are counted (command line only; not part of a policy file):
+// --activation-bytes, --device, --sdpa. The dynamic dimensions are the graph's (--dim).
+struct ActivationSettings {
+  std::optional<int64_t> allowance_bytes;  // --activation-bytes: a flat allowance in place of the graph's
+  ComputeDevice device = ComputeDevice::Cuda;
+  SdpaKernel sdpa = SdpaKernel::Default;
+  // --dim NAME=VALUE: the graph's dynamic dimensions (model/graph.h DimValues::bind); the rest at
+  // the values torch traced them at.
+  std::vector<std::pair<std::string, int64_t>> dims;
+};
+
 struct Policy {
   std::optional<std::vector<std::string>> module_classes;  // ModuleWrapPolicy
   std::optional<int64_t> min_num_params;                   // size_based_auto_wrap_policy
@@ -58,6 +80,8 @@ struct Policy {
   bool module_aliases = false;
   std::vector<Fsdp2Group> groups;            // FSDP2 only: explicit fully_shard calls
   std::optional<TensorParallel> tensor_parallel;  // FSDP2 only: a (dp_shard, tp) mesh
+  std::optional<ActivationCheckpointing> activation_checkpointing;
+  ActivationSettings activations;            // not in the policy file
 
   // FSDP auto-wraps only when a wrapping policy is given; mixed precision
   // alone changes no unit.

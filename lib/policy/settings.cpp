@@ -21,6 +21,20 @@ const NameTable<Optimizer>& optimizer_names() {
   return table;
 }
 
+const NameTable<ComputeDevice>& device_names() {
+  static const NameTable<ComputeDevice> table({{"cuda", ComputeDevice::Cuda}, {"cpu", ComputeDevice::Cpu}});
+  return table;
+}
+
+const NameTable<SdpaKernel>& sdpa_names() {
+  static const NameTable<SdpaKernel> table({{"default", SdpaKernel::Default},
+                                            {"flash", SdpaKernel::Flash},
+                                            {"efficient", SdpaKernel::Efficient},
+                                            {"cudnn", SdpaKernel::Cudnn},
+                                            {"math", SdpaKernel::Math}});
+  return table;
+}
+
 std::optional<FsdpVersion> parse_version(int64_t number) {
   if (number == 1) return FsdpVersion::V1;
   if (number == 2) return FsdpVersion::V2;

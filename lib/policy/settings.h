@@ -16,6 +16,11 @@ namespace fsdp_plan {
 enum class FsdpVersion { V1 = 1, V2 = 2 };
 enum class ShardingStrategy { FullShard, ShardGradOp, NoShard, HybridShard };
 enum class Optimizer { Adam, Sgd, SgdMomentum, None };
+// The activation walk (issue 30): the device whose kernels run the step
+// (--device), and the attention kernel SDPA takes (--sdpa; "default": what
+// that device picks). They decide what autograd saves.
+enum class ComputeDevice { Cuda, Cpu };
+enum class SdpaKernel { Default, Flash, Efficient, Cudnn, Math };
 
 // One enum's names: the first row of a value is how it is written, later rows
 // are other spellings read as it ("adamw" is Adam: the same state).
@@ -46,7 +51,11 @@ class NameTable {
 
 const NameTable<ShardingStrategy>& strategy_names();  // FULL_SHARD, ... (PyTorch's ShardingStrategy)
 const NameTable<Optimizer>& optimizer_names();        // adam, adamw, sgd, sgd-momentum, none
+const NameTable<ComputeDevice>& device_names();      // cuda, cpu
+const NameTable<SdpaKernel>& sdpa_names();           // default, flash, efficient, cudnn, math
 inline const char* strategy_name(ShardingStrategy s) { return strategy_names().name(s); }
+inline const char* device_name(ComputeDevice d) { return device_names().name(d); }
+inline const char* sdpa_name(SdpaKernel k) { return sdpa_names().name(k); }
 inline const char* optimizer_name(Optimizer o) { return optimizer_names().name(o); }
 inline int version_number(FsdpVersion v) { return static_cast<int>(v); }
 std::optional<FsdpVersion> parse_version(int64_t number);

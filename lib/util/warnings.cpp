@@ -31,6 +31,7 @@ const std::vector<WarningKind>& warning_table() {
       {"accelerate_config", S::Info, std::nullopt, W::Accelerate},
       {"accelerate_config_key", S::Warning, std::nullopt, W::Accelerate},
       {"accelerate_class_missing", S::Error, std::nullopt, W::Accelerate},
+      {"accelerate_ac_refused", S::Error, std::nullopt, W::Accelerate},
       // FSDP1's flat parameter (fsdp1/warnings.cpp), and the root (plan/root_warnings.cpp).
       {"mixed_requires_grad", S::Error, S::Warning, W::Fsdp1},
       {"mixed_dtype", S::Error, std::nullopt, W::Fsdp1},
@@ -53,6 +54,9 @@ const std::vector<WarningKind>& warning_table() {
       {"tp_style_class", S::Error, std::nullopt, W::Fsdp2},
       {"tp_applied_twice", S::Error, std::nullopt, W::Fsdp2},
       {"tp_uneven_split", S::Error, std::nullopt, W::Fsdp2},
+      // Activations from the .pt2 graph (activations/walk.cpp).
+      {"activation_op_unknown", S::Warning, std::nullopt, W::Any},
+      {"unmatched_checkpoint", S::Warning, std::nullopt, W::Any},  // activation_checkpointing.modules
   };
   return table;
 }
