@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "activations/schedule.h"
 #include "model/dtype.h"
 #include "plan/plan.h"
 
@@ -170,6 +171,11 @@ MemoryPlan estimate_memory(const Plan& plan, const FsdpSettings& settings, bool 
   r.peak_bytes = r.steady_bytes;
   r.peak_phase = "optimizer step";
   if (timeline) mem.timeline.reserve(2 * n + 1);
+  // Activations live at each point (activations/schedule.h), set before each record().
+  std::vector<int> parents;
+  for (const auto& u : plan.units) parents.push_back(u.parent);
+  ActivationSchedule acts(plan.activations, parents);
+  int64_t act = 0;
   // One step of the series; the peak is the first step above the steady state.
   auto record = [&](const char* phase, size_t unit, int64_t gathered_now, int64_t unsharded_grads,
                     int64_t grads) {
@@ -182,31 +188,76 @@ MemoryPlan estimate_memory(const Plan& plan, const FsdpSettings& settings, bool 
     s.gathered_bytes = gathered_now;
     s.unsharded_grads_bytes = unsharded_grads;
     s.grads_bytes = grads;
+    s.activation_bytes = act;
     const int64_t bytes = s.total_bytes();
     if (timeline) mem.timeline.push_back(std::move(s));
     if (bytes <= r.peak_bytes) return;
     r.peak_bytes = bytes;
     r.peak_phase = phase;
     r.peak_unit = static_cast<int>(unit);
+    r.activation_bytes = act;
+  };
+  // The units enclosing unit j, outermost first.
+  auto ancestors_of = [&](int j) {
+    std::vector<int> out;
+    for (int a = j < 0 ? -1 : plan.units[static_cast<size_t>(j)].parent; a >= 0; a = plan.units[static_cast<size_t>(a)].parent)
+      out.push_back(a);
+    std::reverse(out.begin(), out.end());
+    return out;
   };
 
   // Forward: unit j runs inside its ancestors' forwards, so they are gathered
   // too; the next unit's all-gather may already be in flight (FSDP's rate
   // limiter allows two). SHARD_GRAD_OP keeps every unit gathered after forward.
+  // An enclosing unit may run between its children (the root's head and loss
+  // after the layers): a point of its own, before unit `next` is gathered.
   int64_t prefix = 0;  // sum of gathered[k] for k < j
+  auto resume_forward = [&](int a, int next) {
+    if (auto peak = acts.forward_resume(a, next)) {
+      act = *peak;
+      const size_t k = static_cast<size_t>(a);
+      const int64_t live = keep_after_forward ? prefix : ancestors_gathered[k] + gathered[k];
+      record("forward", k, live + (next >= 0 ? gathered[static_cast<size_t>(next)] : 0), 0, 0);
+      act = acts.held();
+    }
+  };
   for (size_t j = 0; j < n; ++j) {
+    for (int a : ancestors_of(static_cast<int>(j))) resume_forward(a, static_cast<int>(j));
     const int64_t next = j + 1 < n ? gathered[j + 1] : 0;
     const int64_t live = keep_after_forward ? prefix + gathered[j] : ancestors_gathered[j] + gathered[j];
+    act = acts.forward_enter(static_cast<int>(j));
     record("forward", j, live + next, 0, 0);
+    act = acts.held();
     prefix += gathered[j];
   }
+  if (n > 0) {
+    std::vector<int> tail = ancestors_of(static_cast<int>(n - 1));
+    tail.push_back(static_cast<int>(n - 1));
+    for (auto it = tail.rbegin(); it != tail.rend(); ++it) resume_forward(*it, -1);
+  }
+  act = acts.after_forward();
   // Backward, in reverse: unit j and its ancestors are gathered (the root was
   // never freed), with BACKWARD_PRE prefetch of the unit before it; their
   // unsharded gradients exist until reduce-scatter; every unit after j has
   // already left its sharded gradient.
   int64_t sharded_grads_done = 0;
+  // The unit's flat gradient is the unsharded one, or under NO_SHARD the
+  // gradient it keeps; its parameters' own gradients beside it.
+  auto flat_grad = [&](size_t k) { return grad_unsharded[k] > 0 ? grad_unsharded[k] : grad_sharded[k]; };
+  // An enclosing unit's backward between its children's (the root's loss and
+  // head before the last layer's backward): a point of its own.
+  auto resume_backward = [&](int a, int next) {
+    if (auto peak = acts.backward_resume(a, next)) {
+      act = *peak;
+      const size_t k = static_cast<size_t>(a);
+      const int64_t live = keep_after_forward ? prefix + gathered[k] : ancestors_gathered[k] + gathered[k];
+      record("backward", k, live, ancestors_grad[k] + flat_grad(k) + view_grads[k], ignored + sharded_grads_done);
+      act = acts.held();
+    }
+  };
   for (size_t j = n; j-- > 0;) {
     prefix -= gathered[j];  // now the sum for k < j
+    for (int a : ancestors_of(static_cast<int>(j))) resume_backward(a, static_cast<int>(j));
     int64_t live;
     if (keep_after_forward) {
       live = prefix + gathered[j];
@@ -214,13 +265,13 @@ MemoryPlan estimate_memory(const Plan& plan, const FsdpSettings& settings, bool 
       const bool prefetch = j > 0 && !parent_is_previous(j);
       live = ancestors_gathered[j] + gathered[j] + (prefetch ? gathered[j - 1] : 0);
     }
-    // Ignored parameters' gradients are whole and counted from the start of
-    // backward. The unit's flat gradient is the unsharded one, or under
-    // NO_SHARD the gradient it keeps; its parameters' own gradients beside it.
-    const int64_t flat_grad = grad_unsharded[j] > 0 ? grad_unsharded[j] : grad_sharded[j];
-    record("backward", j, live, ancestors_grad[j] + flat_grad + view_grads[j], ignored + sharded_grads_done);
+    // Ignored parameters' gradients are whole and counted from the start of backward.
+    act = acts.backward_enter(static_cast<int>(j));
+    record("backward", j, live, ancestors_grad[j] + flat_grad(j) + view_grads[j], ignored + sharded_grads_done);
+    act = acts.held();
     sharded_grads_done += grad_sharded[j];
   }
+  act = 0;
   MemoryStep step;  // the optimizer step: the steady state, nothing gathered
   step.phase = "optimizer step";
   step.params_bytes = r.params_bytes;
@@ -245,7 +296,7 @@ MemoryPlan estimate_memory(const Plan& plan, const FsdpSettings& settings, bool 
     mem.notes.push_back("keep_low_precision_grads: torch.optim.Adam and AdamW raise on low-precision gradients of "
                         "full-precision parameters (\"expected dtype float for `end`\"); the optimizer figures assume "
                         "one that accepts them and keeps its state in the parameters' dtype");
-  mem.notes.push_back("activations are not included");
+  mem.notes.push_back(activation_note(plan.activations));
   mem.notes.push_back("module order stands for execution order, as FSDP assumes before its first step");
   return mem;
 }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "activations/schedule.h"
 #include "model/dtype.h"
 #include "plan/plan.h"
 
@@ -50,8 +51,9 @@ std::vector<int64_t> fsdp2_sharded_shape(const std::vector<int64_t>& shape, int6
   return out;
 }
 
-Fsdp2Memory::Fsdp2Memory(const Plan& plan) {
+Fsdp2Memory::Fsdp2Memory(const Plan& plan) : activations_(plan.activations) {
   const ModuleTree& tree = *plan.tree;
+  for (const auto& u : plan.units) parents_.push_back(u.parent);
   const auto& mp = plan.policy.mixed_precision;
   units_.resize(plan.units.size());
   size_t total = 0;
@@ -235,7 +237,11 @@ MemoryPlan Fsdp2Memory::estimate(const FsdpSettings& settings, bool timeline) co
   };
   // The peak's categories are built once, at the end, from what was live then.
   Live peak_live;
-  int64_t peak_grads = 0, peak_opt = 0;
+  int64_t peak_grads = 0, peak_opt = 0, peak_act = 0;
+  // Activations live at each point (activations/schedule.h): set before each consider().
+  ActivationSchedule acts(activations_, parents_);
+  const bool acts_known = acts.known();
+  int64_t act = 0;
   // Each event is a point of the timeline; consecutive events of one phase
   // and unit make one step, holding its largest point (so the peak is a step).
   // A step is only built when the timeline or a new peak needs it.
@@ -253,11 +259,13 @@ MemoryPlan Fsdp2Memory::estimate(const FsdpSettings& settings, bool timeline) co
       s.gathered_bytes = live.unsharded + live.all_gather;
       s.unsharded_grads_bytes = live.grads_unsharded + live.reduce_scatter;
       s.grads_bytes = grads;
+      s.activation_bytes = act;
       s.categories = categories(live, grads, opt);
+      if (acts_known) s.categories.emplace_back("activations", act);
       return s;
     };
     const int64_t total = resident_params + opt + r.buffers_bytes + live.unsharded + live.all_gather +
-                          live.grads_unsharded + live.reduce_scatter + grads;  // step().total_bytes()
+                          live.grads_unsharded + live.reduce_scatter + grads + act;  // step().total_bytes()
     if (timeline) {
       auto& tl = mem.timeline;
       if (tl.empty() || tl.back().phase != phase || tl.back().unit != unit_index)
@@ -272,6 +280,7 @@ MemoryPlan Fsdp2Memory::estimate(const FsdpSettings& settings, bool timeline) co
     peak_live = live;
     peak_grads = grads;
     peak_opt = opt;
+    peak_act = act;
     r.peak_gathered.assign(holding.begin(), holding.end());
   };
   auto gather = [&](size_t j) {  // unshard + copy-out of a group not prefetched
@@ -288,25 +297,40 @@ MemoryPlan Fsdp2Memory::estimate(const FsdpSettings& settings, bool timeline) co
     live.unsharded -= held[j] - groups[j].kept_after_forward;
     set_held(j, groups[j].kept_after_forward);
   };
+  // A group that runs again after a child ended (the root's head and loss after the layers).
+  auto resume_forward = [&](int next) {
+    if (active.empty()) return;
+    if (auto peak = acts.forward_resume(static_cast<int>(active.back()), next)) {
+      act = *peak;
+      consider("forward", active.back());
+      act = acts.held();
+    }
+  };
   for (size_t j = 0; j < n; ++j) {
     for (int c = forward_closes_[j]; c > 0; --c) {
       post_forward(active.back());
       active.pop_back();
+      resume_forward(static_cast<int>(j));
     }
     const int64_t ag = S > 1 ? groups[j].unsharded : 0;
     live.all_gather += ag;
+    act = acts.forward_before(static_cast<int>(j));
     consider("forward", j);
     live.all_gather -= ag_prev;
     gather(j);
+    act = acts.forward_enter(static_cast<int>(j));
     consider("forward", j);
+    act = acts.held();
     ag_prev = ag;
     active.push_back(j);
   }
   while (!active.empty()) {
     post_forward(active.back());
     active.pop_back();
+    resume_forward(-1);
   }
   live.all_gather -= ag_prev;  // the root's post-forward frees the last one
+  act = acts.after_forward();
 
   // Backward: pre-backward hooks in reverse post-forward order, each
   // prefetching the group that finished forward just before it;
@@ -339,11 +363,20 @@ MemoryPlan Fsdp2Memory::estimate(const FsdpSettings& settings, bool timeline) co
     }
     rs_retained = g.rs_input;
   };
+  auto resume_backward = [&](int next) {
+    if (open.empty()) return;
+    if (auto peak = acts.backward_resume(static_cast<int>(open.back()), next)) {
+      act = *peak;
+      consider("backward", open.back());
+      act = acts.held();
+    }
+  };
   for (size_t k = post_order.size(); k-- > 0;) {
     const size_t j = post_order[k];
     for (int c = backward_closes_[k]; c > 0; --c) {
       post_backward(open.back());
       open.pop_back();
+      resume_backward(static_cast<int>(j));
     }
     if (prefetched[j] > 0) {  // copy out the prefetched all-gather, then free it
       gather(j);
@@ -364,13 +397,17 @@ MemoryPlan Fsdp2Memory::estimate(const FsdpSettings& settings, bool timeline) co
         live.all_gather += prefetched[next];
       }
     }
+    act = acts.backward_enter(static_cast<int>(j));
     consider("backward", j);
+    act = acts.held();
     open.push_back(j);
   }
   while (!open.empty()) {
     post_backward(open.back());
     open.pop_back();
+    resume_backward(-1);
   }
+  act = 0;  // the backward freed every saved tensor
   // The optimizer step: sharded gradients and state, nothing gathered. Adam
   // (foreach=False) computes each parameter's denominator in two temporaries
   // of its shard's size: sqrt(exp_avg_sq), then its quotient.
@@ -380,13 +417,15 @@ MemoryPlan Fsdp2Memory::estimate(const FsdpSettings& settings, bool timeline) co
   if (settings.optimizer == Optimizer::Adam) live.optimizer_temp = 2 * largest_trainable;
   consider("optimizer step", n);
   r.peak_categories = categories(peak_live, peak_grads, peak_opt);
+  if (acts_known) r.peak_categories.emplace_back("activations", peak_act);
+  r.activation_bytes = peak_act;
 
   mem.notes.push_back("FSDP2 (fully_shard): mesh " +
                       (mesh.replicate > 1 ? "(" + std::to_string(mesh.replicate) + " replicate, " : std::string("(")) +
                       std::to_string(S) + " shard), rank 0 (the largest shards)");
   if (settings.cpu_offload)
     mem.notes.push_back("CPU offload: sharded parameters, gradients and optimizer state on the host (host_bytes)");
-  mem.notes.push_back("activations, autograd temporaries and input gradients are not included");
+  mem.notes.push_back(activation_note(activations_));
   mem.notes.push_back("module order stands for execution order");
   return mem;
 }

@@ -9,6 +9,7 @@
 #include <optional>
 #include <vector>
 
+#include "plan/activations.h"
 #include "plan/memory.h"
 #include "policy/settings.h"
 
@@ -63,6 +64,9 @@ class Fsdp2Memory {
   int64_t buffers_bytes_ = 0;
   // With tensor parallelism: the mesh's FSDP dimensions, whatever the settings say.
   std::optional<Fsdp2Mesh> tp_mesh_;
+  // The plan's activations (plan/activations.h) and the units' parents, for activations/schedule.h.
+  ActivationPlan activations_;
+  std::vector<int> parents_;
   // Parameters in no unit (ignored): whole on every rank.
   int64_t unowned_bytes_ = 0, unowned_trainable_bytes_ = 0, unowned_largest_trainable_ = 0;
 };

@@ -28,7 +28,8 @@ struct RankMemory {
   int64_t optimizer_bytes = 0;  // optimizer state of what this rank holds
   int64_t buffers_bytes = 0;    // buffers are replicated, never sharded
   int64_t steady_bytes = 0;
-  int64_t peak_bytes = 0;
+  int64_t peak_bytes = 0;       // activations included when known (ActivationPlan)
+  int64_t activation_bytes = 0;  // activations and their temporaries live at the peak
   std::string peak_phase;  // "forward", "backward" or "optimizer step"
   int peak_unit = -1;      // the unit being computed at the peak
   std::vector<int> peak_gathered;  // units gathered at the peak
@@ -53,10 +54,12 @@ struct MemoryStep {
   int64_t gathered_bytes = 0;   // unsharded parameters gathered now, prefetch included
   int64_t unsharded_grads_bytes = 0;  // gradients before their reduce-scatter
   int64_t grads_bytes = 0;      // sharded gradients left so far (+ ignored parameters' gradients)
+  int64_t activation_bytes = 0;  // saved activations, activation gradients and recompute live (0 when unknown)
   // FSDP2: the same bytes in FSDPMemTracker's categories (as RankMemory::peak_categories).
   std::vector<std::pair<std::string, int64_t>> categories;
   int64_t total_bytes() const {
-    return params_bytes + optimizer_bytes + buffers_bytes + gathered_bytes + unsharded_grads_bytes + grads_bytes;
+    return params_bytes + optimizer_bytes + buffers_bytes + gathered_bytes + unsharded_grads_bytes + grads_bytes +
+           activation_bytes;
   }
 };
 

@@ -55,4 +55,13 @@ std::string unit_name(const ModuleTree& tree, const Unit& u, bool quoted) {
   return "[" + join(paths) + "]";
 }
 
+const char* activation_source_name(ActivationSource s) {
+  switch (s) {
+    case ActivationSource::Unknown: return "unknown";
+    case ActivationSource::Allowance: return "allowance";
+    case ActivationSource::Graph: return "graph";
+  }
+  return "unknown";
+}
+
 }  // namespace fsdp_plan

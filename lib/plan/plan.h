@@ -12,6 +12,7 @@
 
 #include "model/aliases.h"
 #include "model/module_tree.h"
+#include "plan/activations.h"
 #include "plan/memory.h"
 #include "plan/tensor_parallel.h"
 #include "policy/policy.h"
@@ -71,6 +72,7 @@ struct Plan {
   ModelSummary model;
   std::vector<Unit> units;
   std::vector<Warning> warnings;
+  ActivationPlan activations;  // read by the memory models
   MemoryPlan memory;
   std::optional<TensorParallelPlan> tensor_parallel;  // policy.tensor_parallel's placements
 

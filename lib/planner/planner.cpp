@@ -2,6 +2,7 @@
 
 #include <optional>
 
+#include "activations/activations.h"
 #include "fsdp1/memory.h"
 #include "fsdp1/select.h"
 #include "fsdp1/sharded_views.h"
@@ -51,6 +52,7 @@ Plan plan_with(const ModuleTree& loaded, const Policy& policy, const std::string
     // parallelize_module runs before fully_shard: FSDP2 shards each TP-local tensor.
     if (policy.tensor_parallel)
       plan.tensor_parallel = plan_tensor_parallel(tree, *policy.tensor_parallel, policy.fsdp.world_size, plan.warnings);
+    plan.activations = plan_activations(plan, matcher, &plan.warnings);
     plan.memory = estimate_memory_fsdp2(plan, policy.fsdp, report);
     return plan;
   }
@@ -75,6 +77,7 @@ Plan plan_with(const ModuleTree& loaded, const Policy& policy, const std::string
   }
   flat_param_refusals(plan, search_fixes ? &replan : nullptr);
   if (report) root_warnings(plan, search_fixes ? &replan : nullptr);
+  plan.activations = plan_activations(plan, matcher, &plan.warnings);
   plan.memory = estimate_memory(plan, policy.fsdp, report);
   return plan;
 }

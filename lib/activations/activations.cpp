@@ -1,0 +1,167 @@
+#include "activations/activations.h"
+
+#include <algorithm>
+
+#include "activations/graph_input.h"
+#include "activations/walk.h"
+#include "model/dtype.h"
+#include "model/graph.h"
+#include "util/strings.h"
+
+namespace fsdp_plan {
+
+std::vector<ModuleId> checkpointed_modules(const ModuleTree& tree, const Policy& policy, const ClassMatcher& matcher,
+                                           std::vector<Warning>* warnings) {
+  std::vector<ModuleId> out;
+  if (!policy.activation_checkpointing) return out;
+  const ActivationCheckpointing& ac = *policy.activation_checkpointing;
+  std::vector<bool> marked(tree.num_modules(), false);
+  if (!ac.module_classes.empty()) {
+    // isinstance, as apply_activation_checkpointing's check_fn and Accelerate's policy test it.
+    ClassSet set(tree, matcher, ac.module_classes);
+    for (ModuleId m = 0; m < static_cast<ModuleId>(tree.num_modules()); ++m)
+      if (set.contains(m)) marked[static_cast<size_t>(m)] = true;
+  }
+  if (!ac.modules.empty()) {
+    std::vector<std::string> missing;
+    std::vector<std::string> paths(tree.num_modules());
+    for (ModuleId m = 0; m < static_cast<ModuleId>(tree.num_modules()); ++m) paths[static_cast<size_t>(m)] = tree.path(m);
+    for (const auto& want : ac.modules) {
+      auto it = std::find(paths.begin(), paths.end(), want);
+      if (it == paths.end()) {
+        missing.push_back(want);
+        continue;
+      }
+      marked[static_cast<size_t>(it - paths.begin())] = true;
+    }
+    if (warnings) {
+      for (const auto& p : missing) {
+        Warning w = make_warning("unmatched_checkpoint", "\"activation_checkpointing.modules\" names \"" + p +
+                                                             "\", which is no module path in the model");
+        w.suggestions = closest(p, paths);
+        warnings->push_back(std::move(w));
+      }
+    }
+  }
+  // Outermost only: a module under a checkpointed one is run by that one's recompute.
+  std::vector<bool> inside(tree.num_modules(), false);
+  for (ModuleId m : tree.preorder()) {
+    const ModuleId parent = tree.module(m).parent;
+    const bool under = parent >= 0 && (inside[static_cast<size_t>(parent)] || marked[static_cast<size_t>(parent)]);
+    inside[static_cast<size_t>(m)] = under;
+    if (marked[static_cast<size_t>(m)] && !under) out.push_back(m);
+  }
+  return out;
+}
+
+namespace {
+
+const DtypeInfo* dtype_named(const std::string& name) {
+  for (const std::string& stem : dtype_stems())
+    if (const DtypeInfo* d = dtype_from_stem(stem); d && name == d->name) return d;
+  return nullptr;
+}
+
+// The unit each module's forward runs in: the innermost unit whose modules
+// hold it (FSDP2: a call's modules; FSDP1: the unit's module), else its parent's.
+std::vector<int> unit_of_modules(const Plan& plan) {
+  const ModuleTree& tree = *plan.tree;
+  std::vector<int> owner(tree.num_modules(), -1);
+  for (size_t u = 0; u < plan.units.size(); ++u) {
+    const Unit& unit = plan.units[u];
+    if (unit.modules.empty()) {
+      owner[static_cast<size_t>(unit.module)] = static_cast<int>(u);
+    } else {
+      for (ModuleId m : unit.modules) owner[static_cast<size_t>(m)] = static_cast<int>(u);
+    }
+  }
+  if (owner[0] < 0) owner[0] = 0;
+  for (ModuleId m : tree.preorder()) {
+    const ModuleId parent = tree.module(m).parent;
+    if (owner[static_cast<size_t>(m)] < 0 && parent >= 0) owner[static_cast<size_t>(m)] = owner[static_cast<size_t>(parent)];
+  }
+  return owner;
+}
+
+// FSDP1 flattens a unit's parameters into one FlatParameter; with
+// use_orig_params a unit mixing frozen and trainable parameters has a flat
+// parameter that requires grad, whose views the original parameters are, so
+// autograd saves for the frozen ones as if trainable
+// (torch/distributed/fsdp/_flat_param.py: FlatParamHandle._use_unsharded_views;
+// measured: tests/activations/README.md, LoRA llama under FSDP1 +37%).
+// Empty: as the graph records (FSDP2 keeps each parameter's own flag).
+std::vector<bool> fsdp1_trainable(const Plan& plan) {
+  std::vector<bool> out;
+  if (plan.v2()) return out;
+  const ModuleTree& tree = *plan.tree;
+  out.assign(tree.num_tensors(), false);
+  for (TensorId t = 0; t < static_cast<TensorId>(tree.num_tensors()); ++t) out[static_cast<size_t>(t)] = tree.tensor(t).requires_grad;
+  for (const Unit& u : plan.units) {
+    if (u.trainable_numel == 0 || u.frozen_numel == 0) continue;
+    for (const Owned& o : u.params) out[static_cast<size_t>(o.tensor)] = true;
+  }
+  return out;
+}
+
+void walk_plan(const Plan& plan, const Graph& graph, ActivationPlan& acts, std::vector<Warning>* warnings) {
+  const ActivationSettings& settings = plan.policy.activations;
+  const DimValues dims = DimValues::hints(graph, settings.dims);
+  const WalkGraph input = walk_input(graph, dims);
+  WalkOptions opt;
+  opt.env.device = settings.device;
+  opt.env.sdpa = settings.sdpa;
+  opt.unit_of_module = unit_of_modules(plan);
+  for (const CheckpointedModule& c : acts.checkpointed) opt.checkpointed.push_back(c.module);
+  opt.trainable_params = fsdp1_trainable(plan);
+  // Mixed precision: the root casts the floating forward inputs to param_dtype
+  // (FSDP2 MixedPrecisionPolicy.cast_forward_inputs, FSDP1 cast_root_forward_inputs).
+  if (const auto& mp = plan.policy.mixed_precision; mp && mp->param_dtype &&
+      (plan.v2() ? mp->casts_forward_inputs(FsdpVersion::V2) : mp->casts_root_forward_inputs()))
+    opt.input_cast = dtype_named(*mp->param_dtype);
+  // The forward then runs in param_dtype where the export computed in its parameters' dtype.
+  if (const auto& mp = plan.policy.mixed_precision; mp && mp->param_dtype) {
+    opt.compute_dtype = dtype_named(*mp->param_dtype);
+    for (const GraphInput& in : graph.inputs())
+      if (in.kind == InputKind::Parameter && in.value != kNone && graph.is_tensor(in.value))
+        if (const DtypeInfo* d = dtype_from_export_code(graph.tensor(in.value).dtype); d && is_floating_dtype(d->name)) {
+          opt.export_dtype = d;
+          break;
+        }
+  }
+  // The walk fills in what each checkpointed module keeps and recomputes.
+  acts.source = ActivationSource::Graph;
+  for (const DimSetting& d : dims.settings()) acts.dims.emplace_back(d.name, d.value);
+  walk_graph(input, *plan.tree, plan.units.size(), opt, acts, warnings);
+}
+
+}  // namespace
+
+ActivationPlan plan_activations(const Plan& plan, const ClassMatcher& matcher, std::vector<Warning>* warnings) {
+  ActivationPlan acts;
+  const ActivationSettings& settings = plan.policy.activations;
+  acts.device = device_name(settings.device);
+  acts.sdpa = sdpa_name(settings.sdpa);
+  acts.unit_bytes.assign(plan.units.size(), 0);
+  // The checkpointed modules are listed whatever the source; only the graph sizes what they keep.
+  for (ModuleId m : checkpointed_modules(*plan.tree, plan.policy, matcher, warnings)) {
+    CheckpointedModule c;
+    c.module = m;
+    acts.checkpointed.push_back(c);
+  }
+  if (settings.allowance_bytes) {
+    acts.source = ActivationSource::Allowance;
+    acts.allowance_bytes = *settings.allowance_bytes;
+    return acts;
+  }
+  if (const auto& graph = plan.tree->graph()) {
+    walk_plan(plan, *graph, acts, warnings);
+    return acts;
+  }
+  acts.source = ActivationSource::Unknown;
+  acts.unknown_reason =
+      "a TorchScript file records no tensor shapes; export a .pt2 at the training shapes, with labels "
+      "(fsdp-plan-export, docs/install.md), or give --activation-bytes";
+  return acts;
+}
+
+}  // namespace fsdp_plan

@@ -1,0 +1,27 @@
+// The plan's activations (plan/activations.h), filled in by the planner
+// after the units and before the memory models: from the .pt2 graph when the
+// model has one (activations/walk.h), else the allowance given by hand, else
+// unknown, with how to get them.
+#pragma once
+
+#include <vector>
+
+#include "model/class_names.h"
+#include "plan/activations.h"
+#include "plan/plan.h"
+#include "util/warnings.h"
+
+namespace fsdp_plan {
+
+// The modules the policy's activation_checkpointing wraps, outermost only (a
+// checkpointed module inside another adds nothing: the outer one's recompute
+// runs it), in pre-order. Paths that name no module get an
+// `unmatched_checkpoint` warning in `warnings` (classes that match none are
+// plan/analysis.cpp's unmatched_class).
+std::vector<ModuleId> checkpointed_modules(const ModuleTree& tree, const Policy& policy, const ClassMatcher& matcher,
+                                           std::vector<Warning>* warnings);
+
+// Warnings (operators the table lacks, paths that match nothing) go to `warnings`.
+ActivationPlan plan_activations(const Plan& plan, const ClassMatcher& matcher, std::vector<Warning>* warnings);
+
+}  // namespace fsdp_plan

@@ -1,0 +1,106 @@
+#include "activations/graph_input.h"
+
+#include "model/dtype.h"
+
+namespace fsdp_plan {
+
+WalkGraph walk_input(const Graph& g, const DimValues& dims) {
+  WalkGraph w;
+  // Tensor ids are the graph's value ids; a value that is no tensor keeps an empty entry.
+  w.tensors.resize(static_cast<size_t>(g.num_values()));
+  for (ValueId v = 0; v < g.num_values(); ++v) {
+    if (!g.is_tensor(v)) continue;
+    const auto& meta = g.tensor(v);
+    WalkTensor& t = w.tensors[static_cast<size_t>(v)];
+    t.sizes = dims.sizes(v);
+    t.strides = dims.strides(v);
+    t.offset = dims.storage_offset(v);
+    t.dtype = dtype_from_export_code(meta.dtype);
+    if (!t.dtype) t.dtype = dtype_from_stem("Float");  // UNKNOWN: sized as float32
+    t.requires_grad = meta.requires_grad;
+  }
+  for (const GraphInput& in : g.inputs()) {
+    if (in.value == kNone || !g.is_tensor(in.value)) continue;
+    WalkPlaceholder p;
+    p.tensor = in.value;
+    switch (in.kind) {
+      case InputKind::Parameter: p.kind = WalkInput::Parameter; break;
+      case InputKind::Buffer: p.kind = WalkInput::Buffer; break;
+      case InputKind::TensorConstant: p.kind = WalkInput::Constant; break;
+      case InputKind::UserInput: p.kind = WalkInput::UserInput; break;
+      default: continue;  // custom objects, tokens, constant inputs: no tensor
+    }
+    p.param = in.tensor;
+    w.placeholders.push_back(p);
+  }
+  w.nodes.reserve(static_cast<size_t>(g.num_nodes()));
+  for (NodeId n = 0; n < g.num_nodes(); ++n) {
+    const GraphNode& gn = g.node(n);
+    WalkNode node;
+    node.op = g.op_name(gn.op);
+    // An empty nn_module_stack (sym_size of a dynamic export) names no module: the walk keeps
+    // such a node in the run around it.
+    node.module = gn.call == kNone ? -1 : gn.module;
+    for (const GraphArg& a : g.args(n)) {
+      WalkArg arg;
+      if (a.name != kNone) arg.name = g.str(a.name);
+      switch (a.kind) {
+        case ArgKind::None: break;
+        case ArgKind::Tensor:
+          arg.value.kind = ArgValue::Kind::Tensor;
+          arg.tensors = {static_cast<int32_t>(a.i)};
+          break;
+        case ArgKind::OptionalTensor:
+          if (a.i != kNone) {
+            arg.value.kind = ArgValue::Kind::Tensor;
+            arg.tensors = {static_cast<int32_t>(a.i)};
+          }
+          break;
+        case ArgKind::Tensors:
+        case ArgKind::OptionalTensors:
+          arg.value.kind = ArgValue::Kind::Tensors;
+          for (ValueId v : g.arg_values(a)) arg.tensors.push_back(v);
+          break;
+        case ArgKind::Int:
+        case ArgKind::SymInt:
+          arg.value = ArgValue::of_int(dims.eval(g.arg_ints(a)[0]));
+          break;
+        case ArgKind::Ints:
+        case ArgKind::SymInts: {
+          std::vector<int64_t> ints;
+          for (const SymInt& s : g.arg_ints(a)) ints.push_back(dims.eval(s));
+          arg.value = ArgValue::of_ints(std::move(ints));
+          break;
+        }
+        case ArgKind::Float: arg.value = ArgValue::of_float(a.f); break;
+        case ArgKind::Bool: arg.value = ArgValue::of_bool(a.i != 0); break;
+        case ArgKind::Bools: {
+          std::vector<int64_t> ints;
+          for (const SymInt& s : g.arg_ints(a)) ints.push_back(s.value);
+          arg.value = ArgValue::of_ints(std::move(ints));
+          break;
+        }
+        case ArgKind::String:
+        case ArgKind::Device: arg.value = ArgValue::of_str(g.str(static_cast<StrId>(a.i))); break;
+        case ArgKind::ScalarType: {
+          // The table compares dtypes by name (to.dtype: dtype == dtype(self)).
+          const DtypeInfo* d = dtype_from_export_code(static_cast<int>(a.i));
+          arg.value = d ? ArgValue::of_str(d->name) : ArgValue::of_int(a.i);
+          break;
+        }
+        case ArgKind::MemoryFormat:
+        case ArgKind::Layout: arg.value = ArgValue::of_int(a.i); break;
+        default: arg.value.kind = ArgValue::Kind::Other; break;
+      }
+      node.args.push_back(std::move(arg));
+    }
+    for (ValueId v : g.outputs(n)) node.outputs.push_back(v != kNone && g.is_tensor(v) ? v : -1);
+    w.nodes.push_back(std::move(node));
+  }
+  for (const GraphOutput& o : g.outputs())
+    if (o.kind == OutputKind::UserOutput || o.kind == OutputKind::LossOutput)
+      w.outputs.push_back(o.value != kNone && g.is_tensor(o.value) ? o.value : -1);
+  return w;
+}
+
+}  // namespace fsdp_plan

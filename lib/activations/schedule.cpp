@@ -1,0 +1,127 @@
+#include "activations/schedule.h"
+
+#include <algorithm>
+#include <cstdint>
+
+#include "util/strings.h"
+
+namespace fsdp_plan {
+
+ActivationSchedule::ActivationSchedule(const ActivationPlan& acts, const std::vector<int>& parents)
+    : source_(acts.source), allowance_(acts.allowance_bytes) {
+  const size_t n = parents.size();
+  unit_runs_.assign(n, {});
+  fwd_next_.assign(n, 0);
+  bwd_left_.assign(n, 0);
+  subtree_first_.assign(n, -1);
+  subtree_last_.assign(n, -1);
+  if (source_ == ActivationSource::Allowance) {
+    held_ = after_forward_ = allowance_;
+    return;
+  }
+  if (source_ != ActivationSource::Graph) return;
+  runs_ = &acts.runs;
+  for (size_t r = 0; r < acts.runs.size(); ++r) {
+    const int u = acts.runs[r].unit;
+    if (u < 0 || static_cast<size_t>(u) >= n) continue;
+    unit_runs_[static_cast<size_t>(u)].push_back(r);
+    // Every enclosing unit's subtree spans this run too.
+    for (int p = u; p >= 0; p = parents[static_cast<size_t>(p)]) {
+      auto& first = subtree_first_[static_cast<size_t>(p)];
+      auto& last = subtree_last_[static_cast<size_t>(p)];
+      if (first < 0 || static_cast<int64_t>(r) < first) first = static_cast<int64_t>(r);
+      last = std::max(last, static_cast<int64_t>(r));
+    }
+  }
+  for (size_t u = 0; u < n; ++u) bwd_left_[u] = unit_runs_[u].size();
+  if (!acts.runs.empty()) after_forward_ = acts.runs.back().forward_end;
+}
+
+int64_t ActivationSchedule::after_forward() const { return after_forward_; }
+
+int64_t ActivationSchedule::forward_before(int unit) const {
+  if (source_ != ActivationSource::Graph) return held_;
+  const auto& mine = unit_runs_[static_cast<size_t>(unit)];
+  const size_t k = fwd_next_[static_cast<size_t>(unit)];
+  return k < mine.size() ? (*runs_)[mine[k]].forward_start : held_;
+}
+
+int64_t ActivationSchedule::forward_enter(int unit) {
+  if (source_ != ActivationSource::Graph) return held_;
+  const auto& mine = unit_runs_[static_cast<size_t>(unit)];
+  size_t& k = fwd_next_[static_cast<size_t>(unit)];
+  if (k >= mine.size()) return held_;
+  const ActivationRun& run = (*runs_)[mine[k++]];
+  held_ = run.forward_end;
+  return run.forward_peak;
+}
+
+std::optional<int64_t> ActivationSchedule::forward_resume(int unit, int next) {
+  if (source_ != ActivationSource::Graph) return std::nullopt;
+  const auto& mine = unit_runs_[static_cast<size_t>(unit)];
+  size_t& k = fwd_next_[static_cast<size_t>(unit)];
+  // Up to the next unit's first run; a next unit without runs gives no bound yet.
+  const int64_t bound = next < 0 ? INT64_MAX : subtree_first_[static_cast<size_t>(next)];
+  if (bound < 0) return std::nullopt;
+  std::optional<int64_t> peak;
+  while (k < mine.size() && static_cast<int64_t>(mine[k]) < bound) {
+    const ActivationRun& run = (*runs_)[mine[k++]];
+    peak = std::max(peak.value_or(0), run.forward_peak);
+    held_ = run.forward_end;
+  }
+  return peak;
+}
+
+int64_t ActivationSchedule::backward_before(int unit) const {
+  if (source_ != ActivationSource::Graph) return held_;
+  const auto& mine = unit_runs_[static_cast<size_t>(unit)];
+  const size_t left = bwd_left_[static_cast<size_t>(unit)];
+  return left > 0 ? (*runs_)[mine[left - 1]].backward_start : held_;
+}
+
+int64_t ActivationSchedule::backward_enter(int unit) {
+  if (source_ != ActivationSource::Graph) return held_;
+  const auto& mine = unit_runs_[static_cast<size_t>(unit)];
+  size_t& left = bwd_left_[static_cast<size_t>(unit)];
+  if (left == 0) return held_;
+  const ActivationRun& run = (*runs_)[mine[--left]];
+  held_ = run.backward_end;
+  return run.backward_peak;
+}
+
+std::optional<int64_t> ActivationSchedule::backward_resume(int unit, int next) {
+  if (source_ != ActivationSource::Graph) return std::nullopt;
+  const auto& mine = unit_runs_[static_cast<size_t>(unit)];
+  size_t& left = bwd_left_[static_cast<size_t>(unit)];
+  const int64_t bound = next < 0 ? -1 : subtree_last_[static_cast<size_t>(next)];
+  if (next >= 0 && bound < 0) return std::nullopt;
+  std::optional<int64_t> peak;
+  while (left > 0 && static_cast<int64_t>(mine[left - 1]) > bound) {
+    const ActivationRun& run = (*runs_)[mine[--left]];
+    peak = std::max(peak.value_or(0), run.backward_peak);
+    held_ = run.backward_end;
+  }
+  return peak;
+}
+
+std::string activation_note(const ActivationPlan& acts) {
+  switch (acts.source) {
+    case ActivationSource::Unknown:
+      return "activations not included: " + acts.unknown_reason;
+    case ActivationSource::Allowance:
+      return "activations: an allowance of " + format_bytes(acts.allowance_bytes) +
+             " (--activation-bytes), held through forward and backward";
+    case ActivationSource::Graph: break;
+  }
+  std::vector<std::string> dims;
+  for (const auto& [name, value] : acts.dims) dims.push_back(name + "=" + std::to_string(value));
+  std::string out = "activations from the graph: what autograd saves per operator on " + acts.device +
+                    " (sdpa " + acts.sdpa + (acts.sdpa_kernels.empty() ? "" : ": " + join(acts.sdpa_kernels)) + ")";
+  if (!dims.empty()) out += " at " + join(dims, " ");
+  out += ", their gradients in backward";
+  if (!acts.checkpointed.empty()) out += ", and the recompute of checkpointed modules";
+  if (acts.loss.empty()) out += "; the export has no loss: the loss is not counted (export with labels)";
+  return out;
+}
+
+}  // namespace fsdp_plan

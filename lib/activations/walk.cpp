@@ -1,0 +1,800 @@
+#include "activations/walk.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include "util/strings.h"
+
+namespace fsdp_plan {
+namespace {
+
+enum class StorageKind : uint8_t { Activation, Param, Input };
+
+struct Storage {
+  int64_t bytes = 0;
+  StorageKind kind = StorageKind::Activation;
+  int32_t created = -1;      // node that made it (-1: before the first node)
+  int32_t last_use = -1;     // last node reading it in the forward
+  int32_t first_saver = -1;  // first node saving it (-1: not saved)
+  ModuleId saved_module = -1;
+  bool saved_outside = false;  // saved by a node outside every checkpointed call
+  int32_t region_input = -1;   // the checkpointed call it is an input of (kept), -1: none
+  bool output = false;         // a graph output
+  bool loss = false;
+};
+
+// One call of a checkpointed module: a maximal run of consecutive nodes in its subtree.
+struct Region {
+  ModuleId module;
+  int32_t first, last;  // nodes
+  int64_t inputs = 0, recompute = 0;
+};
+
+// Backward temporaries beyond the input gradients, for composite operators
+// whose backward runs several kernels: their intermediate gradient lives
+// next to the one they return. cross_entropy_loss's backward is
+// nll_loss_backward (a [N, C] gradient of the log-probabilities) then
+// _log_softmax_backward_data (the [N, C] gradient of the logits), both in
+// self's dtype (aten/src/ATen/native/LossNLL.cpp, SoftMax.cpp): at the loss of
+// a vocabulary-sized head this is the step's largest temporary
+// (tests/activations/refs/headline_8b_noac.json: Temp 3.91 GiB = 2 x [4096, 128256] fp32).
+// The math SDPA's backward holds the gradients of the probabilities and of
+// the scores, both [B, H, L, S] (attention.cpp: _scaled_dot_product_attention_math).
+int64_t backward_extra(std::string_view op, const char* case_name, const CallArgs& args) {
+  auto bytes_of = [&](std::string_view name) -> int64_t {
+    const ArgValue* a = args.find(name);
+    return a && a->kind == ArgValue::Kind::Tensor && a->tensor ? a->tensor->numel() * a->tensor->dtype->itemsize : 0;
+  };
+  if (op == "aten.cross_entropy_loss.default") return bytes_of("self");
+  if (op == "aten.scaled_dot_product_attention.default" && case_name &&
+      std::string_view(case_name).find("math") != std::string_view::npos) {
+    const ArgValue* q = args.find("query");
+    const ArgValue* k = args.find("key");
+    if (!q || !k || !q->tensor || !k->tensor || q->tensor->sizes.size() < 2) return 0;
+    int64_t probs = k->tensor->sizes[k->tensor->sizes.size() - 2];
+    for (size_t d = 0; d + 1 < q->tensor->sizes.size(); ++d) probs *= q->tensor->sizes[d];
+    const int64_t itemsize = q->tensor->dtype && q->tensor->dtype->itemsize == 2 ? 4 : q->tensor->dtype->itemsize;
+    return 2 * probs * itemsize;
+  }
+  return 0;
+}
+
+// The view's strides from its input's, where the input's were corrected
+// (graph_walk.py: _view_strides); nullopt when not derivable.
+std::optional<std::vector<int64_t>> view_strides(std::string_view name, const OpTensor& t, const OpTensor& o,
+                                                 const CallArgs& args) {
+  const int64_t n = static_cast<int64_t>(t.sizes.size());
+  auto get = [&](std::string_view k, int64_t fallback) {
+    const ArgValue* a = args.find(k);
+    return a && a->kind == ArgValue::Kind::Int ? a->i : fallback;
+  };
+  auto mod = [](int64_t a, int64_t m) { return m == 0 ? 0 : ((a % m) + m) % m; };
+  std::vector<int64_t> st = t.strides;
+  if (name == "alias" || name == "split" || name == "chunk" || name == "contiguous" || name == "to" ||
+      name == "expand_as" || name == "detach")
+    return st;
+  if (name == "transpose") {
+    const int64_t d0 = mod(get("dim0", 0), n), d1 = mod(get("dim1", 0), n);
+    std::swap(st[static_cast<size_t>(d0)], st[static_cast<size_t>(d1)]);
+    return st;
+  }
+  if (name == "t") {
+    std::reverse(st.begin(), st.end());
+    return st;
+  }
+  if (name == "permute") {
+    const ArgValue* dims = args.find("dims");
+    if (!dims || dims->kind != ArgValue::Kind::Ints) return std::nullopt;
+    std::vector<int64_t> out;
+    for (int64_t d : dims->ints) out.push_back(st[static_cast<size_t>(mod(d, n))]);
+    return out;
+  }
+  if (name == "view" || name == "reshape" || name == "_unsafe_view" || name == "flatten")
+    return compute_view_strides(t.sizes, t.strides, o.sizes);
+  if (name == "unsqueeze") {
+    const int64_t d = mod(get("dim", 0), n + 1);
+    const int64_t added = d < n ? st[static_cast<size_t>(d)] * t.sizes[static_cast<size_t>(d)] : 1;
+    st.insert(st.begin() + d, added);
+    return st;
+  }
+  if (name == "squeeze") {
+    if (n == 0) return st;
+    const int64_t d = mod(get("dim", 0), n);
+    if (t.sizes[static_cast<size_t>(d)] == 1) st.erase(st.begin() + d);
+    return st;
+  }
+  if (name == "select") {
+    st.erase(st.begin() + mod(get("dim", 0), n));
+    return st;
+  }
+  if (name == "slice") {
+    st[static_cast<size_t>(mod(get("dim", 0), n))] *= get("step", 1);
+    return st;
+  }
+  if (name == "expand") {
+    const int64_t k = static_cast<int64_t>(o.sizes.size()) - n;
+    if (k < 0) return std::nullopt;
+    std::vector<int64_t> out(static_cast<size_t>(k), 0);
+    for (int64_t i = 0; i < n; ++i)
+      out.push_back(t.sizes[static_cast<size_t>(i)] == 1 && o.sizes[static_cast<size_t>(k + i)] != 1
+                        ? 0
+                        : st[static_cast<size_t>(i)]);
+    return out;
+  }
+  return std::nullopt;
+}
+
+// Operators whose backward returns the output's gradient itself to an input
+// of the same size (derivatives.yaml add.Tensor: self: grad, other: grad (alpha 1); clone: grad).
+bool passes_gradient(std::string_view op) {
+  return op == "aten.add.Tensor" || op == "aten.clone.default" ||
+         op == "aten.lift_fresh_copy.default";
+}
+
+// "aten.transpose.int" -> "transpose"
+std::string_view op_base(std::string_view op) {
+  const size_t a = op.find('.');
+  if (a == std::string_view::npos) return op;
+  const size_t b = op.find('.', a + 1);
+  return op.substr(a + 1, b == std::string_view::npos ? std::string_view::npos : b - a - 1);
+}
+
+class Walker {
+ public:
+  Walker(const WalkGraph& g, const ModuleTree& tree, size_t num_units, const WalkOptions& opt, ActivationPlan& out,
+         std::vector<Warning>* warnings)
+      : g_(g), tree_(tree), num_units_(num_units), opt_(opt), out_(out), warnings_(warnings) {}
+
+  void run() {
+    meta_.resize(g_.tensors.size());
+    restrided_.assign(g_.tensors.size(), false);
+    regions();
+    placeholders();
+    const int32_t n = static_cast<int32_t>(g_.nodes.size());
+    recorded_.assign(static_cast<size_t>(n), false);
+    node_saves_.assign(static_cast<size_t>(n), {});
+    node_extra_.assign(static_cast<size_t>(n), 0);
+    node_diff_.assign(static_cast<size_t>(n), {});
+    node_view_.assign(static_cast<size_t>(n), false);
+    for (int32_t i = 0; i < n; ++i) node(i);
+    for (int32_t t : g_.outputs) {
+      if (t < 0 || static_cast<size_t>(t) >= meta_.size() || meta_[static_cast<size_t>(t)].storage < 0) continue;
+      Storage& s = storages_[static_cast<size_t>(meta_[static_cast<size_t>(t)].storage)];
+      s.output = true;
+      s.last_use = std::max(s.last_use, n - 1);
+    }
+    find_loss();
+    summarise();
+    timeline();
+  }
+
+ private:
+  // ------------------------------------------------------------------ setup
+  int32_t new_storage(int64_t bytes, StorageKind kind, int32_t created) {
+    Storage s;
+    s.bytes = bytes;
+    s.kind = kind;
+    s.created = created;
+    s.last_use = created;
+    storages_.push_back(s);
+    return static_cast<int32_t>(storages_.size()) - 1;
+  }
+
+  void fill_meta(int32_t t, int32_t storage, int64_t storage_bytes, bool rg, const DtypeInfo* dtype = nullptr) {
+    const WalkTensor& w = g_.tensors[static_cast<size_t>(t)];
+    OpTensor& m = meta_[static_cast<size_t>(t)];
+    m.sizes = w.sizes;
+    m.strides = w.strides;
+    m.offset = w.offset;
+    m.dtype = dtype ? dtype : w.dtype;
+    m.storage = storage;
+    m.storage_bytes = storage_bytes;
+    m.requires_grad = rg;
+  }
+
+  int64_t span_of(int32_t t, const DtypeInfo* dtype = nullptr) const {
+    const WalkTensor& w = g_.tensors[static_cast<size_t>(t)];
+    if (!dtype) dtype = w.dtype;
+    return span_bytes(w.sizes, w.strides, dtype ? dtype->itemsize : 4, w.offset);
+  }
+
+  // Mixed precision on an export traced in another floating dtype (an fp32
+  // model planned with param_dtype bf16): FSDP runs the forward on parameters
+  // cast to param_dtype (torch/distributed/fsdp/_fully_shard/_fsdp_param.py:
+  // FSDPParam.init_unsharded_param; FSDP1 _flat_param.py: _use_low_precision_shard),
+  // so what the graph records in the export's dtype is, in the run, in
+  // param_dtype where it is computed from such tensors. The graph cannot say
+  // which explicit casts were `.float()` and which `.to(x.dtype)` (both record
+  // to(float32) in an fp32 export): a cast to the export's dtype of a tensor
+  // already in it is taken as the cast back (RMSNorm's `.to(input_dtype)`,
+  // rotary's `cos.to(x.dtype)`), a cast of a param_dtype tensor as the upcast
+  // it is (RMSNorm's `.to(float32)`, the loss's `logits.float()`).
+  bool retype() const { return opt_.compute_dtype && opt_.export_dtype && opt_.compute_dtype != opt_.export_dtype; }
+
+  void retype_cast(const WalkNode& node, CallArgs& args) const {
+    if (!retype()) return;
+    const std::string_view base = op_base(node.op);
+    if (base != "to" && base != "_to_copy") return;
+    const ArgValue* self = args.find("self");
+    if (!self || self->kind != ArgValue::Kind::Tensor || !self->tensor || self->tensor->dtype != opt_.export_dtype)
+      return;
+    for (auto& [name, v] : args.items)
+      if (name == "dtype" && v.kind == ArgValue::Kind::Str && v.s == opt_.export_dtype->name)
+        v = ArgValue::of_str(opt_.compute_dtype->name);
+  }
+
+  // The dtype an output has in the run (see retype).
+  const DtypeInfo* run_dtype(const CallArgs& args, int32_t o) const {
+    const DtypeInfo* recorded = g_.tensors[static_cast<size_t>(o)].dtype;
+    if (!retype() || recorded != opt_.export_dtype) return recorded;
+    if (const ArgValue* d = args.find("dtype"); d && d->kind == ArgValue::Kind::Str) {
+      for (const DtypeInfo* x : {opt_.compute_dtype, opt_.export_dtype})
+        if (d->s == x->name) return x;
+      return recorded;
+    }
+    bool compute = false;
+    for (const auto& [name, v] : args.items)
+      v.for_each_tensor([&](const OpTensor& t) { compute = compute || t.dtype == opt_.compute_dtype; });
+    return compute ? opt_.compute_dtype : recorded;
+  }
+
+  void placeholders() {
+    for (const WalkPlaceholder& p : g_.placeholders) {
+      if (p.tensor < 0 || static_cast<size_t>(p.tensor) >= g_.tensors.size()) continue;
+      const WalkTensor& w = g_.tensors[static_cast<size_t>(p.tensor)];
+      bool rg = false;
+      StorageKind kind = StorageKind::Param;
+      if (p.kind == WalkInput::Parameter) {
+        rg = w.requires_grad;
+        if (p.param >= 0 && static_cast<size_t>(p.param) < opt_.trainable_params.size())
+          rg = opt_.trainable_params[static_cast<size_t>(p.param)];
+      } else if (p.kind == WalkInput::UserInput) {
+        kind = StorageKind::Input;
+      }
+      // Parameters run in param_dtype under mixed precision (retype); buffers keep theirs.
+      const DtypeInfo* dtype = p.kind == WalkInput::Parameter && retype() && w.dtype == opt_.export_dtype
+                                   ? opt_.compute_dtype
+                                   : w.dtype;
+      const int64_t bytes = span_of(p.tensor, dtype);
+      int32_t s = new_storage(bytes, kind, -1);
+      fill_meta(p.tensor, s, bytes, rg && w.dtype && is_floating_dtype(w.dtype->name), dtype);
+      // FSDP's cast of a floating input under mixed precision is a copy made
+      // in the forward (the root's pre-forward): an activation where it is saved.
+      if (kind == StorageKind::Input && opt_.input_cast && w.dtype && is_floating_dtype(w.dtype->name) &&
+          w.dtype != opt_.input_cast) {
+        OpTensor& m = meta_[static_cast<size_t>(p.tensor)];
+        m.dtype = opt_.input_cast;
+        m.storage_bytes = m.numel() * opt_.input_cast->itemsize;
+        storages_[static_cast<size_t>(s)].kind = StorageKind::Activation;
+        storages_[static_cast<size_t>(s)].bytes = m.storage_bytes;
+      }
+    }
+  }
+
+  // Checkpointed calls: maximal runs of nodes inside a checkpointed module.
+  void regions() {
+    const size_t nm = tree_.num_modules();
+    region_module_.assign(nm, -1);
+    for (ModuleId m : opt_.checkpointed) region_module_[static_cast<size_t>(m)] = m;
+    for (ModuleId m : tree_.preorder()) {
+      const ModuleId parent = tree_.module(m).parent;
+      if (region_module_[static_cast<size_t>(m)] < 0 && parent >= 0)
+        region_module_[static_cast<size_t>(m)] = region_module_[static_cast<size_t>(parent)];
+    }
+    node_region_.assign(g_.nodes.size(), -1);
+    ModuleId prev = -1;
+    for (size_t i = 0; i < g_.nodes.size(); ++i) {
+      const ModuleId mod = g_.nodes[i].module;
+      ModuleId r = mod >= 0 && static_cast<size_t>(mod) < nm ? region_module_[static_cast<size_t>(mod)] : -1;
+      // A node with no module (sym_size) stays in the call around it.
+      if (mod < 0 && i > 0 && node_region_[i - 1] >= 0 && i + 1 < g_.nodes.size()) r = prev;
+      if (r < 0) {
+        prev = -1;
+        continue;
+      }
+      if (r != prev || regions_.empty()) regions_.push_back({r, static_cast<int32_t>(i), static_cast<int32_t>(i)});
+      regions_.back().last = static_cast<int32_t>(i);
+      node_region_[i] = static_cast<int32_t>(regions_.size()) - 1;
+      prev = r;
+    }
+  }
+
+  // ------------------------------------------------------------------ forward
+  CallArgs bind(const WalkNode& node) {
+    CallArgs args;
+    args.items.reserve(node.args.size() + 4);
+    for (const WalkArg& a : node.args) {
+      if (a.value.kind == ArgValue::Kind::Tensor) {
+        const int32_t t = a.tensors.empty() ? -1 : a.tensors[0];
+        args.items.emplace_back(a.name, ArgValue::of_tensor(valid(t) ? &meta_[static_cast<size_t>(t)] : nullptr));
+      } else if (a.value.kind == ArgValue::Kind::Tensors) {
+        std::vector<const OpTensor*> ts;
+        for (int32_t t : a.tensors) ts.push_back(valid(t) ? &meta_[static_cast<size_t>(t)] : nullptr);
+        args.items.emplace_back(a.name, ArgValue::of_tensors(std::move(ts)));
+      } else {
+        args.items.emplace_back(a.name, a.value);
+      }
+    }
+    return args;
+  }
+
+  bool valid(int32_t t) const {
+    return t >= 0 && static_cast<size_t>(t) < meta_.size() && meta_[static_cast<size_t>(t)].storage >= 0;
+  }
+
+  void missing(const std::string& op, const std::string& why) {
+    auto it = std::find_if(missing_.begin(), missing_.end(), [&](const auto& e) { return e.first == op; });
+    if (it == missing_.end()) {
+      missing_.emplace_back(op, 1);
+      missing_why_.push_back(why);
+    } else {
+      ++it->second;
+    }
+  }
+
+  void save(int32_t storage, int32_t node, ModuleId module) {
+    if (storage < 0) return;
+    Storage& s = storages_[static_cast<size_t>(storage)];
+    if (s.first_saver < 0) {
+      s.first_saver = node;
+      s.saved_module = module;
+    }
+    if (node_region_[static_cast<size_t>(node)] < 0) s.saved_outside = true;
+    node_saves_[static_cast<size_t>(node)].push_back(storage);
+  }
+
+  void node(int32_t i) {
+    const WalkNode& node = g_.nodes[static_cast<size_t>(i)];
+    CallArgs args = bind(node);
+    // Uses: liveness, and the inputs of a checkpointed call (made outside it).
+    const int32_t region = node_region_[static_cast<size_t>(i)];
+    for (const WalkArg& a : node.args)
+      for (int32_t t : a.tensors) {
+        if (!valid(t)) continue;
+        const int32_t sid = meta_[static_cast<size_t>(t)].storage;
+        Storage& s = storages_[static_cast<size_t>(sid)];
+        s.last_use = std::max(s.last_use, i);
+        if (region >= 0 && s.kind == StorageKind::Activation && s.region_input < 0 &&
+            (s.created < regions_[static_cast<size_t>(region)].first)) {
+          s.region_input = region;
+          regions_[static_cast<size_t>(region)].inputs += s.bytes;
+        }
+      }
+    const OpRow* row = find_op_row(node.op);
+    if (row) {
+      try {
+        walk_row(i, node, *row, args);
+        return;
+      } catch (const TableExprError& e) {
+        missing(node.op, std::string("its row cannot be evaluated on this call: ") + e.what());
+      }
+    } else {
+      missing(node.op, "no row");
+    }
+    // Conservative: every tensor argument saved, outputs new storages.
+    bool rg = false;
+    for (const auto& [name, v] : args.items) v.for_each_tensor([&](const OpTensor& t) { rg = rg || t.requires_grad; });
+    for (int32_t o : node.outputs) {
+      if (o < 0 || static_cast<size_t>(o) >= g_.tensors.size()) continue;
+      const DtypeInfo* dtype = run_dtype(args, o);
+      const int64_t bytes = span_of(o, dtype);
+      fill_meta(o, new_storage(bytes, StorageKind::Activation, i), bytes, rg && dtype && is_floating_dtype(dtype->name),
+                dtype);
+    }
+    if (!rg) return;
+    recorded_[static_cast<size_t>(i)] = true;
+    for (const WalkArg& a : node.args)
+      for (int32_t t : a.tensors)
+        if (valid(t)) {
+          save(meta_[static_cast<size_t>(t)].storage, i, node.module);
+          node_diff_[static_cast<size_t>(i)].push_back(t);
+        }
+  }
+
+  void walk_row(int32_t i, const WalkNode& node, const OpRow& row, CallArgs& args) {
+    add_op_defaults(row, args);
+    retype_cast(node, args);
+    const bool recorded = op_records(row, args);
+    // Outputs as recorded, for alias_when and case conditions that read them.
+    std::vector<OpTensor> recorded_outs;
+    recorded_outs.reserve(node.outputs.size());
+    for (int32_t o : node.outputs) {
+      OpTensor m;
+      if (o >= 0 && static_cast<size_t>(o) < g_.tensors.size()) {
+        const WalkTensor& w = g_.tensors[static_cast<size_t>(o)];
+        m.sizes = w.sizes;
+        m.strides = w.strides;
+        m.dtype = run_dtype(args, o);
+      }
+      recorded_outs.push_back(std::move(m));
+    }
+    std::vector<const OpTensor*> outs_view;
+    for (const auto& m : recorded_outs) outs_view.push_back(&m);
+    const char* row_alias = op_row_alias(row);
+    const std::string_view base = op_base(node.op);
+    std::vector<const OpTensor*> outs(node.outputs.size(), nullptr);
+    for (size_t k = 0; k < node.outputs.size(); ++k) {
+      const int32_t o = node.outputs[k];
+      if (o < 0 || static_cast<size_t>(o) >= g_.tensors.size()) continue;
+      const DtypeInfo* dtype = run_dtype(args, o);
+      const bool rg = recorded && dtype && is_floating_dtype(dtype->name);
+      std::optional<std::string> alias = op_output_alias(row, k, args, outs_view, opt_.env);
+      const ArgValue* src = alias ? args.find(*alias) : nullptr;
+      if (src && src->kind == ArgValue::Kind::Tensor && src->tensor) {
+        // A view has its base's dtype (view.dtype aside, which no row aliases).
+        fill_meta(o, src->tensor->storage, src->tensor->storage_bytes, rg, src->tensor->dtype);
+        // In place: `self` is the output, and needs a gradient when it does.
+        if (row_alias && std::string_view(row_alias) == "self" && !base.empty() && base.back() == '_' && rg)
+          const_cast<OpTensor*>(src->tensor)->requires_grad = true;
+        node_view_[static_cast<size_t>(i)] = true;
+      } else {
+        const int64_t bytes = span_of(o, dtype);
+        fill_meta(o, new_storage(bytes, StorageKind::Activation, i), bytes, rg, dtype);
+        // A new storage made from a parameter or input alone is still an activation
+        // (a dtype copy of a weight is not: FSDP's gathered copy is the memory model's).
+      }
+      outs[k] = &meta_[static_cast<size_t>(o)];
+    }
+    const OpCase& c = select_op_case(row, args, outs, opt_.env);
+    restride(node, base, c, args, outs);
+    if (!recorded) return;
+    recorded_[static_cast<size_t>(i)] = true;
+    if (const char* name = op_case_name(c); name && node.op == "aten.scaled_dot_product_attention.default") {
+      if (std::find(sdpa_cases_.begin(), sdpa_cases_.end(), name) == sdpa_cases_.end()) sdpa_cases_.emplace_back(name);
+    }
+    std::vector<int32_t> slots;  // new tensors' storages by slot
+    for (const SavedTensor& s : op_saves(row, c, args, outs, opt_.env)) {
+      int32_t sid = s.storage;
+      if (sid < 0 && s.new_slot >= 0) {
+        if (static_cast<size_t>(s.new_slot) >= slots.size()) slots.resize(static_cast<size_t>(s.new_slot) + 1, -1);
+        int32_t& slot = slots[static_cast<size_t>(s.new_slot)];
+        if (slot < 0) slot = new_storage(s.bytes, StorageKind::Activation, i);
+        sid = slot;
+      }
+      save(sid, i, node.module);
+    }
+    node_extra_[static_cast<size_t>(i)] = backward_extra(node.op, op_case_name(c), args);
+    for (const std::string& name : op_differentiable(row)) {
+      const WalkArg* a = nullptr;
+      for (const WalkArg& x : node.args)
+        if (x.name == name) a = &x;
+      if (!a) continue;
+      for (int32_t t : a->tensors)
+        if (valid(t)) node_diff_[static_cast<size_t>(i)].push_back(t);
+    }
+  }
+
+  // The fused attention kernels' outputs take the row's layout (a meta-device
+  // export records the math path's); views after them are derived again.
+  void restride(const WalkNode& node, std::string_view base, const OpCase& c, const CallArgs& args,
+                const std::vector<const OpTensor*>& outs) {
+    if (std::optional<std::vector<int64_t>> st = op_output_strides(c, args, outs, opt_.env)) {
+      if (!node.outputs.empty() && valid(node.outputs[0]) && st->size() == meta_[static_cast<size_t>(node.outputs[0])].sizes.size()) {
+        meta_[static_cast<size_t>(node.outputs[0])].strides = *st;
+        restrided_[static_cast<size_t>(node.outputs[0])] = true;
+      }
+      return;
+    }
+    const WalkArg* self = nullptr;
+    for (const WalkArg& a : node.args)
+      if (a.name == "self") self = &a;
+    if (!self || self->tensors.size() != 1 || !valid(self->tensors[0]) || !restrided_[static_cast<size_t>(self->tensors[0])])
+      return;
+    const OpTensor& t = meta_[static_cast<size_t>(self->tensors[0])];
+    for (int32_t o : node.outputs) {
+      if (!valid(o)) continue;
+      OpTensor& m = meta_[static_cast<size_t>(o)];
+      if (m.storage != t.storage) continue;  // a copy: dense, as recorded
+      if (auto st = view_strides(base, t, m, args)) {
+        m.strides = *st;
+        restrided_[static_cast<size_t>(o)] = true;
+      }
+    }
+  }
+
+  void find_loss() {
+    // HF returns (loss, logits): the loss is the 0-dim floating output that requires grad.
+    for (int32_t t : g_.outputs) {
+      if (!valid(t)) continue;
+      const OpTensor& m = meta_[static_cast<size_t>(t)];
+      if (m.sizes.empty() && m.requires_grad && m.is_float()) {
+        loss_tensor_ = t;
+        break;
+      }
+    }
+    if (loss_tensor_ < 0) {
+      // No loss in the export: the backward starts from the first output that needs a gradient.
+      for (int32_t t : g_.outputs)
+        if (valid(t) && meta_[static_cast<size_t>(t)].requires_grad) {
+          start_tensor_ = t;
+          break;
+        }
+    } else {
+      start_tensor_ = loss_tensor_;
+      storages_[static_cast<size_t>(meta_[static_cast<size_t>(loss_tensor_)].storage)].loss = true;
+      // The node that made the loss names it.
+      for (size_t i = 0; i < g_.nodes.size(); ++i)
+        for (int32_t o : g_.nodes[i].outputs)
+          if (o == loss_tensor_) out_.loss = g_.nodes[i].op;
+    }
+  }
+
+  // ------------------------------------------------------------------ results
+  // Held from the forward to the backward: saved (outside every checkpointed
+  // call, under AC), an input a checkpointed call keeps, or the loss.
+  bool held(const Storage& s) const {
+    if (s.kind != StorageKind::Activation) return false;
+    if (s.loss) return true;
+    if (!regions_.empty() && s.region_input >= 0) return true;
+    if (s.first_saver < 0) return false;
+    return regions_.empty() || s.saved_outside;
+  }
+  // Saved inside a checkpointed call only: its recompute saves it again.
+  int32_t recomputed_in(const Storage& s) const {
+    if (s.kind != StorageKind::Activation || s.first_saver < 0 || held(s)) return -1;
+    return node_region_[static_cast<size_t>(s.first_saver)];
+  }
+
+  int unit_of(ModuleId m) const {
+    if (m < 0 || static_cast<size_t>(m) >= opt_.unit_of_module.size()) return root_unit();
+    return opt_.unit_of_module[static_cast<size_t>(m)];
+  }
+  int root_unit() const { return opt_.unit_of_module.empty() ? 0 : opt_.unit_of_module[0]; }
+
+  void summarise() {
+    out_.nodes = static_cast<int64_t>(g_.nodes.size());
+    out_.unit_bytes.assign(num_units_, 0);
+    std::vector<int64_t> self(tree_.num_modules(), 0);
+    for (const Storage& s : storages_) {
+      if (s.first_saver < 0) continue;
+      if (s.kind == StorageKind::Param) {
+        out_.param_saved_bytes += s.bytes;
+        continue;
+      }
+      if (s.kind == StorageKind::Input) {
+        out_.input_saved_bytes += s.bytes;
+        continue;
+      }
+      out_.saved_bytes += s.bytes;
+      if (s.saved_module >= 0 && static_cast<size_t>(s.saved_module) < self.size())
+        self[static_cast<size_t>(s.saved_module)] += s.bytes;
+      else
+        self[0] += s.bytes;
+    }
+    // What stays saved after the forward, by the unit that holds it.
+    for (const Storage& s : storages_) {
+      if (!held(s) || s.loss) continue;
+      out_.held_bytes += s.bytes;
+      ModuleId holder = s.saved_module;
+      if (!regions_.empty() && !s.saved_outside && s.region_input >= 0)
+        holder = regions_[static_cast<size_t>(s.region_input)].module;
+      const int u = unit_of(holder);
+      if (u >= 0 && static_cast<size_t>(u) < out_.unit_bytes.size()) out_.unit_bytes[static_cast<size_t>(u)] += s.bytes;
+    }
+    // Per module: its own and its subtree's, in pre-order.
+    std::vector<int64_t> total = self;
+    const std::vector<ModuleId> post = tree_.postorder();
+    for (ModuleId m : post) {
+      const ModuleId p = tree_.module(m).parent;
+      if (p >= 0) total[static_cast<size_t>(p)] += total[static_cast<size_t>(m)];
+    }
+    for (ModuleId m : tree_.preorder())
+      if (total[static_cast<size_t>(m)] > 0)
+        out_.modules.push_back({m, self[static_cast<size_t>(m)], total[static_cast<size_t>(m)]});
+    // Checkpointed calls: what their recompute saves again.
+    for (const Storage& s : storages_)
+      if (const int32_t r = recomputed_in(s); r >= 0) regions_[static_cast<size_t>(r)].recompute += s.bytes;
+    std::map<ModuleId, size_t> at;
+    for (CheckpointedModule& c : out_.checkpointed) at[c.module] = static_cast<size_t>(&c - out_.checkpointed.data());
+    for (const Region& r : regions_) {
+      auto it = at.find(r.module);
+      if (it == at.end()) {
+        CheckpointedModule c;
+        c.module = r.module;
+        out_.checkpointed.push_back(c);
+        it = at.emplace(r.module, out_.checkpointed.size() - 1).first;
+      }
+      CheckpointedModule& c = out_.checkpointed[it->second];
+      c.unit = unit_of(r.module);
+      c.kept_bytes += r.inputs;
+      c.recompute_bytes += r.recompute;
+    }
+    out_.missing_ops = missing_;
+    out_.sdpa_kernels = sdpa_cases_;
+    if (warnings_ && !missing_.empty()) {
+      std::vector<std::string> parts;
+      for (size_t k = 0; k < missing_.size(); ++k)
+        parts.push_back(missing_[k].first + " (" + std::to_string(missing_[k].second) + " node" +
+                        (missing_[k].second == 1 ? "" : "s") + ", " + missing_why_[k] + ")");
+      warnings_->push_back(make_warning(
+          "activation_op_unknown",
+          "the activation table (lib/activations/saved_ops.yaml) lacks " + std::to_string(missing_.size()) +
+              " operator" + (missing_.size() == 1 ? "" : "s") + ": " + join(parts, "; ") +
+              "; each such call is counted as saving all its tensor arguments (an upper bound)"));
+    }
+  }
+
+  // ------------------------------------------------------------------ the step's levels
+  void timeline() {
+    const int32_t n = static_cast<int32_t>(g_.nodes.size());
+    // Forward: a storage lives from the node that makes it; a transient one
+    // (not held) until its last use; held ones through the forward.
+    std::vector<int64_t> born(static_cast<size_t>(n) + 1, 0), dies_after(static_cast<size_t>(n) + 1, 0);
+    int64_t level0 = 0;
+    for (const Storage& s : storages_) {
+      if (s.kind != StorageKind::Activation) continue;
+      if (s.created < 0)
+        level0 += s.bytes;
+      else
+        born[static_cast<size_t>(s.created)] += s.bytes;
+      if (!held(s)) {
+        const int32_t last = std::max(s.last_use, s.created);
+        if (last >= 0) dies_after[static_cast<size_t>(last)] += s.bytes;
+        else level0 -= s.bytes;  // an input no node reads
+      }
+    }
+    std::vector<int64_t> during(static_cast<size_t>(n)), after(static_cast<size_t>(n));
+    int64_t level = level0;
+    for (int32_t i = 0; i < n; ++i) {
+      level += born[static_cast<size_t>(i)];
+      during[static_cast<size_t>(i)] = level;
+      level -= dies_after[static_cast<size_t>(i)];
+      after[static_cast<size_t>(i)] = level;
+    }
+    // Runs: consecutive nodes in one unit (a node with no module stays in the run around it).
+    std::vector<int> node_unit(static_cast<size_t>(n));
+    for (int32_t i = 0; i < n; ++i) {
+      const ModuleId m = g_.nodes[static_cast<size_t>(i)].module;
+      node_unit[static_cast<size_t>(i)] = m >= 0 ? unit_of(m) : (i > 0 ? node_unit[static_cast<size_t>(i - 1)] : root_unit());
+    }
+    std::vector<int32_t> run_of(static_cast<size_t>(n));
+    for (int32_t i = 0; i < n; ++i) {
+      if (i == 0 || node_unit[static_cast<size_t>(i)] != node_unit[static_cast<size_t>(i - 1)]) {
+        ActivationRun r;
+        r.unit = node_unit[static_cast<size_t>(i)];
+        r.forward_start = i == 0 ? level0 : after[static_cast<size_t>(i - 1)];
+        r.forward_peak = r.forward_start;
+        out_.runs.push_back(r);
+      }
+      ActivationRun& r = out_.runs.back();
+      r.forward_peak = std::max(r.forward_peak, during[static_cast<size_t>(i)]);
+      r.forward_end = after[static_cast<size_t>(i)];
+      run_of[static_cast<size_t>(i)] = static_cast<int32_t>(out_.runs.size()) - 1;
+    }
+    if (out_.runs.empty()) return;
+    // Between forward and backward the graph's other outputs (logits) are dropped.
+    int64_t held_now = 0;
+    for (const Storage& s : storages_)
+      if (held(s)) held_now += s.bytes;
+    out_.runs.back().forward_end = held_now;
+
+    // Backward, from the loss: gradients per tensor (an alias passes its
+    // output's gradient through when it keeps the size), saves freed after the
+    // backward of the first node that saved them, checkpointed calls
+    // recomputed when their backward starts.
+    // Gradient buffers: a view's backward (and add's) hands its output's gradient on as the
+    // input's, so one buffer may serve several tensors until the last lets go.
+    struct GradBuf {
+      int64_t bytes;
+      int refs;
+    };
+    std::vector<GradBuf> bufs;
+    std::vector<int32_t> grad_of(meta_.size(), -1);  // tensor -> buffer
+    std::vector<std::vector<int32_t>> frees(static_cast<size_t>(n));
+    for (size_t s = 0; s < storages_.size(); ++s) {
+      const Storage& st = storages_[s];
+      if (!held(st) || st.loss) continue;
+      // A kept checkpoint input goes with its call's backward; a save with its first saver's.
+      int32_t at = st.first_saver;
+      if (!regions_.empty() && !st.saved_outside && st.region_input >= 0)
+        at = regions_[static_cast<size_t>(st.region_input)].first;
+      if (at >= 0) frees[static_cast<size_t>(at)].push_back(static_cast<int32_t>(s));
+    }
+    // Recomputed saves: made at the call's last node (its backward's start), freed with their first saver.
+    std::vector<int64_t> recompute_at(static_cast<size_t>(n), 0);
+    std::vector<std::vector<int32_t>> recompute_frees(static_cast<size_t>(n));
+    for (size_t s = 0; s < storages_.size(); ++s) {
+      const int32_t r = recomputed_in(storages_[s]);
+      if (r < 0) continue;
+      recompute_at[static_cast<size_t>(regions_[static_cast<size_t>(r)].last)] += storages_[s].bytes;
+      recompute_frees[static_cast<size_t>(storages_[s].first_saver)].push_back(static_cast<int32_t>(s));
+    }
+    int64_t live = held_now;
+    auto tensor_bytes = [&](int32_t t) {
+      const OpTensor& m = meta_[static_cast<size_t>(t)];
+      return m.numel() * (m.dtype ? m.dtype->itemsize : 4);
+    };
+    auto release = [&](int32_t t) {
+      const int32_t b = grad_of[static_cast<size_t>(t)];
+      if (b < 0) return;
+      grad_of[static_cast<size_t>(t)] = -1;
+      if (--bufs[static_cast<size_t>(b)].refs == 0) live -= bufs[static_cast<size_t>(b)].bytes;
+    };
+    if (start_tensor_ >= 0) {
+      bufs.push_back({tensor_bytes(start_tensor_), 1});
+      grad_of[static_cast<size_t>(start_tensor_)] = 0;
+      live += bufs[0].bytes;
+    }
+    auto activation_tensor = [&](int32_t t) {
+      return valid(t) && storages_[static_cast<size_t>(meta_[static_cast<size_t>(t)].storage)].kind == StorageKind::Activation;
+    };
+    for (int32_t i = n - 1; i >= 0; --i) {
+      ActivationRun& run = out_.runs[static_cast<size_t>(run_of[static_cast<size_t>(i)])];
+      const bool last_of_run = i == n - 1 || run_of[static_cast<size_t>(i + 1)] != run_of[static_cast<size_t>(i)];
+      if (last_of_run) {
+        run.backward_start = live;
+        run.backward_peak = live;
+      }
+      const WalkNode& node = g_.nodes[static_cast<size_t>(i)];
+      // A checkpointed call's backward starts by running it again.
+      live += recompute_at[static_cast<size_t>(i)];
+      run.backward_peak = std::max(run.backward_peak, live);
+      int32_t out_buf = -1;  // the first output's gradient, which a view hands on
+      bool reached = false;
+      for (int32_t o : node.outputs)
+        if (o >= 0 && static_cast<size_t>(o) < grad_of.size() && grad_of[static_cast<size_t>(o)] >= 0) {
+          reached = true;
+          if (out_buf < 0) out_buf = grad_of[static_cast<size_t>(o)];
+        }
+      if (reached && recorded_[static_cast<size_t>(i)]) {
+        // The gradients this node's backward makes for its inputs that need them.
+        int64_t made = 0;
+        const bool passthrough = node_view_[static_cast<size_t>(i)] || passes_gradient(node.op);
+        for (int32_t t : node_diff_[static_cast<size_t>(i)]) {
+          if (!activation_tensor(t) || !meta_[static_cast<size_t>(t)].requires_grad) continue;
+          if (grad_of[static_cast<size_t>(t)] >= 0) continue;  // accumulated into the gradient it has
+          const int64_t bytes = tensor_bytes(t);
+          if (passthrough && out_buf >= 0 && bytes <= bufs[static_cast<size_t>(out_buf)].bytes) {
+            grad_of[static_cast<size_t>(t)] = out_buf;
+            ++bufs[static_cast<size_t>(out_buf)].refs;
+            continue;
+          }
+          bufs.push_back({bytes, 1});
+          grad_of[static_cast<size_t>(t)] = static_cast<int32_t>(bufs.size()) - 1;
+          made += bytes;
+        }
+        run.backward_peak = std::max(run.backward_peak, live + made + node_extra_[static_cast<size_t>(i)]);
+        live += made;
+        for (int32_t o : node.outputs)
+          if (o >= 0 && static_cast<size_t>(o) < grad_of.size()) release(o);
+      }
+      for (int32_t s : frees[static_cast<size_t>(i)]) live -= storages_[static_cast<size_t>(s)].bytes;
+      for (int32_t s : recompute_frees[static_cast<size_t>(i)]) live -= storages_[static_cast<size_t>(s)].bytes;
+      const bool first_of_run = i == 0 || run_of[static_cast<size_t>(i - 1)] != run_of[static_cast<size_t>(i)];
+      if (first_of_run) run.backward_end = live;
+    }
+  }
+
+  const WalkGraph& g_;
+  const ModuleTree& tree_;
+  size_t num_units_;
+  const WalkOptions& opt_;
+  ActivationPlan& out_;
+  std::vector<Warning>* warnings_;
+
+  std::vector<OpTensor> meta_;
+  std::vector<bool> restrided_;
+  std::vector<Storage> storages_;
+  std::vector<ModuleId> region_module_;
+  std::vector<int32_t> node_region_;
+  std::vector<Region> regions_;
+  std::vector<bool> recorded_;
+  std::vector<std::vector<int32_t>> node_saves_;
+  std::vector<int64_t> node_extra_;
+  std::vector<std::vector<int32_t>> node_diff_;  // tensors a gradient may flow to
+  std::vector<bool> node_view_;
+  std::vector<std::pair<std::string, int64_t>> missing_;
+  std::vector<std::string> missing_why_;
+  std::vector<std::string> sdpa_cases_;
+  int32_t loss_tensor_ = -1, start_tensor_ = -1;
+};
+
+}  // namespace
+
+void walk_graph(const WalkGraph& graph, const ModuleTree& tree, size_t num_units, const WalkOptions& options,
+                ActivationPlan& out, std::vector<Warning>* warnings) {
+  Walker(graph, tree, num_units, options, out, warnings).run();
+}
+
+}  // namespace fsdp_plan

@@ -1,0 +1,96 @@
+// The activation walk (issue 30): what autograd saves for backward, from a
+// torch.export graph and the op table (saved_ops.h), and how those bytes rise
+// and fall over a training step. tests/activations/graph_walk.py is its
+// Python model; tests/activations/README.md "The walk" the rules:
+//  1. placeholders: parameters (requires_grad as recorded, or as FSDP1's flat
+//     parameter makes it), buffers and constants, user inputs, each its own
+//     storage; parameters and user inputs are not activations;
+//  2. nodes in order, arguments by schema name and the row's defaults; an
+//     output aliases its argument's storage where the row says so (views,
+//     in-place ops), else is a new storage; floating outputs require grad iff
+//     the row records the call; the fused attention kernels' outputs take the
+//     layout the row gives, and views after them strides derived from it;
+//  3. a recorded call's saves, each storage once, attributed to the module of
+//     the first node that saves it; an operator without a row saves all its
+//     tensor arguments (a warning names it);
+//  4. the forward's level at each node: saved storages, plus storages still to
+//     be used (their last use is later) and the graph's outputs;
+//  5. backward in reverse from the loss: each node's gradients for the inputs
+//     that require grad appear, its outputs' gradients and the saves no
+//     earlier node holds go; parameters' gradients are the memory models';
+//  6. activation checkpointing: a checkpointed module call keeps only its
+//     inputs made outside it; its backward starts by recomputing it, which
+//     saves again what it saves.
+// The walk reads WalkGraph, a neutral form of the graph evaluated at the
+// plan's dimensions (activations/graph_input.h builds it from model/graph.h),
+// so the rules are tested on hand-built graphs too.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "activations/saved_ops.h"
+#include "model/module_tree.h"
+#include "plan/activations.h"
+#include "util/warnings.h"
+
+namespace fsdp_plan {
+
+struct WalkTensor {
+  std::vector<int64_t> sizes, strides;
+  int64_t offset = 0;
+  const DtypeInfo* dtype = nullptr;
+  bool requires_grad = false;  // as recorded (parameters only, GRAPH.md item 1)
+};
+
+enum class WalkInput : uint8_t { Parameter, Buffer, Constant, UserInput };
+struct WalkPlaceholder {
+  int32_t tensor = -1;
+  WalkInput kind = WalkInput::UserInput;
+  TensorId param = -1;  // the tree's tensor for a parameter (or buffer), -1 if not known
+};
+
+// One argument: a tensor (tensor ids), a list of tensors (-1: a None entry),
+// or a plain value, already evaluated (symbolic ints at the plan's dimensions).
+struct WalkArg {
+  std::string name;
+  ArgValue value;                // plain values; tensors are filled in by the walk
+  std::vector<int32_t> tensors;  // Tensor: one id; Tensors: the list
+};
+
+struct WalkNode {
+  std::string op;                // "aten.linear.default", as the table names it
+  std::vector<WalkArg> args;
+  std::vector<int32_t> outputs;  // tensor ids; -1 for an output that is no tensor
+  ModuleId module = -1;          // innermost module of nn_module_stack, -1: none recorded
+};
+
+struct WalkGraph {
+  std::vector<WalkTensor> tensors;
+  std::vector<WalkPlaceholder> placeholders;
+  std::vector<WalkNode> nodes;
+  std::vector<int32_t> outputs;  // the graph's user outputs (tensor ids, -1 for non-tensors)
+};
+
+struct WalkOptions {
+  SaveEnv env;
+  std::vector<int> unit_of_module;      // per ModuleId: the unit its forward runs in
+  std::vector<ModuleId> checkpointed;   // outermost checkpointed modules (activations.h)
+  std::vector<bool> trainable_params;   // per tree TensorId: requires grad as the plan trains it; empty: as recorded
+  // Mixed precision: floating user inputs cast to this dtype in the forward
+  // (FSDP's cast_forward_inputs): a copy, an activation where it is saved.
+  const DtypeInfo* input_cast = nullptr;
+  // Mixed precision: the forward runs in compute_dtype (param_dtype) where the
+  // export recorded export_dtype (its parameters' floating dtype); walk.cpp: retype.
+  const DtypeInfo* compute_dtype = nullptr;
+  const DtypeInfo* export_dtype = nullptr;
+};
+
+// Walks `graph`; fills everything of `out` the graph decides (saved bytes per
+// module and unit, the runs, the checkpointed modules' kept and recompute
+// bytes, missing operators, the loss). Module ids are `tree`'s.
+void walk_graph(const WalkGraph& graph, const ModuleTree& tree, size_t num_units, const WalkOptions& options,
+                ActivationPlan& out, std::vector<Warning>* warnings);
+
+}  // namespace fsdp_plan

@@ -1,0 +1,83 @@
+// Activation memory of a plan (issue 30): the bytes autograd saves for
+// backward, per module and per FSDP unit, and how they rise and fall over a
+// training step. From the .pt2 graph (activations/walk.h), from an allowance
+// given by hand (--activation-bytes), or unknown (a TorchScript file records
+// no shapes). The memory models (fsdp1/memory, fsdp2/memory) read it through
+// activations/schedule.h; docs/memory-model.md "Activations" gives the rules.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "model/module_tree.h"
+
+namespace fsdp_plan {
+
+enum class ActivationSource : uint8_t { Unknown, Allowance, Graph };
+const char* activation_source_name(ActivationSource s);  // "unknown", "allowance", "graph"
+
+// A run of consecutive graph nodes (execution order) whose modules belong to
+// one unit. A unit's forward is one or more runs: the root's embedding before
+// the layers and its head and loss after them are two. Levels are absolute
+// bytes of activations (saved tensors) plus temporaries, per rank.
+struct ActivationRun {
+  int unit = 0;
+  int64_t forward_start = 0;  // saved bytes held when the run starts
+  int64_t forward_peak = 0;   // the most live during its forward: saved so far + outputs not yet consumed
+  int64_t forward_end = 0;    // saved bytes held when it ends
+  // Backward runs the runs in reverse. backward_start is what is still saved
+  // when this run's backward starts; the peak adds the activation gradients
+  // live and, under activation checkpointing, what the recompute saves again.
+  int64_t backward_start = 0;
+  int64_t backward_peak = 0;
+  int64_t backward_end = 0;
+};
+
+// A module run under activation checkpointing (checkpoint_wrapper): its
+// forward keeps only its inputs; in backward it runs again, saving what it
+// saves without checkpointing, one checkpointed module at a time.
+struct CheckpointedModule {
+  ModuleId module = 0;
+  int unit = -1;                // the unit its forward runs in
+  int64_t kept_bytes = 0;       // its inputs made outside it (each storage once)
+  int64_t recompute_bytes = 0;  // what its recompute saves
+};
+
+// Saved bytes of one module (graph source): by the module's own nodes, and
+// with every module below it.
+struct ModuleActivations {
+  ModuleId module = 0;
+  int64_t self_bytes = 0;
+  int64_t total_bytes = 0;
+};
+
+struct ActivationPlan {
+  ActivationSource source = ActivationSource::Unknown;
+  std::string unknown_reason;  // Unknown: why, and how to get them
+  int64_t allowance_bytes = 0;  // Allowance: held through forward and backward
+  // Graph: what the walk was evaluated at.
+  std::vector<std::pair<std::string, int64_t>> dims;  // dynamic dimensions: name -> value
+  std::string device = "cuda";   // whose kernels decide what is saved
+  std::string sdpa = "default";  // the attention kernel asked for
+  std::vector<std::string> sdpa_kernels;  // the SDPA cases that ran ("CUDA flash ..."), each once
+  std::string loss;              // the operator the backward starts from ("" if none: no loss in the export)
+  // Saved for backward over the whole forward (without AC), per rank; under
+  // AC, held_bytes is what stays saved after the forward.
+  int64_t saved_bytes = 0;
+  int64_t held_bytes = 0;
+  int64_t param_saved_bytes = 0;  // parameters and buffers saved (held anyway: not activations)
+  int64_t input_saved_bytes = 0;  // user inputs saved (held by the caller)
+  std::vector<int64_t> unit_bytes;  // per unit: saved by its own modules (not nested units'), as held after forward
+  std::vector<ModuleActivations> modules;  // modules with saved bytes in their subtree, in pre-order
+  std::vector<ActivationRun> runs;          // forward order
+  std::vector<CheckpointedModule> checkpointed;
+  // Operators without a row in the table, counted conservatively (all their tensor inputs): name -> nodes.
+  std::vector<std::pair<std::string, int64_t>> missing_ops;
+  int64_t nodes = 0;  // graph nodes walked
+
+  bool known() const { return source != ActivationSource::Unknown; }
+};
+
+}  // namespace fsdp_plan

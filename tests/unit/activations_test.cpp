@@ -1,0 +1,506 @@
+// Activations (issue 30): the op table's evaluator, the walk's rules on tiny
+// hand-built graphs, and the memory models' timeline with activations.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <map>
+
+#include "activations/activations.h"
+#include "activations/saved_ops.h"
+#include "activations/schedule.h"
+#include "activations/walk.h"
+#include "fsdp1/memory.h"
+#include "fsdp2/memory.h"
+#include "tree_builder.h"
+#include "util/errors.h"
+
+using namespace fsdp_plan;
+using namespace fsdp_plan::test;
+
+namespace {
+
+const DtypeInfo* f32() { return dtype_from_stem("Float"); }
+const DtypeInfo* bf16() { return dtype_from_stem("BFloat16"); }
+const DtypeInfo* i64() { return dtype_from_stem("Long"); }
+
+std::vector<int64_t> contiguous(const std::vector<int64_t>& sizes) {
+  std::vector<int64_t> st(sizes.size(), 1);
+  for (size_t k = sizes.size(); k-- > 1;) st[k - 1] = st[k] * sizes[k];
+  return st;
+}
+
+OpTensor meta(std::vector<int64_t> sizes, const DtypeInfo* dtype, bool rg, int32_t storage) {
+  OpTensor m;
+  m.strides = contiguous(sizes);
+  m.sizes = std::move(sizes);
+  m.dtype = dtype;
+  m.requires_grad = rg;
+  m.storage = storage;
+  m.storage_bytes = m.numel() * dtype->itemsize;
+  return m;
+}
+
+SaveEnv env(ComputeDevice d, SdpaKernel k = SdpaKernel::Default) {
+  SaveEnv e;
+  e.device = d;
+  e.sdpa = k;
+  return e;
+}
+
+int64_t saved_bytes(const std::vector<SavedTensor>& saves) {
+  int64_t n = 0;
+  for (const auto& s : saves) n += s.bytes;
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("op table: rows by name, every row has a case") {
+  CHECK(find_op_row("aten.linear.default") != nullptr);
+  CHECK(find_op_row("aten.scaled_dot_product_attention.default") != nullptr);
+  CHECK(find_op_row("transformers.grouped_mm_fallback.default") != nullptr);
+  CHECK(find_op_row("aten.no_such_op.default") == nullptr);
+  const auto names = op_table_names();
+  CHECK(names.size() >= 112);
+  CHECK(std::is_sorted(names.begin(), names.end()));
+}
+
+TEST_CASE("op table: linear saves its input only for the weight's gradient") {
+  const OpRow* row = find_op_row("aten.linear.default");
+  REQUIRE(row);
+  OpTensor x = meta({2, 3, 4}, f32(), false, 1), w = meta({5, 4}, f32(), true, 2);
+  CallArgs args;
+  args.items.emplace_back("input", ArgValue::of_tensor(&x));
+  args.items.emplace_back("weight", ArgValue::of_tensor(&w));
+  add_op_defaults(*row, args);
+  REQUIRE(op_records(*row, args));
+  const SaveEnv e = env(ComputeDevice::Cuda);
+  const OpCase& c = select_op_case(*row, args, {}, e);
+  auto saves = op_saves(*row, c, args, {}, e);
+  REQUIRE(saves.size() == 1);
+  CHECK(saves[0].storage == 1);  // the input, for the weight's gradient; not the weight (the input needs none)
+  // A frozen weight and an input that needs a gradient: the weight is saved, not the input.
+  x.requires_grad = true;
+  w.requires_grad = false;
+  saves = op_saves(*row, select_op_case(*row, args, {}, e), args, {}, e);
+  REQUIRE(saves.size() == 1);
+  CHECK(saves[0].storage == 2);
+  // Nothing requires grad: autograd records nothing.
+  x.requires_grad = false;
+  CHECK_FALSE(op_records(*row, args));
+}
+
+TEST_CASE("op table: a Python number is never saved") {
+  const OpRow* row = find_op_row("aten.mul.Tensor");
+  REQUIRE(row);
+  OpTensor x = meta({8}, f32(), true, 1);
+  CallArgs args;
+  args.items.emplace_back("self", ArgValue::of_tensor(&x));
+  args.items.emplace_back("other", ArgValue::of_float(0.5));
+  const SaveEnv e = env(ComputeDevice::Cpu);
+  CHECK(op_saves(*row, select_op_case(*row, args, {}, e), args, {}, e).empty());
+}
+
+TEST_CASE("op table: SDPA by device and kernel") {
+  const OpRow* row = find_op_row("aten.scaled_dot_product_attention.default");
+  REQUIRE(row);
+  // [B, H, L, D] = [1, 4, 16, 8]
+  OpTensor q = meta({1, 4, 16, 8}, f32(), true, 1), k = meta({1, 4, 16, 8}, f32(), true, 2),
+             v = meta({1, 4, 16, 8}, f32(), true, 3), out = meta({1, 4, 16, 8}, f32(), true, 4);
+  CallArgs args;
+  args.items.emplace_back("query", ArgValue::of_tensor(&q));
+  args.items.emplace_back("key", ArgValue::of_tensor(&k));
+  args.items.emplace_back("value", ArgValue::of_tensor(&v));
+  args.items.emplace_back("is_causal", ArgValue::of_bool(true));
+  add_op_defaults(*row, args);
+  const std::vector<const OpTensor*> outs = {&out};
+  {  // the CPU flash kernel: q, k, v, the output and a [B, H, L] log-sum-exp
+    const SaveEnv e = env(ComputeDevice::Cpu);
+    const OpCase& c = select_op_case(*row, args, outs, e);
+    CHECK(std::string(op_case_name(c)).find("CPU flash") != std::string::npos);
+    CHECK(op_case_verified(c));
+    auto saves = op_saves(*row, c, args, outs, e);
+    CHECK(saves.size() == 5);
+    CHECK(saved_bytes(saves) == 4 * 2048 + 1 * 4 * 16 * 4);
+    auto st = op_output_strides(c, args, outs, e);
+    REQUIRE(st);
+    CHECK(*st == std::vector<int64_t>{512, 128, 8, 1});
+  }
+  {  // math keeps the [B, H, L, S] probabilities
+    const SaveEnv e = env(ComputeDevice::Cpu, SdpaKernel::Math);
+    const OpCase& c = select_op_case(*row, args, outs, e);
+    auto saves = op_saves(*row, c, args, outs, e);
+    int64_t probs = 0;
+    for (const auto& s : saves)
+      if (s.what == "attn") probs = s.bytes;
+    CHECK(probs == 1 * 4 * 16 * 16 * 4);
+  }
+  {  // CUDA, fp32: no flash (fp16/bf16 only); memory-efficient, not measured here
+    const SaveEnv e = env(ComputeDevice::Cuda);
+    const OpCase& c = select_op_case(*row, args, outs, e);
+    CHECK(std::string(op_case_name(c)).find("memory-efficient") != std::string::npos);
+    CHECK_FALSE(op_case_verified(c));
+  }
+  {  // CUDA, bf16: flash, a float32 log-sum-exp
+    OpTensor qb = meta({1, 4, 16, 8}, bf16(), true, 1), kb = meta({1, 4, 16, 8}, bf16(), true, 2),
+               vb = meta({1, 4, 16, 8}, bf16(), true, 3);
+    CallArgs b;
+    b.items.emplace_back("query", ArgValue::of_tensor(&qb));
+    b.items.emplace_back("key", ArgValue::of_tensor(&kb));
+    b.items.emplace_back("value", ArgValue::of_tensor(&vb));
+    add_op_defaults(*row, b);
+    const SaveEnv e = env(ComputeDevice::Cuda);
+    const OpCase& c = select_op_case(*row, b, outs, e);
+    CHECK(std::string(op_case_name(c)).find("CUDA flash") != std::string::npos);
+    auto saves = op_saves(*row, c, b, outs, e);
+    bool lse = false;
+    for (const auto& s : saves)
+      if (s.what == "logsumexp") lse = s.bytes == 1 * 4 * 16 * 4 && std::string(s.dtype->name) == "float32";
+    CHECK(lse);
+  }
+}
+
+TEST_CASE("op table: dropout keeps a bool mask on CUDA, a noise tensor on the CPU") {
+  const OpRow* row = find_op_row("aten.dropout.default");
+  REQUIRE(row);
+  OpTensor x = meta({4, 8}, f32(), true, 1);
+  CallArgs args;
+  args.items.emplace_back("input", ArgValue::of_tensor(&x));
+  args.items.emplace_back("p", ArgValue::of_float(0.1));
+  args.items.emplace_back("train", ArgValue::of_bool(true));
+  auto bytes_on = [&](ComputeDevice d) {
+    const SaveEnv e = env(d);
+    return saved_bytes(op_saves(*row, select_op_case(*row, args, {}, e), args, {}, e));
+  };
+  CHECK(bytes_on(ComputeDevice::Cuda) == 32);
+  CHECK(bytes_on(ComputeDevice::Cpu) == 128);
+  // Not training: the input itself, nothing saved, and the output is the input.
+  args.items[2].second = ArgValue::of_bool(false);
+  CHECK(bytes_on(ComputeDevice::Cuda) == 0);
+  CHECK(op_output_alias(*row, 0, args, {}, env(ComputeDevice::Cuda)) == std::optional<std::string>("input"));
+}
+
+TEST_CASE("op table: cross entropy keeps its log-probabilities, not its input") {
+  const OpRow* row = find_op_row("aten.cross_entropy_loss.default");
+  REQUIRE(row);
+  OpTensor logits = meta({6, 10}, f32(), true, 1), target = meta({6}, i64(), false, 2);
+  CallArgs args;
+  args.items.emplace_back("self", ArgValue::of_tensor(&logits));
+  args.items.emplace_back("target", ArgValue::of_tensor(&target));
+  add_op_defaults(*row, args);
+  const SaveEnv e = env(ComputeDevice::Cuda);
+  auto saves = op_saves(*row, select_op_case(*row, args, {}, e), args, {}, e);
+  int64_t new_bytes = 0;
+  bool target_saved = false;
+  for (const auto& s : saves) {
+    if (s.storage < 0) new_bytes += s.bytes;
+    if (s.storage == 2) target_saved = true;
+  }
+  CHECK(new_bytes == 240 + 4);  // log_softmax [6, 10] fp32 and the 0-dim total weight
+  CHECK(target_saved);
+}
+
+TEST_CASE("op table: views by torch's computeStride") {
+  CHECK(compute_view_strides({2, 3, 4}, {12, 4, 1}, {6, 4}) == std::vector<int64_t>{4, 1});
+  CHECK(compute_view_strides({2, 3, 4}, {12, 4, 1}, {-1}) == std::vector<int64_t>{1});
+  // A transpose cannot be flattened without a copy.
+  CHECK_FALSE(compute_view_strides({4, 3}, {1, 4}, {12}).has_value());
+  CHECK(dense_like_strides({1, 16, 4, 8}, {512, 8, 128, 1}) == std::vector<int64_t>{512, 8, 128, 1});
+  CHECK(span_bytes({2, 3}, {3, 1}, 4) == 24);
+  CHECK(span_bytes({2, 3}, {1, 2}, 4) == 24);
+}
+
+namespace {
+
+// A tiny graph builder: tensors by name, nodes by op and named arguments.
+struct GraphBuilder {
+  WalkGraph g;
+  std::map<std::string, int32_t> ids;
+
+  int32_t tensor(const std::string& name, std::vector<int64_t> sizes, const DtypeInfo* dtype = f32(),
+                 bool rg = false) {
+    WalkTensor t;
+    t.strides = contiguous(sizes);
+    t.sizes = std::move(sizes);
+    t.dtype = dtype;
+    t.requires_grad = rg;
+    g.tensors.push_back(t);
+    ids[name] = static_cast<int32_t>(g.tensors.size()) - 1;
+    return ids[name];
+  }
+  void param(const std::string& name, std::vector<int64_t> sizes, TensorId tree_tensor, bool rg = true) {
+    WalkPlaceholder p;
+    p.tensor = tensor(name, std::move(sizes), f32(), rg);
+    p.kind = WalkInput::Parameter;
+    p.param = tree_tensor;
+    g.placeholders.push_back(p);
+  }
+  void input(const std::string& name, std::vector<int64_t> sizes, const DtypeInfo* dtype = f32()) {
+    WalkPlaceholder p;
+    p.tensor = tensor(name, std::move(sizes), dtype);
+    p.kind = WalkInput::UserInput;
+    g.placeholders.push_back(p);
+  }
+  // args: {name, tensor name} or plain values; out: name and sizes.
+  void node(const std::string& op, ModuleId module, std::vector<std::pair<std::string, std::string>> tensor_args,
+            const std::string& out, std::vector<int64_t> out_sizes, const DtypeInfo* dtype = f32()) {
+    WalkNode n;
+    n.op = op;
+    n.module = module;
+    for (auto& [arg, t] : tensor_args) {
+      WalkArg a;
+      a.name = arg;
+      a.value.kind = ArgValue::Kind::Tensor;
+      a.tensors = {ids.at(t)};
+      n.args.push_back(std::move(a));
+    }
+    n.outputs = {tensor(out, std::move(out_sizes), dtype)};
+    g.nodes.push_back(std::move(n));
+  }
+};
+
+// Net: layers.0 and layers.1 (Block: fc1 Linear(4, 8), fc2 Linear(8, 4)) and head Linear(4, 10); the
+// loss in the root. Tokens: 6. What autograd saves, by hand (fp32): per block the relu output
+// [6, 8] (192 B, saved by relu and by fc2) and the block's input [6, 4] (96 B, saved by fc1 if it
+// needs a gradient: not for layers.0, whose input is the user's); the head saves its input
+// (layers.1's output, 96 B); the loss its log-probabilities [6, 10] (240 B) and a 0-dim total weight.
+struct TinyNet {
+  TreeBuilder b{"__torch__.Net"};
+  GraphBuilder gb;
+  TinyNet() {
+    b.add("layers", "ModuleList");
+    for (int l = 0; l < 2; ++l) {
+      const std::string p = "layers." + std::to_string(l);
+      b.add(p, "Block");
+      b.linear(p + ".fc1", 4, 8);
+      b.linear(p + ".fc2", 8, 4);
+    }
+    b.linear("head", 4, 10);
+    gb.input("x", {6, 4});
+    gb.input("y", {6}, i64());
+    TensorId t = 0;
+    for (int l = 0; l < 2; ++l)
+      for (const char* fc : {"fc1", "fc2"}) {
+        const std::string n = "l" + std::to_string(l) + fc;
+        gb.param(n + "w", fc == std::string("fc1") ? std::vector<int64_t>{8, 4} : std::vector<int64_t>{4, 8}, t++);
+        gb.param(n + "b", {fc == std::string("fc1") ? 8 : 4}, t++);
+      }
+    gb.param("hw", {10, 4}, t++);
+    gb.param("hb", {10}, t++);
+    std::string h = "x";
+    for (int l = 0; l < 2; ++l) {
+      const std::string p = "layers." + std::to_string(l), n = "l" + std::to_string(l);
+      gb.node("aten.linear.default", b.id(p + ".fc1"), {{"input", h}, {"weight", n + "fc1w"}, {"bias", n + "fc1b"}},
+              n + "a", {6, 8});
+      gb.node("aten.relu.default", b.id(p), {{"self", n + "a"}}, n + "r", {6, 8});
+      gb.node("aten.linear.default", b.id(p + ".fc2"), {{"input", n + "r"}, {"weight", n + "fc2w"}, {"bias", n + "fc2b"}},
+              n + "o", {6, 4});
+      h = n + "o";
+    }
+    gb.node("aten.linear.default", b.id("head"), {{"input", h}, {"weight", "hw"}, {"bias", "hb"}}, "logits", {6, 10});
+    gb.node("aten.cross_entropy_loss.default", 0, {{"self", "logits"}, {"target", "y"}}, "loss", {});
+    gb.g.outputs = {gb.ids.at("loss"), gb.ids.at("logits")};
+  }
+};
+
+ActivationPlan walk_tiny(TinyNet& net, const Plan& plan, std::vector<ModuleId> checkpointed = {}) {
+  WalkOptions opt;
+  opt.env = env(ComputeDevice::Cuda);
+  opt.checkpointed = std::move(checkpointed);
+  opt.unit_of_module.assign(net.b.tree.num_modules(), 0);
+  for (ModuleId m : net.b.tree.preorder()) {
+    const ModuleId parent = net.b.tree.module(m).parent;
+    if (parent >= 0) opt.unit_of_module[static_cast<size_t>(m)] = opt.unit_of_module[static_cast<size_t>(parent)];
+    for (size_t u = 0; u < plan.units.size(); ++u)
+      if (plan.units[u].module == m) opt.unit_of_module[static_cast<size_t>(m)] = static_cast<int>(u);
+  }
+  ActivationPlan acts;
+  acts.source = ActivationSource::Graph;
+  std::vector<Warning> warnings;
+  walk_graph(net.gb.g, net.b.tree, plan.units.size(), opt, acts, &warnings);
+  CHECK(warnings.empty());
+  return acts;
+}
+
+}  // namespace
+
+TEST_CASE("walk: saved bytes per module and unit, parameters and inputs apart") {
+  TinyNet net;
+  Plan plan = plan_of(net.b, R"({"module_classes": ["Block"]})");
+  REQUIRE(plan.units.size() == 3);
+  ActivationPlan a = walk_tiny(net, plan);
+  // layers.0: relu 192 (its input is the user's x, saved as an input); layers.1: its input 96 + relu 192;
+  // head: layers.1's output 96; loss: 240 + 4.
+  CHECK(a.saved_bytes == 192 + 96 + 192 + 96 + 244);
+  CHECK(a.input_saved_bytes == 96 + 48);  // x (by layers.0.fc1) and the int64 target
+  CHECK(a.param_saved_bytes > 0);         // fc2's and the head's weights
+  CHECK(a.loss == "aten.cross_entropy_loss.default");
+  CHECK(a.unit_bytes == std::vector<int64_t>{96 + 244, 192, 96 + 192});
+  // Runs: layers.0, layers.1, the root (head and loss).
+  REQUIRE(a.runs.size() == 3);
+  CHECK(a.runs[0].unit == 1);
+  CHECK(a.runs[2].unit == 0);
+  // Forward: the last run ends with everything saved and the loss held.
+  CHECK(a.runs[2].forward_end == a.saved_bytes + 4);
+  // The loss's backward: the logits' gradient and nll's [6, 10] gradient beside the saves.
+  CHECK(a.runs[2].backward_peak == a.saved_bytes + 4 + 4 + 240 + 240);
+  // Backward frees everything but the 0-dim loss.
+  CHECK(a.runs[0].backward_end == 4);
+}
+
+TEST_CASE("walk: activation checkpointing keeps the blocks' inputs, recomputes in backward") {
+  TinyNet net;
+  Plan plan = plan_of(net.b, R"({"module_classes": ["Block"]})");
+  ActivationPlan a = walk_tiny(net, plan, {net.b.id("layers.0"), net.b.id("layers.1")});
+  CHECK(a.saved_bytes == 192 + 96 + 192 + 96 + 244);
+  // Held: layers.1's input (layers.0's output, 96), the head's input (96, saved outside), the loss's 244.
+  CHECK(a.held_bytes == 96 + 96 + 244);
+  REQUIRE(a.checkpointed.size() == 2);
+  CHECK(a.checkpointed[0].kept_bytes == 0);  // layers.0's input is the user's
+  CHECK(a.checkpointed[1].kept_bytes == 96);
+  CHECK(a.checkpointed[0].recompute_bytes == 192);
+  CHECK(a.checkpointed[1].recompute_bytes == 192);
+  // layers.1's backward starts by recomputing its relu output next to what is held.
+  CHECK(a.runs[1].backward_peak >= a.runs[1].backward_start + 192);
+}
+
+TEST_CASE("walk: bf16 mixed precision on an fp32 export takes the forward in bf16, upcasts in fp32") {
+  // The head's logits cast to float32 before the loss, as HF's loss does (`logits.float()`):
+  // in the fp32 export an alias; under param_dtype bf16 a real fp32 copy of bf16 logits.
+  TinyNet net;
+  WalkNode& loss = net.gb.g.nodes.back();
+  WalkNode cast;
+  cast.op = "aten.to.dtype";
+  cast.module = 0;
+  WalkArg self;
+  self.name = "self";
+  self.value.kind = ArgValue::Kind::Tensor;
+  self.tensors = {net.gb.ids.at("logits")};
+  WalkArg dtype;
+  dtype.name = "dtype";
+  dtype.value = ArgValue::of_str("float32");
+  cast.args = {self, dtype};
+  cast.outputs = {net.gb.tensor("logits_f32", {6, 10}, f32())};
+  loss.args[0].tensors = {cast.outputs[0]};
+  net.gb.g.nodes.insert(net.gb.g.nodes.end() - 1, cast);
+  Plan plan = plan_of(net.b, R"({"module_classes": ["Block"]})");
+  const ActivationPlan fp32 = walk_tiny(net, plan);
+  CHECK(fp32.saved_bytes == 192 + 96 + 192 + 96 + 244);  // the cast is an alias: nothing changes
+  WalkOptions opt;
+  opt.env = env(ComputeDevice::Cuda);
+  opt.unit_of_module.assign(net.b.tree.num_modules(), 0);
+  opt.compute_dtype = bf16();
+  opt.export_dtype = f32();
+  opt.input_cast = bf16();
+  ActivationPlan mp;
+  mp.source = ActivationSource::Graph;
+  walk_graph(net.gb.g, net.b.tree, plan.units.size(), opt, mp, nullptr);
+  // Half of every layer's save (x is cast to bf16 by the root: a copy in the forward, saved by
+  // layers.0.fc1: an activation now); the loss still saves fp32 log-probabilities of the fp32 copy.
+  CHECK(mp.saved_bytes == 48 + 96 + 48 + 96 + 48 + 244);
+  CHECK(mp.input_saved_bytes == 48);  // the int64 target only
+}
+
+namespace {
+int64_t max_activation(const MemoryPlan& m) {
+  int64_t best = 0;
+  for (const auto& s : m.timeline) best = std::max(best, s.activation_bytes);
+  return best;
+}
+}  // namespace
+
+TEST_CASE("memory: both FSDP versions hold the runs' activations at their points") {
+  for (const char* policy : {R"({"module_classes": ["Block"]})",
+                             R"({"module_classes": ["Block"], "fsdp": {"version": 2}})"}) {
+    CAPTURE(policy);
+    TinyNet net;
+    Plan plan = plan_of(net.b, policy);
+    plan.activations = walk_tiny(net, plan);
+    FsdpSettings s = plan.policy.fsdp;
+    s.world_size = 2;
+    const MemoryPlan m = plan.v2() ? estimate_memory_fsdp2(plan, s) : estimate_memory(plan, s);
+    // The loss's backward is the activations' high point, and the plan's timeline reaches it.
+    CHECK(max_activation(m) == plan.activations.runs[2].backward_peak);
+    // Forward grows to the held level; the optimizer step holds none.
+    CHECK(m.timeline.back().phase == "optimizer step");
+    CHECK(m.timeline.back().activation_bytes == 0);
+    int64_t last_forward = -1;
+    for (const auto& st : m.timeline)
+      if (st.phase == "forward") {
+        CHECK(st.activation_bytes >= 0);
+        last_forward = st.activation_bytes;
+      }
+    CHECK(last_forward >= plan.activations.runs[1].forward_end);
+    // The peak counts what is live then.
+    CHECK(m.per_rank.peak_bytes >= m.per_rank.steady_bytes + m.per_rank.activation_bytes - m.per_rank.grads_bytes);
+    bool found = false;
+    for (const auto& st : m.timeline) found = found || st.total_bytes() == m.per_rank.peak_bytes;
+    CHECK(found);
+  }
+}
+
+TEST_CASE("memory: an allowance is held through forward and backward") {
+  auto b = two_blocks_and_a_head();
+  Plan without = plan_of(b, R"({"module_classes": ["Block"]})");
+  Policy p = policy(R"({"module_classes": ["Block"]})");
+  p.activations.allowance_bytes = 1000;
+  Plan with = make_plan(b.tree, p, "m.pt");
+  CHECK(with.activations.source == ActivationSource::Allowance);
+  REQUIRE(with.memory.timeline.size() == without.memory.timeline.size());
+  for (size_t k = 0; k < with.memory.timeline.size(); ++k) {
+    const auto& st = with.memory.timeline[k];
+    CHECK(st.activation_bytes == (st.phase == "optimizer step" ? 0 : 1000));
+    CHECK(st.total_bytes() == without.memory.timeline[k].total_bytes() + st.activation_bytes);
+  }
+  CHECK(with.memory.per_rank.peak_bytes == without.memory.per_rank.peak_bytes + 1000);
+  CHECK(with.memory.per_rank.activation_bytes == 1000);
+}
+
+TEST_CASE("plan: activations are not known without a graph, and say how to get them") {
+  auto b = two_blocks_and_a_head();
+  Plan plan = plan_of(b, R"({"module_classes": ["Block"]})");
+  CHECK(plan.activations.source == ActivationSource::Unknown);
+  CHECK(plan.activations.unknown_reason.find(".pt2") != std::string::npos);
+  CHECK(plan.memory.per_rank.activation_bytes == 0);
+  bool noted = false;
+  for (const auto& n : plan.memory.notes) noted = noted || n.find("activations not included") != std::string::npos;
+  CHECK(noted);
+}
+
+TEST_CASE("policy: activation_checkpointing by class and by path, outermost only") {
+  auto b = two_blocks_and_a_head();
+  Policy p = policy(R"({"module_classes": ["Block"], "activation_checkpointing": {"module_classes": ["Block", "Linear"]}})");
+  ClassMatcher matcher;
+  std::vector<Warning> warnings;
+  auto mods = checkpointed_modules(b.tree, p, matcher, &warnings);
+  // The blocks and the head; the blocks' own Linears are inside a checkpointed block.
+  CHECK(mods == std::vector<ModuleId>{b.id("blocks.0"), b.id("blocks.1"), b.id("head")});
+  CHECK(warnings.empty());
+  p = policy(R"({"activation_checkpointing": {"modules": ["blocks.1", "blocks.9"]}})");
+  mods = checkpointed_modules(b.tree, p, matcher, &warnings);
+  CHECK(mods == std::vector<ModuleId>{b.id("blocks.1")});
+  REQUIRE(warnings.size() == 1);
+  CHECK(warnings[0].kind == "unmatched_checkpoint");
+  // A class that names no module is the analysis's unmatched_class.
+  Plan plan = plan_of(b, R"({"activation_checkpointing": {"module_classes": ["Blok"]}})");
+  const Warning* w = find_warning(plan, "unmatched_class");
+  REQUIRE(w);
+  CHECK(w->message.find("activation_checkpointing.module_classes") != std::string::npos);
+}
+
+TEST_CASE("policy: activation_checkpointing is read, written back and refused when empty") {
+  Policy p = policy(R"({"activation_checkpointing": {"module_classes": ["Block"], "modules": [""]}})");
+  REQUIRE(p.activation_checkpointing);
+  CHECK(p.activation_checkpointing->module_classes == Names{"Block"});
+  CHECK(p.activation_checkpointing->modules == Names{""});
+  Policy back = policy(policy_file_json(p).dump());
+  REQUIRE(back.activation_checkpointing);
+  CHECK(back.activation_checkpointing->modules == Names{""});
+  CHECK(policy_to_json(p)["activation_checkpointing"]["module_classes"] == nlohmann::ordered_json(Names{"Block"}));
+  CHECK_FALSE(policy("{}").activation_checkpointing);
+  CHECK_THROWS_WITH_AS(policy(R"({"activation_checkpointing": {}})"), doctest::Contains("names no module"), InputError);
+  CHECK_THROWS_WITH_AS(policy(R"({"activation_checkpointing": {"module_class": ["A"]}})"),
+                       doctest::Contains("did you mean \"module_classes\""), InputError);
+  CHECK_THROWS_WITH_AS(policy(R"({"activation_checkpointing": ["Block"]})"), doctest::Contains("must be an object"),
+                       InputError);
+}
