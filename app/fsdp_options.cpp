@@ -63,6 +63,17 @@ void add_fsdp_options(CLI::App& app, FsdpOptions& opt, const std::string& policy
   app.add_option("--optimizer", opt.optimizer, "optimizer state for the memory model (default adam)")
       ->check(CLI::IsMember(optimizer_names().names()))->group(group);
   app.add_option("--fsdp-version", opt.fsdp_version, version_help)->check(CLI::IsMember({1, 2}))->group(group);
+  const char* acts = "Activations (from a .pt2 graph)";
+  app.add_option("--device", opt.device,
+                 "the device the training step runs on: its kernels decide what autograd saves (default cuda; "
+                 "cpu: what the CPU-run tests measure)")
+      ->check(CLI::IsMember(device_names().names()))
+      ->group(acts);
+  app.add_option("--sdpa", opt.sdpa,
+                 "the attention kernel scaled_dot_product_attention runs: flash, efficient, cudnn or math (default: "
+                 "what the device picks for each call); the math kernel keeps the seq x seq probabilities")
+      ->check(CLI::IsMember(sdpa_names().names()))
+      ->group(acts);
 }
 
 PolicyFile load_policy(const FsdpOptions& opt) {
@@ -79,6 +90,8 @@ PolicyFile load_policy(const FsdpOptions& opt) {
   if (opt.optimizer) fsdp.optimizer = *optimizer_names().parse(*opt.optimizer);
   if (opt.use_orig_params) fsdp.use_orig_params = true;
   if (opt.fsdp_version) set_fsdp_version(file, *parse_version(*opt.fsdp_version));
+  if (opt.device) file.policy.activations.device = *device_names().parse(*opt.device);
+  if (opt.sdpa) file.policy.activations.sdpa = *sdpa_names().parse(*opt.sdpa);
   if (std::string why = settings_error(fsdp); !why.empty()) throw UsageError(why);
   if (fsdp.shard_group_size > 0 && fsdp.strategy != ShardingStrategy::HybridShard)
     spdlog::warn("the shard group size ({}) is ignored: only HYBRID_SHARD uses it, and the strategy is {}",

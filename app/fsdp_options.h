@@ -26,6 +26,8 @@ struct FsdpOptions {
   std::optional<std::string> strategy, optimizer;
   std::optional<int> fsdp_version;
   bool use_orig_params = false;
+  // Activations from a .pt2 graph: whose kernels (--device) and which attention kernel (--sdpa).
+  std::optional<std::string> device, sdpa;
 };
 
 // `policy_help` and `version_help` say what the policy and --fsdp-version

@@ -45,6 +45,7 @@ struct Options {
   bool dump_tree_text = false;  // --dump-tree with an explicit -f text
   std::optional<double> warn_root_share;  // root_too_large threshold; overrides checks.warn_root_share
   bool aliases = false;
+  std::optional<std::string> activation_bytes;  // --activation-bytes SIZE
   int verbosity = 0;
   bool quiet = false;
   GateOptions gate;
@@ -102,6 +103,7 @@ int run(const Options& opt) {
   Policy& policy = policy_file.policy;
   if (opt.warn_root_share) policy.checks.warn_root_share = opt.warn_root_share;
   if (opt.aliases) policy.module_aliases = true;
+  if (opt.activation_bytes) policy.activations.allowance_bytes = *parse_size(*opt.activation_bytes);
 
   auto t0 = std::chrono::steady_clock::now();
   check_readable_file(opt.model);
@@ -206,6 +208,13 @@ int plan_main(int argc, char** argv) {
   app.add_flag("--aliases", opt.aliases,
                "a module with exactly the tensors of an earlier one is that module under a second name "
                "(transformers 4's T5/BART: encoder.embed_tokens = self.shared); FSDP visits it once");
+  app.add_option("--activation-bytes", opt.activation_bytes,
+                 "activations per rank as a flat allowance (e.g. 20GiB), held through forward and backward, in "
+                 "place of what a .pt2 graph gives; a TorchScript file has no graph")
+      ->check(CLI::Validator(
+          [](std::string& v) { return parse_size(v) ? std::string() : "\"" + v + "\" is not a size (e.g. 20GiB)"; },
+          "SIZE"))
+      ->group("Activations (from a .pt2 graph)");
   app.add_flag("--wide", opt.wide, "text: never shorten unit paths (default: fit COLUMNS or the terminal)");
   app.add_flag("--dump-tree", opt.dump_tree,
                "print the loaded module tree as JSON instead of a plan (with -f text: as an indented tree)");

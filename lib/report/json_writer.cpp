@@ -69,7 +69,7 @@ ojson unit_memory(const UnitMemory& m) {
 }
 
 // Bytes by category at each step of a training step (MemoryStep).
-ojson timeline_json(const MemoryPlan& m) {
+ojson timeline_json(const MemoryPlan& m, bool known_activations) {
   ojson out = ojson::array();
   for (const MemoryStep& s : m.timeline) {
     out.push_back({{"phase", s.phase},
@@ -81,12 +81,60 @@ ojson timeline_json(const MemoryPlan& m) {
                    {"unsharded_grads_bytes", s.unsharded_grads_bytes},
                    {"grads_bytes", s.grads_bytes},
                    {"total_bytes", s.total_bytes()}});
+    if (known_activations) out.back()["activation_bytes"] = s.activation_bytes;
     if (!s.categories.empty()) {
       ojson categories = ojson::object();
       for (const auto& [name, bytes] : s.categories) categories[name] = bytes;
       out.back()["categories"] = std::move(categories);
     }
   }
+  return out;
+}
+
+// memory.activations: where the activations came from and what the walk found.
+ojson activations_json(const Plan& plan) {
+  const ActivationPlan& a = plan.activations;
+  ojson out = {{"source", activation_source_name(a.source)}};
+  ojson checkpointed = ojson::array();
+  for (const auto& c : a.checkpointed) {
+    ojson j = {{"path", plan.tree->path(c.module)}};
+    if (a.source == ActivationSource::Graph) {
+      j["unit"] = c.unit < 0 ? ojson(nullptr) : ojson(c.unit);
+      j["kept_bytes"] = c.kept_bytes;
+      j["recompute_bytes"] = c.recompute_bytes;
+    }
+    checkpointed.push_back(std::move(j));
+  }
+  switch (a.source) {
+    case ActivationSource::Unknown:
+      out["reason"] = a.unknown_reason;
+      break;
+    case ActivationSource::Allowance:
+      out["allowance_bytes"] = a.allowance_bytes;
+      break;
+    case ActivationSource::Graph: {
+      ojson dims = ojson::object();
+      for (const auto& [name, value] : a.dims) dims[name] = value;
+      out["dims"] = std::move(dims);
+      out["device"] = a.device;
+      out["sdpa"] = a.sdpa;
+      out["sdpa_kernels"] = a.sdpa_kernels;
+      out["loss"] = a.loss.empty() ? ojson(nullptr) : ojson(a.loss);
+      out["saved_bytes"] = a.saved_bytes;
+      out["held_after_forward_bytes"] = a.held_bytes;
+      out["param_saved_bytes"] = a.param_saved_bytes;
+      out["input_saved_bytes"] = a.input_saved_bytes;
+      ojson missing = ojson::object();
+      for (const auto& [op, count] : a.missing_ops) missing[op] = count;
+      out["missing_ops"] = std::move(missing);
+      ojson modules = ojson::array();
+      for (const auto& m : a.modules)
+        modules.push_back({{"path", plan.tree->path(m.module)}, {"self_bytes", m.self_bytes}, {"total_bytes", m.total_bytes}});
+      out["modules"] = std::move(modules);
+      break;
+    }
+  }
+  out["checkpointed"] = std::move(checkpointed);
   return out;
 }
 
@@ -119,7 +167,10 @@ ojson memory_json(const Plan& plan) {
                         {"peak_bytes", r.peak_bytes}}},
           {"peak", std::move(peak)},
           {"notes", m.notes},
-          {"timeline", timeline_json(m)}};
+          {"timeline", timeline_json(m, plan.activations.known())}};
+  const ActivationPlan& acts = plan.activations;
+  out["per_rank"]["activation_bytes"] = acts.known() ? ojson(r.activation_bytes) : ojson(nullptr);
+  out["activations"] = activations_json(plan);
   out["fsdp_version"] = version_number(plan.version());
   if (plan.v2()) {
     out["replicate_size"] = m.replicate_size;
@@ -172,6 +223,11 @@ nlohmann::ordered_json plan_to_json(const Plan& plan) {
                      {"buffers", tensor_list(plan, u.buffers, false)},
                      {"mixed_precision", optional_bool(u.mixed_precision)},
                      {"memory", unit_memory(plan.memory.units[i])}});
+    // Saved by the unit's own modules, held from its forward to its backward (graph only).
+    units.back()["activation_bytes"] = plan.activations.source == ActivationSource::Graph &&
+                                               i < plan.activations.unit_bytes.size()
+                                           ? ojson(plan.activations.unit_bytes[i])
+                                           : ojson(nullptr);
     if (plan.v2()) {
       ojson modules = ojson::array();
       for (ModuleId mod : u.modules) modules.push_back(tree.path(mod));

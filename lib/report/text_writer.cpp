@@ -128,6 +128,39 @@ std::string world_size_note(const FsdpSettings& s) {
   return "        world size not given, so 1: a single rank shards nothing; set it with --world-size N\n";
 }
 
+// The memory header's last words: what the figures below leave out.
+std::string activations_clause(const Plan& plan) {
+  return plan.activations.known() ? "" : "; activations not included";
+}
+
+// Activations as their own category: from the graph (what forward saves, what
+// AC keeps), an allowance, or not known and how to get them.
+std::string activations_text(const Plan& plan) {
+  const ActivationPlan& a = plan.activations;
+  std::string line;
+  switch (a.source) {
+    case ActivationSource::Unknown: line = "activations not known: " + a.unknown_reason; break;
+    case ActivationSource::Allowance:
+      line = "activations " + format_bytes(a.allowance_bytes) + " (allowance, --activation-bytes), held through "
+             "forward and backward";
+      break;
+    case ActivationSource::Graph: {
+      std::vector<std::string> dims;
+      for (const auto& [name, value] : a.dims) dims.push_back(name + "=" + std::to_string(value));
+      line = "activations " + format_bytes(a.saved_bytes) + " saved in forward";
+      if (!a.checkpointed.empty())
+        line += ", " + format_bytes(a.held_bytes) + " held with " + std::to_string(a.checkpointed.size()) +
+                " checkpointed module" + (a.checkpointed.size() == 1 ? "" : "s");
+      line += " (graph" + (dims.empty() ? std::string() : ", " + join(dims, " ")) + ", " + a.device + ", sdpa " +
+              a.sdpa + (a.sdpa_kernels.empty() ? "" : ": " + join(a.sdpa_kernels)) + ")";
+      if (a.loss.empty()) line += "; no loss in the export";
+      if (!a.missing_ops.empty()) line += "; " + std::to_string(a.missing_ops.size()) + " operators without a row";
+      break;
+    }
+  }
+  return wrap(line, 100, std::string(10, ' '), std::string(8, ' '));
+}
+
 // FSDP2: the mesh, then the peak by category.
 std::string fsdp2_memory_text(const Plan& plan) {
   const MemoryPlan& m = plan.memory;
@@ -149,12 +182,13 @@ std::string fsdp2_memory_text(const Plan& plan) {
   }
   std::string out = wrap("memory  per rank (rank 0), FSDP2, world size " + std::to_string(m.settings.world_size) +
                              ", " + mesh + ", " + optimizer_name(m.settings.optimizer) +
-                             (m.settings.cpu_offload ? ", CPU offload" : "") + "; activations not included",
+                             (m.settings.cpu_offload ? ", CPU offload" : "") + activations_clause(plan),
                          100, std::string(8, ' ')) +
                     world_size_note(m.settings);
   out += "        params " + format_bytes(r.params_bytes) + " + grads " + format_bytes(r.grads_bytes) +
          " + optimizer " + format_bytes(r.optimizer_bytes) + " + buffers " + format_bytes(r.buffers_bytes) +
          " = steady " + format_bytes(r.steady_bytes) + (m.settings.cpu_offload ? " (on the host)" : "") + "\n";
+  out += activations_text(plan);
   std::string peak = "peak " + format_bytes(r.peak_bytes) + (m.settings.cpu_offload ? " on the device" : "") +
                      " in " + r.peak_phase;
   if (r.peak_unit >= 0)
@@ -179,13 +213,15 @@ std::string memory_text(const Plan& plan) {
     strategy += std::string(", from ") + strategy_name(m.settings.strategy);
   std::string out = wrap("memory  per rank, world size " + std::to_string(m.settings.world_size) + ", " + strategy +
                              ", " + optimizer_name(m.settings.optimizer) +
-                             (m.settings.use_orig_params ? ", use_orig_params" : "") + "; activations not included",
+                             (m.settings.use_orig_params ? ", use_orig_params" : "") + activations_clause(plan),
                          100, std::string(8, ' ')) +
                     world_size_note(m.settings);
   out += "        params " + format_bytes(r.params_bytes) + " + grads " + format_bytes(r.grads_bytes) +
          " + optimizer " + format_bytes(r.optimizer_bytes) + " + buffers " + format_bytes(r.buffers_bytes) +
          " = steady " + format_bytes(r.steady_bytes) + "\n";
+  out += activations_text(plan);
   std::string peak = "peak " + format_bytes(r.peak_bytes) + " in " + r.peak_phase;
+  if (plan.activations.known()) peak += ", activations " + format_bytes(r.activation_bytes) + " of it";
   if (r.peak_unit >= 0) {
     std::string path = plan.tree->path(plan.units[static_cast<size_t>(r.peak_unit)].module);
     peak += " at unit " + std::to_string(r.peak_unit) + " " + path_or_root(path) + ", " +

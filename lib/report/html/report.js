@@ -140,6 +140,18 @@
        " + optimizer " + fmtBytes(r.optimizer_bytes) + " + buffers " + fmtBytes(r.buffers_bytes) +
        " = " + fmtBytes(r.steady_bytes));
     kv(settings, "peak per rank", fmtBytes(r.peak_bytes));
+    // Activations are their own category: from the graph, an allowance, or not known (and how to get them).
+    const acts = mem.activations || {};
+    if (acts.source === "graph") {
+      const dims = Object.entries(acts.dims || {}).map(([k, v]) => k + "=" + v).join(" ");
+      kv(settings, "activations", fmtBytes(acts.saved_bytes) + " saved in forward" +
+         (acts.held_after_forward_bytes !== acts.saved_bytes ? ", " + fmtBytes(acts.held_after_forward_bytes) + " held under activation checkpointing" : "") +
+         "; " + fmtBytes(r.activation_bytes) + " live at the peak (graph" + (dims ? ", " + dims : "") + ", " + acts.device + ", sdpa " + acts.sdpa + ")");
+    } else if (acts.source === "allowance") {
+      kv(settings, "activations", fmtBytes(acts.allowance_bytes) + " (allowance, --activation-bytes)");
+    } else if (acts.source === "unknown") {
+      kv(settings, "activations", "not known: " + acts.reason);
+    }
     for (const n of mem.notes || []) kv(settings, "note", n);
   }
   // The policy as this FSDP version reads it: FSDP2 has no force_leaf_modules, use_orig_params,
@@ -375,6 +387,12 @@
   // --- memory over one step (d3-shape stack, d3-scale) ---------------------
   (function memoryChart() {
     const box = document.getElementById("memory-chart");
+    const actsNote = document.getElementById("memory-activations");
+    if (actsNote) {
+      const src = (mem.activations || {}).source;
+      actsNote.textContent = src === "graph" ? "activations from the graph" :
+        src === "allowance" ? "activations: an allowance (--activation-bytes)" : "activations not included";
+    }
     const steps = mem.timeline || [];
     if (!steps.length) {
       box.append(el("p", {}, "This plan has no memory timeline (written by an older fsdp-plan)."));
@@ -389,6 +407,8 @@
       ["gathered_bytes", "gathered parameters", "#9c755f"],
       ["unsharded_grads_bytes", "unsharded gradients", "#ff9da7"],
     ];
+    // Activations (saved tensors, their gradients, recompute) when the plan knows them.
+    if (steps[0].activation_bytes !== undefined) CATS.push(["activation_bytes", "activations", "#edc948"]);
     const legend = document.getElementById("memory-legend");
     for (const [, label, color] of CATS) legend.append(el("span", { style: "--swatch: " + color }, label));
     const W = chartWidth, H = 340;
