@@ -56,7 +56,12 @@ def cases(full: bool) -> List[Dict[str, Any]]:
         # actmodels.hf_training_export, which every other export uses.
         b, s = actmodels.SHAPES[0]
         out.append(dict(model=name, batch=b, seq=s, dtype="float32", plain=True))
+    # The tracker headline's model as peak_oracle.py --headline runs it (fp32 parameters, FSDP's bf16
+    # mixed precision, HF's tracing attention): Llama-3-8B dimensions on meta, a plain export. Cut to
+    # 4 layers here (refs/headline_8b_4layers.json), all 32 with --full (refs/headline_8b_*.json).
+    out.append(dict(model="llama3_8b", batch=1, seq=4096, dtype="float32", meta=True, plain=True, layers=4))
     if full:
+        out.append(dict(model="llama3_8b", batch=1, seq=4096, dtype="float32", meta=True, plain=True))
         out.append(dict(model="llama3_8b", batch=1, seq=4096, dtype="bfloat16", meta=True))
         out.append(dict(model="llama3_70b", batch=1, seq=8192, dtype="bfloat16", meta=True))
         # What a plain export gives at the headline's shape (HF's export-time mask and repeat_kv; the
@@ -71,7 +76,9 @@ def file_stem(c: Dict[str, Any]) -> str:
     if c.get("dynamic"):
         return f"{c['model']}_dyn"
     if c.get("plain"):
-        return f"{c['model']}_b{c['batch']}s{c['seq']}_plain"
+        layers = f"_{c['layers']}l" if c.get("layers") else ""
+        dt = "_fp32" if c.get("meta") and c["dtype"] == "float32" else ""
+        return f"{c['model']}{layers}_b{c['batch']}s{c['seq']}{dt}_plain"
     dt = "" if c["dtype"] == "float32" else "_bf16"
     if c["seq"] is None:  # ViT: the sequence is the config's (image / patch)
         return f"{c['model']}_b{c['batch']}{dt}"
@@ -95,6 +102,9 @@ def export_one(c: Dict[str, Any], outdir: str) -> Dict[str, Any]:
     t0 = time.perf_counter()
     if c.get("meta"):
         model = actmodels.full_size(c["model"], "meta", dtype)
+        if c.get("layers"):  # as peak_oracle.py --layers cuts it
+            model.model.layers = model.model.layers[:c["layers"]]
+            model.config.num_hidden_layers = c["layers"]
         ids = torch.randint(3, 1000, (c["batch"], c["seq"]), device="meta")
         kwargs = {"input_ids": ids, "labels": torch.randint(3, 1000, (c["batch"], c["seq"]), device="meta")}
     else:
