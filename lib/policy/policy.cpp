@@ -27,7 +27,7 @@ const std::vector<std::string> kTopKeys = {"$schema", "module_classes", "min_num
                                            "force_leaf_modules", "exclude_wrap_modules",
                                            "mixed_precision", "ignored_modules", "ignored_params",
                                            "fsdp", "checks", "groups", "tensor_parallel",
-                                           "activation_checkpointing"};
+                                           "activation_checkpointing", "hardware"};
 const std::vector<std::string> kActivationCheckpointingKeys = {"module_classes", "modules"};
 const std::vector<std::string> kChecksKeys = {"max_unit_numel", "max_units", "max_root_share", "max_peak_bytes",
                                               "fail_on", "warn_root_share"};
@@ -48,6 +48,11 @@ const std::pair<const char*, std::optional<bool> MixedPrecision::*> kFlagFields[
 const std::vector<std::string> kFsdpKeys = {"world_size", "sharding_strategy", "shard_group_size",
                                             "use_orig_params", "optimizer", "version",
                                             "reshard_after_forward", "cpu_offload"};
+std::vector<std::string> hardware_keys() {
+  std::vector<std::string> out = {"preset", "gpus_per_node"};
+  for (const auto& f : hardware_fields()) out.push_back(f.key);
+  return out;
+}
 const std::vector<std::string> kGroupKeys = {"modules", "reshard_after_forward"};
 const std::vector<std::string> kDtypes = {"float32", "float16", "bfloat16", "float64"};
 
@@ -147,6 +152,30 @@ class Parser {
     auto near = closest(s, allowed, 1);
     fail("\"" + key + "\" is \"" + quoted_input(s) + "\"" +
          (near.empty() ? ", not one of " + join(allowed) : "; did you mean \"" + near[0] + "\"?"));
+  }
+
+  // "hardware": the step-time estimate's GPU preset and overrides (settings.h hardware_fields).
+  void parse_hardware(const json& v, HardwareSettings& out) const {
+    if (!v.is_object()) fail("\"hardware\" must be an object, not " + type_of(v));
+    check_keys(v, hardware_keys(), " in \"hardware\"");
+    if (auto it = v.find("preset"); it != v.end()) {
+      out.preset = *hardware_names().parse(one_of(*it, "hardware.preset", hardware_names().names()));
+      out.preset_given = true;
+    }
+    if (auto it = v.find("gpus_per_node"); it != v.end()) {
+      out.gpus_per_node = count(*it, "hardware.gpus_per_node");
+      if (*out.gpus_per_node < 1 || *out.gpus_per_node > kMaxWorldSize)
+        fail("\"hardware.gpus_per_node\" must be from 1 to " + std::to_string(kMaxWorldSize));
+    }
+    for (const auto& f : hardware_fields()) {
+      auto it = v.find(f.key);
+      if (it == v.end()) continue;
+      const std::string where = std::string("\"hardware.") + f.key + "\"";
+      if (!it->is_number()) fail(where + " must be a number, not " + type_of(*it));
+      const double d = it->get<double>();
+      if (std::string why = hardware_value_error(where, d, f.efficiency); !why.empty()) fail(why);
+      out.*f.field = d;
+    }
   }
 
   void parse_fsdp(const json& v, FsdpSettings& out) const {
@@ -331,6 +360,7 @@ class Parser {
       p.mixed_precision = std::move(mp);
     }
     if (auto it = doc.find("fsdp"); it != doc.end() && !it->is_null()) parse_fsdp(*it, p.fsdp);
+    if (auto it = doc.find("hardware"); it != doc.end() && !it->is_null()) parse_hardware(*it, p.hardware);
     if (auto it = doc.find("ignored_modules"); it != doc.end() && !it->is_null())
       p.ignored_modules = string_list(*it, "ignored_modules", false);
     if (auto it = doc.find("ignored_params"); it != doc.end() && !it->is_null())
@@ -522,6 +552,14 @@ nlohmann::ordered_json policy_file_json(const Policy& p) {
   }
   out["fsdp"] = fsdp;
   if (p.tensor_parallel) out["tensor_parallel"] = tensor_parallel_file_json(*p.tensor_parallel);
+  if (p.hardware.any_given()) {
+    nlohmann::ordered_json hw = nlohmann::ordered_json::object();
+    if (p.hardware.preset_given) hw["preset"] = hardware_names().name(p.hardware.preset);
+    if (p.hardware.gpus_per_node) hw["gpus_per_node"] = *p.hardware.gpus_per_node;
+    for (const auto& f : hardware_fields())
+      if (p.hardware.*f.field) hw[f.key] = *(p.hardware.*f.field);
+    out["hardware"] = std::move(hw);
+  }
   return out;
 }
 

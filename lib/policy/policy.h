@@ -74,6 +74,7 @@ struct Policy {
   // FSDP and training settings for the memory model ("fsdp" in JSON).
   FsdpSettings fsdp;
   Budgets checks;                            // CI budgets; not part of the wrapping
+  HardwareSettings hardware;                 // the step-time estimate's GPU ("hardware"); not part of the wrapping
   // --aliases: a module with exactly the tensors of an earlier one is that
   // module under a second name (aliases.h). A saved file cannot tell this from
   // two modules tied by weight (transformers 5's T5), so only when asked.

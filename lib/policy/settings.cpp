@@ -1,8 +1,21 @@
 #include "policy/settings.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
 
 namespace fsdp_plan {
+namespace {
+
+std::string format_number(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
+}  // namespace
 
 const NameTable<ShardingStrategy>& strategy_names() {
   static const NameTable<ShardingStrategy> table({{"FULL_SHARD", ShardingStrategy::FullShard},
@@ -33,6 +46,37 @@ const NameTable<SdpaKernel>& sdpa_names() {
                                             {"cudnn", SdpaKernel::Cudnn},
                                             {"math", SdpaKernel::Math}});
   return table;
+}
+
+const NameTable<HardwarePreset>& hardware_names() {
+  static const NameTable<HardwarePreset> table(
+      {{"h100", HardwarePreset::H100}, {"h200", HardwarePreset::H200}, {"a100", HardwarePreset::A100}});
+  return table;
+}
+
+const std::vector<HardwareField>& hardware_fields() {
+  static const std::vector<HardwareField> table = {
+      {"intra_node_bandwidth", "--intra-node-bandwidth", &HardwareSettings::intra_node_gbps, false,
+       "GB/s per GPU per direction inside a node, peak (default: the preset's NVLink)"},
+      {"inter_node_bandwidth", "--inter-node-bandwidth", &HardwareSettings::inter_node_gbps, false,
+       "GB/s per GPU per direction across nodes, peak (default: the preset's network, one NIC per GPU)"},
+      {"compute_efficiency", "--efficiency", &HardwareSettings::compute_efficiency, true,
+       "achieved / peak matmul FLOP/s (default 0.5)"},
+      {"comm_efficiency", "--comm-efficiency", &HardwareSettings::comm_efficiency, true,
+       "achieved / peak link bandwidth for collectives (default 0.8)"},
+      {"memory_efficiency", "--memory-efficiency", &HardwareSettings::memory_efficiency, true,
+       "achieved / peak HBM bandwidth in the optimizer step (default 0.8)"},
+  };
+  return table;
+}
+
+std::string hardware_value_error(const std::string& where, double value, bool efficiency) {
+  // NaN fails every comparison: it is refused with the infinities.
+  if (!std::isfinite(value)) return where + " must be a finite number, not " + format_number(value);
+  if (efficiency && !(value > 0 && value <= 1))
+    return where + " is a fraction of the peak: more than 0 and at most 1, not " + format_number(value);
+  if (!efficiency && !(value > 0)) return where + " must be more than 0, not " + format_number(value);
+  return "";
 }
 
 std::optional<FsdpVersion> parse_version(int64_t number) {

@@ -21,6 +21,8 @@ enum class Optimizer { Adam, Sgd, SgdMomentum, None };
 // that device picks). They decide what autograd saves.
 enum class ComputeDevice { Cuda, Cpu };
 enum class SdpaKernel { Default, Flash, Efficient, Cudnn, Math };
+// The GPU the step-time estimate assumes (time/hardware.h holds each one's figures).
+enum class HardwarePreset { H100, H200, A100 };
 
 // One enum's names: the first row of a value is how it is written, later rows
 // are other spellings read as it ("adamw" is Adam: the same state).
@@ -53,6 +55,7 @@ const NameTable<ShardingStrategy>& strategy_names();  // FULL_SHARD, ... (PyTorc
 const NameTable<Optimizer>& optimizer_names();        // adam, adamw, sgd, sgd-momentum, none
 const NameTable<ComputeDevice>& device_names();      // cuda, cpu
 const NameTable<SdpaKernel>& sdpa_names();           // default, flash, efficient, cudnn, math
+const NameTable<HardwarePreset>& hardware_names();    // h100, h200, a100
 inline const char* strategy_name(ShardingStrategy s) { return strategy_names().name(s); }
 inline const char* device_name(ComputeDevice d) { return device_names().name(d); }
 inline const char* sdpa_name(SdpaKernel k) { return sdpa_names().name(k); }
@@ -94,6 +97,40 @@ struct FsdpSettings {
 
   bool v2() const { return version == FsdpVersion::V2; }
 };
+
+// The policy's "hardware" object and --hardware, --gpus-per-node, ...: the
+// preset the step-time estimate (time/) starts from and the figures that
+// override it. nullopt: the preset's figure, or the model's default factor.
+struct HardwareSettings {
+  HardwarePreset preset = HardwarePreset::H100;
+  bool preset_given = false;
+  std::optional<int64_t> gpus_per_node;
+  // Peak link bandwidth per GPU per direction, GB/s (1e9 bytes): NVLink
+  // inside a node, the GPU's share of the network across nodes.
+  std::optional<double> intra_node_gbps, inter_node_gbps;
+  // Achieved / peak: matmul FLOP/s, bus bandwidth, HBM bandwidth.
+  std::optional<double> compute_efficiency, comm_efficiency, memory_efficiency;
+  bool any_given() const {
+    return preset_given || gpus_per_node || intra_node_gbps || inter_node_gbps || compute_efficiency ||
+           comm_efficiency || memory_efficiency;
+  }
+};
+// The hardware figures and factors, one row each: the policy's "hardware"
+// key, the command-line option, the field, and whether it is a fraction of
+// the peak. The policy parser, policy_file_json and the CLI read this table.
+struct HardwareField {
+  const char* key;     // "intra_node_bandwidth"
+  const char* option;  // "--intra-node-bandwidth"
+  std::optional<double> HardwareSettings::*field;
+  bool efficiency;     // in (0, 1]; otherwise > 0 (GB/s)
+  const char* help;
+};
+const std::vector<HardwareField>& hardware_fields();
+
+// The range each figure must be in, or "": bandwidths finite and > 0,
+// efficiencies in (0, 1], GPUs per node from 1 to kMaxWorldSize. `where`
+// names the setting ("--efficiency", "hardware.compute_efficiency").
+std::string hardware_value_error(const std::string& where, double value, bool efficiency);
 
 // HYBRID_SHARD's shard group: as set, or one node: the largest divisor of
 // the world size up to 8 (FSDP1 uses the node's device count, which must divide it).

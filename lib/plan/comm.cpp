@@ -1,0 +1,57 @@
+#include "plan/comm.h"
+
+#include <set>
+
+namespace fsdp_plan {
+
+const char* collective_name(CollectiveKind kind) {
+  switch (kind) {
+    case CollectiveKind::AllGather: return "all_gather";
+    case CollectiveKind::ReduceScatter: return "reduce_scatter";
+    case CollectiveKind::AllReduce: return "all_reduce";
+  }
+  return "all_gather";
+}
+
+const char* phase_name(StepPhase phase) { return phase == StepPhase::Forward ? "forward" : "backward"; }
+
+int64_t RankGroup::nodes(int64_t gpus_per_node) const {
+  if (size <= 1) return 1;
+  // Ranks 0, stride, 2 stride, ...: the distinct r / gpus_per_node. A stride
+  // of a node or more puts every rank on its own node.
+  if (stride >= gpus_per_node) return size;
+  const int64_t last = (size - 1) * stride;
+  if (gpus_per_node % stride == 0) return last / gpus_per_node + 1;  // every node in between holds some
+  std::set<int64_t> seen;
+  for (int64_t i = 0; i < size; ++i) seen.insert(i * stride / gpus_per_node);
+  return static_cast<int64_t>(seen.size());
+}
+
+void summarize_comm(CommPlan& comm, size_t num_units) {
+  comm.units.resize(num_units);
+  for (UnitComm& u : comm.units) {
+    const int64_t keep = u.trainable_shard_numel;
+    u = UnitComm{};
+    u.trainable_shard_numel = keep;
+  }
+  for (const Collective& c : comm.collectives) {
+    UnitComm& u = comm.units[static_cast<size_t>(c.unit)];
+    ++u.calls;
+    switch (c.kind) {
+      case CollectiveKind::AllGather:
+        (c.phase == StepPhase::Forward ? u.all_gather_forward_bytes : u.all_gather_backward_bytes) += c.bytes;
+        u.host_to_device_bytes += c.host_copy_bytes;
+        break;
+      case CollectiveKind::ReduceScatter:
+        u.reduce_scatter_bytes += c.bytes;
+        u.device_to_host_bytes += c.host_copy_bytes;
+        break;
+      case CollectiveKind::AllReduce:
+        u.all_reduce_bytes += c.bytes;
+        u.device_to_host_bytes += c.host_copy_bytes;
+        break;
+    }
+  }
+}
+
+}  // namespace fsdp_plan

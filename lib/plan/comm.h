@@ -1,0 +1,136 @@
+// What one training step communicates, per rank (rank 0), per FSDP unit:
+// every all-gather, reduce-scatter and all-reduce FSDP issues, in the order
+// it issues them. Filled by fsdp1/comm.h or fsdp2/comm.h after the memory
+// model; read by the step-time model (time/) and the writers.
+// tests/timing/COMM.md says what each collective carries, counted on torch 2.13.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace fsdp_plan {
+
+enum class CollectiveKind { AllGather, ReduceScatter, AllReduce };
+enum class StepPhase { Forward, Backward };
+
+// "all_gather", "reduce_scatter", "all_reduce" (the names nccl-tests and the oracle use).
+const char* collective_name(CollectiveKind kind);
+const char* phase_name(StepPhase phase);
+
+// A process group as rank 0 sees it: `size` ranks, rank 0 first, `stride`
+// apart. A (replicate, shard) mesh's shard group is contiguous (stride 1),
+// its replicate group strided by the shard size (torch's init_device_mesh,
+// row-major rank layout; FSDP1's HYBRID_SHARD builds the same groups).
+struct RankGroup {
+  int64_t size = 1;
+  int64_t stride = 1;
+  bool operator==(const RankGroup& o) const { return size == o.size && stride == o.stride; }
+  bool operator<(const RankGroup& o) const { return size != o.size ? size < o.size : stride < o.stride; }
+  // How many nodes of `gpus_per_node` the group's ranks lie on (rank r on node
+  // r / gpus_per_node, torchrun's contiguous placement).
+  int64_t nodes(int64_t gpus_per_node) const;
+};
+
+struct Collective {
+  CollectiveKind kind = CollectiveKind::AllGather;
+  StepPhase phase = StepPhase::Forward;
+  int unit = -1;         // index into Plan::units
+  // The message as nccl-tests sizes it: the unsharded buffer (an all-gather's
+  // output, a reduce-scatter's input, an all-reduce's tensor), padding included.
+  int64_t numel = 0;
+  int64_t bytes = 0;
+  std::string dtype;     // what it carries; "uint8" when FSDP2 gathers mixed dtypes as bytes
+  RankGroup group;
+  // Why FSDP issues it: "unshard" (the unit's own pre-forward / pre-backward),
+  // "prefetch" (the backward prefetch of the unit that runs before it), "reduce".
+  const char* cause = "unshard";
+  // CPU offload: the host-to-device copy of the sharded parameters before an
+  // all-gather, the device-to-host copy of the sharded gradient after the
+  // reduction; bytes in the parameters' own dtype.
+  int64_t host_copy_bytes = 0;
+};
+
+// A unit's collectives per step, summed by kind and phase.
+struct UnitComm {
+  int64_t all_gather_forward_bytes = 0;
+  int64_t all_gather_backward_bytes = 0;
+  int64_t reduce_scatter_bytes = 0;
+  int64_t all_reduce_bytes = 0;
+  int64_t host_to_device_bytes = 0;
+  int64_t device_to_host_bytes = 0;
+  int calls = 0;
+  // Not communication, but version-specific like it: the trainable elements
+  // of this rank's shard the optimizer steps (padded, as FSDP allocates them;
+  // FSDP1 the whole flat shard when any parameter trains).
+  int64_t trainable_shard_numel = 0;
+  int64_t total_bytes() const {
+    return all_gather_forward_bytes + all_gather_backward_bytes + reduce_scatter_bytes + all_reduce_bytes;
+  }
+};
+
+struct CommPlan {
+  bool computed = false;
+  std::vector<Collective> collectives;  // in issue order
+  std::vector<UnitComm> units;          // parallel to Plan::units
+  std::vector<std::string> notes;       // what the counts assume
+};
+
+// Fills `comm.units`' byte counts from `comm.collectives` (their
+// trainable_shard_numel is the caller's).
+void summarize_comm(CommPlan& comm, size_t num_units);
+
+// The order of FSDP's backward hooks, the same in FSDP1 (BACKWARD_PRE) and
+// FSDP2: pre-backward hooks in reverse post-forward order, each unsharding its
+// unit if it was resharded and not prefetched, then prefetching the unit that
+// finished forward just before it (FSDP1 _exec_order_utils.py
+// get_handle_to_backward_prefetch, FSDP2 _fsdp_param_group.py
+// _backward_prefetch: both index the post-forward order); a unit's
+// post-backward (its reduction) when backward leaves its subtree.
+// `parent[i]`: the enclosing unit of unit i (units in pre-order, -1 for the root).
+// Calls unshard(i, cause) and reduce(i) in issue order.
+template <class Unshard, class Reduce>
+void backward_hook_order(const std::vector<int>& parent, const std::vector<bool>& regathered, Unshard unshard,
+                         Reduce reduce);
+
+// ---------------------------------------------------------------- inline
+
+template <class Unshard, class Reduce>
+void backward_hook_order(const std::vector<int>& parent, const std::vector<bool>& regathered, Unshard unshard,
+                         Reduce reduce) {
+  const size_t n = parent.size();
+  auto is_ancestor = [&](size_t a, size_t j) {
+    for (int p = parent[j]; p >= 0; p = parent[static_cast<size_t>(p)])
+      if (static_cast<size_t>(p) == a) return true;
+    return false;
+  };
+  // Post-order: a unit's post-forward runs when forward leaves its subtree.
+  std::vector<size_t> post, stack;
+  post.reserve(n);
+  for (size_t j = 0; j < n; ++j) {
+    while (!stack.empty() && !is_ancestor(stack.back(), j)) {
+      post.push_back(stack.back());
+      stack.pop_back();
+    }
+    stack.push_back(j);
+  }
+  for (; !stack.empty(); stack.pop_back()) post.push_back(stack.back());
+  std::vector<bool> gathered(n, false);
+  for (size_t k = post.size(); k-- > 0;) {
+    const size_t j = post[k];
+    for (; !stack.empty() && !is_ancestor(stack.back(), j); stack.pop_back()) reduce(stack.back());
+    if (regathered[j] && !gathered[j]) unshard(j, "unshard");
+    gathered[j] = true;
+    if (k > 0) {
+      const size_t target = post[k - 1];
+      if (regathered[target] && !gathered[target]) {
+        unshard(target, "prefetch");
+        gathered[target] = true;
+      }
+    }
+    stack.push_back(j);
+  }
+  for (; !stack.empty(); stack.pop_back()) reduce(stack.back());
+}
+
+}  // namespace fsdp_plan

@@ -1,0 +1,458 @@
+#include "time/step_time.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <stdexcept>
+
+#include "model/class_names.h"
+#include "plan/plan.h"
+#include "time/hardware.h"
+#include "util/strings.h"
+
+namespace fsdp_plan {
+namespace {
+
+struct Segment {
+  int unit;
+  int64_t flops;
+  double seconds;
+};
+
+// The unit each module's ops belong to: the innermost unit whose modules'
+// subtrees hold it (the root unit for modules outside every other unit).
+std::vector<int> module_owners(const Plan& plan) {
+  const ModuleTree& tree = *plan.tree;
+  std::vector<int> owner(tree.num_modules(), -1);
+  for (size_t i = 0; i < plan.units.size(); ++i) {
+    owner[static_cast<size_t>(plan.units[i].module)] = static_cast<int>(i);
+    for (ModuleId m : plan.units[i].modules) owner[static_cast<size_t>(m)] = static_cast<int>(i);
+  }
+  if (owner[0] < 0) owner[0] = 0;
+  for (size_t m = 1; m < owner.size(); ++m)  // parents have smaller ids
+    if (owner[m] < 0) owner[m] = owner[static_cast<size_t>(tree.module(static_cast<ModuleId>(m)).parent)];
+  return owner;
+}
+
+void push_merged(std::vector<Segment>& segs, int unit, int64_t flops, double seconds) {
+  if (!segs.empty() && segs.back().unit == unit) {
+    segs.back().flops += flops;
+    segs.back().seconds += seconds;
+  } else {
+    segs.push_back({unit, flops, seconds});
+  }
+}
+
+// Without FLOPs, the modules that compute: those holding a matrix (a
+// parameter of two or more dimensions) of their own, other than embeddings,
+// whose lookups FlopCounterMode counts as 0 (FLOPS.md). Norms' vectors do not.
+bool holds_matrix(const ModuleTree& tree, ModuleId m) {
+  const Module& mod = tree.module(m);
+  bool matrix = false;
+  for (const auto& slot : mod.params)
+    if (tree.tensor(slot.tensor).shape.size() >= 2) matrix = true;
+  if (!matrix) return false;
+  const std::string cls(short_name(demangle(mod.type_name)));
+  auto ends_with = [&](const char* tail) {
+    const std::string t(tail);
+    return cls.size() >= t.size() && cls.compare(cls.size() - t.size(), t.size(), t) == 0;
+  };
+  return !ends_with("Embedding") && !ends_with("EmbeddingBag");
+}
+
+// Segments plus an empty one for each unit that has a collective but no
+// segment (so that its all-gather still gates the compute), placed before the
+// next unit of `units_in_order` that has one (time_model.py _with_missing).
+std::vector<Segment> with_missing(std::vector<Segment> segs, const std::vector<int>& units_in_order, size_t n) {
+  std::vector<bool> have(n, false);
+  for (const Segment& s : segs) have[static_cast<size_t>(s.unit)] = true;
+  std::vector<bool> listed(n, false);
+  for (size_t k = 0; k < units_in_order.size(); ++k) {
+    const int m = units_in_order[k];
+    if (have[static_cast<size_t>(m)] || listed[static_cast<size_t>(m)]) continue;
+    listed[static_cast<size_t>(m)] = true;
+    // units_in_order.index(m) is k: the first occurrence.
+    int next = -1;
+    for (size_t j = k + 1; j < units_in_order.size() && next < 0; ++j)
+      if (have[static_cast<size_t>(units_in_order[j])]) next = units_in_order[j];
+    size_t pos = segs.size();
+    if (next >= 0)
+      for (size_t i = 0; i < segs.size(); ++i)
+        if (segs[i].unit == next) {
+          pos = i;
+          break;
+        }
+    segs.insert(segs.begin() + static_cast<std::ptrdiff_t>(pos), Segment{m, 0, 0.0});
+    have[static_cast<size_t>(m)] = true;
+  }
+  return segs;
+}
+
+std::string unit_compute_dtype(const Plan& plan, const Unit& u) {
+  const auto& mp = plan.policy.mixed_precision;
+  if (u.mixed_precision.value_or(false) && mp && mp->param_dtype) return *mp->param_dtype;
+  std::string widest;
+  int64_t size = 0;
+  for (const auto& o : u.params) {
+    const TensorInfo& t = plan.tree->tensor(o.tensor);
+    if (t.itemsize > size) size = t.itemsize, widest = t.dtype;
+  }
+  return widest;
+}
+
+// Bytes the optimizer step reads and writes per trainable element of the fp32
+// shard: AdamW reads param, grad, exp_avg, exp_avg_sq and writes param,
+// exp_avg, exp_avg_sq (7 x 4); SGD with momentum 5 x 4; SGD 3 x 4.
+int optimizer_bytes_per_param(Optimizer o) {
+  switch (o) {
+    case Optimizer::Adam: return 28;
+    case Optimizer::SgdMomentum: return 20;
+    case Optimizer::Sgd: return 12;
+    case Optimizer::None: return 0;
+  }
+  return 28;
+}
+
+std::string fmt(const char* format, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, format, v);
+  return buf;
+}
+
+std::vector<std::string> assumptions(const Plan& plan, const StepTime& t) {
+  const HardwareFigures& hw = t.hardware;
+  std::vector<std::string> out;
+  out.push_back("an ESTIMATE from published peak figures times the efficiencies below; nothing was measured on a GPU");
+  std::string h = hw.name + " (--hardware " + hw.preset + "): " + (t.flops_known ? t.compute_dtype + " " : "") +
+                  fmt("%.1f", (t.flops_known ? t.compute_peak_flops : hw.bf16_flops) / 1e12) + " TFLOP/s peak" +
+                  (t.flops_known ? "" : " (bf16)") + ", HBM " + fmt("%.3g", hw.hbm_bytes_per_s / 1e12) +
+                  " TB/s, NVLink " + fmt("%.0f", hw.intra_node_bytes_per_s / 1e9) + " GB/s and network " +
+                  fmt("%.0f", hw.inter_node_bytes_per_s / 1e9) + " GB/s per GPU per direction, PCIe " +
+                  fmt("%.0f", hw.host_bytes_per_s / 1e9) + " GB/s; " + std::to_string(hw.gpus_per_node) +
+                  " GPUs per node, rank r on node r / " + std::to_string(hw.gpus_per_node);
+  if (!hw.overridden.empty()) {
+    h += "; overridden:";
+    for (size_t i = 0; i < hw.overridden.size(); ++i) h += (i ? ", " : " ") + hw.overridden[i];
+  }
+  out.push_back(h);
+  out.push_back("efficiencies (achieved / peak): compute " + fmt("%g", hw.compute_efficiency) + ", communication " +
+                fmt("%g", hw.comm_efficiency) + ", memory " + fmt("%g", hw.memory_efficiency));
+  out.push_back("collectives: NCCL ring, latency " + fmt("%g", hw.base_latency_s * 1e6) + " us + " +
+                fmt("%g", hw.intra_step_latency_s * 1e6) + " us per NVLink step + " +
+                fmt("%g", hw.inter_step_latency_s * 1e6) +
+                " us per network step (Simple protocol); one channel per process group, so a group's all-gathers "
+                "and reduce-scatters run one at a time, in FSDP's issue order");
+  out.push_back(std::string("overlap: FSDP") + (plan.v2() ? "2" : "1") +
+                "'s prefetching and reduction as docs/time-model.md section 3's rules F1-F2, B1-B4 say; the CPU "
+                "issues work ahead of the GPU");
+  if (t.flops_known) {
+    out.push_back("FLOPs: " + t.flops_source +
+                  ", counted as FlopCounterMode counts (matmul-like ops only, causal attention in full); compute at " +
+                  fmt("%g", hw.compute_efficiency) + " of the " + t.compute_dtype + " peak");
+    const FsdpSettings& s = plan.memory.settings;
+    out.push_back(std::string("optimizer: ") + optimizer_name(s.optimizer) + " on the shards, memory-bound (" +
+                  std::to_string(optimizer_bytes_per_param(s.optimizer)) + " B per trainable element at " +
+                  fmt("%g", hw.memory_efficiency) + " of the HBM peak)" +
+                  (s.cpu_offload ? "; CPU offload's optimizer step on the CPU is not modelled" : ""));
+  } else {
+    out.push_back("FLOPs unknown (no op graph: a TorchScript model, and no --flops): no compute time and no step "
+                  "time; the exposed communication assumes every unit holding a matrix computes long enough to "
+                  "hide its neighbours' collectives, so only what nothing can hide counts (docs/time-model.md "
+                  "section 6)");
+  }
+  out.push_back("not modelled: activation memory traffic, elementwise kernels, kernel launch and CPU overhead, NCCL "
+                "algorithms other than ring, contention between process groups on shared links, stragglers, the "
+                "data loader");
+  return out;
+}
+
+}  // namespace
+
+StepTime estimate_step_time(const Plan& plan, const HardwareFigures& hw, const FlopProfile* flops) {
+  const ModuleTree& tree = *plan.tree;
+  const CommPlan& comm = plan.comm;
+  const size_t n = plan.units.size();
+  StepTime t;
+  t.computed = true;
+  t.hardware = hw;
+  t.flops_known = flops != nullptr;
+  if (flops) t.flops_source = flops->source;
+  t.units.assign(n, UnitTime{});
+
+  // ---- collectives: each one's time alone (section 2), CPU offload's copy added.
+  const size_t nc = comm.collectives.size();
+  t.collectives.resize(nc);
+  std::map<RankGroup, double> channel_total;
+  for (size_t i = 0; i < nc; ++i) {
+    const Collective& c = comm.collectives[i];
+    CollectiveTime& ct = t.collectives[i];
+    ct = collective_time(c.kind, c.bytes, c.group, hw);
+    UnitTime& u = t.units[static_cast<size_t>(c.unit)];
+    (c.kind == CollectiveKind::AllGather ? u.all_gather_s
+     : c.kind == CollectiveKind::ReduceScatter ? u.reduce_scatter_s
+                                                : u.all_reduce_s) += ct.seconds;
+    if (c.host_copy_bytes > 0) {
+      ct.host_copy_s = static_cast<double>(c.host_copy_bytes) / (hw.host_bytes_per_s * hw.comm_efficiency);
+      u.host_copy_s += ct.host_copy_s;
+      ct.seconds += ct.host_copy_s;
+    }
+    t.comm_s += ct.seconds;
+    channel_total[c.group] += ct.seconds;
+  }
+  for (const auto& [group, s] : channel_total) t.channel_s = std::max(t.channel_s, s);
+
+  // ---- compute segments (execution order), forward then backward.
+  const std::vector<int> owner = module_owners(plan);
+  std::vector<Segment> fwd;
+  double flop_rate = 1;
+  if (flops) {
+    bool low = true, any = false;
+    for (const Unit& u : plan.units) {
+      if (u.params.empty()) continue;
+      const std::string d = unit_compute_dtype(plan, u);
+      any = true;
+      low = low && (d == "bfloat16" || d == "float16");
+    }
+    t.compute_dtype = any && low ? "bf16" : "tf32";
+    t.compute_peak_flops = t.compute_dtype == "bf16" ? hw.bf16_flops : hw.tf32_flops;
+    flop_rate = t.compute_peak_flops * hw.compute_efficiency;
+    for (const auto& [module, f] : flops->forward_order)
+      push_merged(fwd, owner[static_cast<size_t>(module)], f, static_cast<double>(f) / flop_rate);
+  } else {
+    // Section 6: long enough to hide any neighbour: every collective's time.
+    const double enough = t.comm_s > 0 ? t.comm_s : 1.0;
+    for (ModuleId m : tree.preorder())
+      if (holds_matrix(tree, m)) push_merged(fwd, owner[static_cast<size_t>(m)], 0, enough);
+  }
+  // The root's pre-forward precedes every op (its all-gather first), and its
+  // reduce-scatter waits for the end of backward: an empty root segment first.
+  if (n > 0 && (fwd.empty() || fwd.front().unit != 0)) fwd.insert(fwd.begin(), Segment{0, 0, 0.0});
+  // Backward: the forward segments reversed, each with its unit's backward
+  // FLOPs in proportion to the unit's forward FLOPs in it.
+  std::vector<Segment> bwd;
+  bwd.reserve(fwd.size());
+  if (flops) {
+    std::vector<int64_t> unit_forward(n, 0), unit_backward(n, 0);
+    for (const Segment& s : fwd) unit_forward[static_cast<size_t>(s.unit)] += s.flops;
+    for (size_t m = 0; m < flops->own.size() && m < owner.size(); ++m)
+      unit_backward[static_cast<size_t>(owner[m])] += flops->own[m].backward + flops->own[m].recompute;
+    for (size_t i = 0; i < n; ++i)
+      if (unit_forward[i] < 0 || unit_backward[i] < 0)
+        throw std::invalid_argument("the FLOPs of unit " + std::to_string(i) + " (" +
+                                    path_or_root(tree.path(plan.units[i].module)) +
+                                    ") come out negative: the FLOP figures do not describe this model");
+    std::vector<bool> placed(n, false);
+    for (size_t k = fwd.size(); k-- > 0;) {
+      const size_t u = static_cast<size_t>(fwd[k].unit);
+      int64_t f;
+      if (unit_forward[u] != 0) {
+        const double share = static_cast<double>(fwd[k].flops) / static_cast<double>(unit_forward[u]);
+        f = static_cast<int64_t>(std::nearbyint(static_cast<double>(unit_backward[u]) * share));
+      } else {
+        f = placed[u] ? 0 : unit_backward[u];  // no forward FLOPs to divide by: its first backward segment
+      }
+      placed[u] = true;
+      bwd.push_back({fwd[k].unit, f, static_cast<double>(f) / flop_rate});
+    }
+  } else {
+    for (size_t k = fwd.size(); k-- > 0;) bwd.push_back(fwd[k]);
+  }
+
+  // ---- the simulation: one compute stream, one channel per process group.
+  std::map<RankGroup, double> channel_free;
+  double compute_free = 0;
+  auto run_coll = [&](size_t i, double gate) {
+    CollectiveTime& ct = t.collectives[i];
+    double& free = channel_free[comm.collectives[i].group];
+    ct.start = std::max(free, gate);
+    ct.end = ct.start + ct.seconds;
+    free = ct.end;
+    t.timeline.push_back({false, static_cast<int>(i), comm.collectives[i].unit,
+                          comm.collectives[i].phase == StepPhase::Backward, ct.start, ct.end});
+  };
+  std::vector<bool> done(nc, false);
+
+  // Forward. F1: a unit's segment starts after its all-gather ended. F2: the
+  // j-th all-gather waits for a free buffer: FSDP2 for the start of unit
+  // j-2's compute (two all-gather outputs alive, wait_for_unshard), FSDP1 for
+  // the end of unit j-2's forward when that unit reshards after forward
+  // (limit_all_gathers' rate limiter).
+  std::vector<size_t> f_ag;
+  std::vector<int> f_ag_units;
+  std::vector<long> order(n, -1);
+  std::vector<bool> reshards(n, false);
+  for (size_t i = 0; i < nc; ++i) {
+    const Collective& c = comm.collectives[i];
+    if (c.phase == StepPhase::Forward && c.kind == CollectiveKind::AllGather) {
+      order[static_cast<size_t>(c.unit)] = static_cast<long>(f_ag.size());
+      f_ag.push_back(i);
+      f_ag_units.push_back(c.unit);
+    } else if (c.phase == StepPhase::Backward && c.kind == CollectiveKind::AllGather) {
+      reshards[static_cast<size_t>(c.unit)] = true;
+    }
+  }
+  std::vector<double> seg_start(n, 0.0), seg_end(n, 0.0);
+  std::vector<bool> started(n, false), ended(n, false);
+  size_t scheduled = 0;
+  auto schedule_forward = [&](size_t upto) {
+    while (scheduled <= upto && scheduled < f_ag.size()) {
+      const size_t j = scheduled;
+      double gate = 0;
+      if (j >= 2) {
+        const size_t prev = static_cast<size_t>(f_ag_units[j - 2]);
+        if (plan.v2())
+          gate = started[prev] ? seg_start[prev] : 0.0;
+        else if (reshards[prev])
+          gate = ended[prev] ? seg_end[prev] : 0.0;
+      }
+      run_coll(f_ag[j], gate);
+      done[f_ag[j]] = true;
+      ++scheduled;
+    }
+  };
+  for (const Segment& s : with_missing(fwd, f_ag_units, n)) {
+    const size_t u = static_cast<size_t>(s.unit);
+    double ready = compute_free;
+    if (order[u] >= 0) {
+      schedule_forward(static_cast<size_t>(order[u]));
+      ready = std::max(ready, t.collectives[f_ag[static_cast<size_t>(order[u])]].end);
+    }
+    t.units[u].exposed_forward_s += ready - compute_free;
+    const double start = ready, end = ready + s.seconds;
+    if (!started[u]) seg_start[u] = start, started[u] = true;
+    seg_end[u] = end;
+    ended[u] = true;
+    compute_free = end;
+    t.units[u].forward_flops += s.flops;
+    t.units[u].forward_compute_s += s.seconds;
+    t.timeline.push_back({true, -1, s.unit, false, start, end});
+  }
+  schedule_forward(f_ag.size());
+  t.forward_end_s = compute_free;
+
+  // Backward. B1: a unit's segment starts after its backward all-gathers
+  // ended. B2: a backward all-gather is issued in the pre-backward of the unit
+  // computed just before it, not before that unit's compute started. B3: a
+  // reduction starts when its unit's backward compute ended; HSDP's all-reduce
+  // when its reduce-scatter ended.
+  std::vector<size_t> b_colls;
+  std::vector<int> b_units;
+  std::vector<std::vector<size_t>> b_ag(n);
+  for (size_t i = 0; i < nc; ++i) {
+    const Collective& c = comm.collectives[i];
+    if (c.phase != StepPhase::Backward) continue;
+    b_colls.push_back(i);
+    b_units.push_back(c.unit);
+    if (c.kind == CollectiveKind::AllGather) b_ag[static_cast<size_t>(c.unit)].push_back(i);
+  }
+  const std::vector<Segment> segs = with_missing(bwd, b_units, n);
+  std::vector<long> first_seg(n, -1), last_seg(n, -1);
+  for (size_t i = 0; i < segs.size(); ++i) {
+    const size_t u = static_cast<size_t>(segs[i].unit);
+    if (first_seg[u] < 0) first_seg[u] = static_cast<long>(i);
+    last_seg[u] = static_cast<long>(i);
+  }
+  std::vector<double> bseg_start(segs.size(), 0.0), bseg_end(n, 0.0);
+  std::vector<bool> bended(n, false);
+  long done_seg = 0;
+  auto run_segments = [&](long upto) {
+    while (done_seg <= upto && done_seg < static_cast<long>(segs.size())) {
+      const Segment& s = segs[static_cast<size_t>(done_seg)];
+      const size_t u = static_cast<size_t>(s.unit);
+      double ready = compute_free;
+      for (size_t c : b_ag[u]) {
+        // A unit whose modules run out of module order (a unit with no
+        // computing module of its own, placed by with_missing) can need its
+        // all-gather before the issue order reaches it: FSDP unshards it in
+        // its own pre-backward then, so it starts now.
+        if (!done[c]) {
+          run_coll(c, compute_free);
+          done[c] = true;
+        }
+        ready = std::max(ready, t.collectives[c].end);
+      }
+      t.units[u].exposed_backward_s += ready - compute_free;
+      const double start = ready, end = ready + s.seconds;
+      bseg_start[static_cast<size_t>(done_seg)] = start;
+      bseg_end[u] = end;
+      bended[u] = true;
+      compute_free = end;
+      t.units[u].backward_flops += s.flops;
+      t.units[u].backward_compute_s += s.seconds;
+      t.timeline.push_back({true, -1, s.unit, true, start, end});
+      ++done_seg;
+    }
+  };
+  std::vector<double> rs_end(n, 0.0);
+  std::vector<bool> reduced(n, false);
+  for (size_t i : b_colls) {
+    if (done[i]) continue;  // issued early by run_segments
+    const Collective& c = comm.collectives[i];
+    const size_t u = static_cast<size_t>(c.unit);
+    if (c.kind == CollectiveKind::AllGather) {
+      const long idx = (first_seg[u] >= 0 ? first_seg[u] : static_cast<long>(segs.size())) - 1;
+      double gate = 0;
+      if (idx >= 0) {
+        run_segments(idx);
+        gate = bseg_start[static_cast<size_t>(idx)];
+      }
+      if (done[i]) continue;
+      run_coll(i, gate);
+      done[i] = true;
+      continue;
+    }
+    if (c.kind == CollectiveKind::AllReduce && reduced[u]) {  // HSDP: after the reduce-scatter
+      run_coll(i, rs_end[u]);
+      done[i] = true;
+      continue;
+    }
+    run_segments(last_seg[u]);
+    run_coll(i, bended[u] ? bseg_end[u] : compute_free);
+    done[i] = true;
+    rs_end[u] = t.collectives[i].end;
+    reduced[u] = true;
+  }
+  run_segments(static_cast<long>(segs.size()));
+  const double compute_end = compute_free;
+  double backward_end = compute_end;
+  for (const CollectiveTime& ct : t.collectives) backward_end = std::max(backward_end, ct.end);
+  // B4: backward ends when the last collective has; the time after the last
+  // compute goes to the collectives still running, in the order they end.
+  std::vector<size_t> tail;
+  for (size_t i = 0; i < nc; ++i)
+    if (t.collectives[i].end > compute_end) tail.push_back(i);
+  std::stable_sort(tail.begin(), tail.end(),
+                   [&](size_t a, size_t b) { return t.collectives[a].end < t.collectives[b].end; });
+  double covered = compute_end;
+  for (size_t i : tail) {
+    const CollectiveTime& ct = t.collectives[i];
+    const double extra = ct.end - std::max({covered, ct.start, compute_end});
+    if (extra > 0) {
+      t.units[static_cast<size_t>(comm.collectives[i].unit)].exposed_tail_s += extra;
+      covered = ct.end;
+    }
+  }
+
+  for (const UnitTime& u : t.units) t.exposed_comm_s += u.exposed_s();
+  if (flops) {
+    t.backward_compute_end_s = compute_end;
+    t.backward_end_s = backward_end;
+    for (const UnitTime& u : t.units) t.compute_s += u.forward_compute_s + u.backward_compute_s;
+    for (const UnitComm& u : comm.units) t.optimizer_trainable_shard_numel += u.trainable_shard_numel;
+    const int per = optimizer_bytes_per_param(plan.memory.settings.optimizer);
+    t.optimizer_s = static_cast<double>(t.optimizer_trainable_shard_numel * per) /
+                    (hw.hbm_bytes_per_s * hw.memory_efficiency);
+    t.step_s = backward_end + t.optimizer_s;
+  } else {
+    // The segments' lengths were a device: no compute, no step to report.
+    for (UnitTime& u : t.units) u.forward_compute_s = u.backward_compute_s = 0;
+    t.forward_end_s = 0;
+    t.timeline.clear();
+    for (CollectiveTime& ct : t.collectives) ct.start = ct.end = 0;
+  }
+  t.assumptions = assumptions(plan, t);
+  return t;
+}
+
+}  // namespace fsdp_plan
