@@ -2,6 +2,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "time/flop_file.h"
+
 namespace fsdp_plan {
 namespace {
 
@@ -74,6 +76,49 @@ void add_fsdp_options(CLI::App& app, FsdpOptions& opt, const std::string& policy
                  "what the device picks for each call); the math kernel keeps the seq x seq probabilities")
       ->check(CLI::IsMember(sdpa_names().names()))
       ->group(acts);
+
+  const char* time = "Step-time estimate (override the policy's \"hardware\"; docs/time-model.md)";
+  app.add_option("--hardware", opt.hardware, "GPU preset: peak FLOP/s, HBM, NVLink, network (default h100)")
+      ->check(CLI::IsMember(hardware_names().names()))
+      ->group(time);
+  app.add_option("--gpus-per-node", opt.gpus_per_node, "GPUs per node (default 8): ranks r and s share NVLink when r / N "
+                                                       "== s / N; suggest advises world sizes past one node in "
+                                                       "whole nodes")
+      ->check(CLI::Range(int64_t{1}, kMaxWorldSize))
+      ->group(time);
+  opt.hardware_figures.assign(hardware_fields().size(), std::nullopt);
+  for (size_t i = 0; i < hardware_fields().size(); ++i) {
+    const HardwareField& f = hardware_fields()[i];
+    // Read as text: CLI11 would take "nan" and "inf" for numbers; load_policy says why they are refused.
+    app.add_option_function<std::string>(
+           f.option,
+           [&opt, i, f](const std::string& text) {
+             double v = 0;
+             size_t used = 0;
+             try {
+               v = std::stod(text, &used);
+             } catch (const std::exception&) {
+               used = 0;
+             }
+             if (used != text.size() || text.empty())
+               throw CLI::ValidationError(f.option, "must be a number, not " + text);
+             opt.hardware_figures[i] = v;
+           },
+           f.help)
+        ->type_name(f.efficiency ? "F" : "GBPS")
+        ->group(time);
+  }
+  app.add_option("--flops", opt.flops,
+                 "FLOPs of one training step per module, as JSON ({\"modules\": {path: {\"forward\", "
+                 "\"backward\"}}}, FlopCounterMode's figures; tests/timing/flop_oracle.py writes them): gives the "
+                 "estimate its compute time; without it a TorchScript model gets exposed communication only")
+      ->type_name("FILE")
+      ->group(time);
+}
+
+std::optional<FlopProfile> load_flops(const FsdpOptions& opt, const ModuleTree& tree) {
+  if (opt.flops.empty()) return std::nullopt;
+  return load_flop_file(opt.flops, tree);
 }
 
 PolicyFile load_policy(const FsdpOptions& opt) {
@@ -93,6 +138,19 @@ PolicyFile load_policy(const FsdpOptions& opt) {
   if (opt.device) file.policy.activations.device = *device_names().parse(*opt.device);
   if (opt.sdpa) file.policy.activations.sdpa = *sdpa_names().parse(*opt.sdpa);
   if (std::string why = settings_error(fsdp); !why.empty()) throw UsageError(why);
+  HardwareSettings& hw = file.policy.hardware;
+  if (opt.hardware) {
+    hw.preset = *hardware_names().parse(*opt.hardware);
+    hw.preset_given = true;
+  }
+  if (opt.gpus_per_node) hw.gpus_per_node = *opt.gpus_per_node;
+  for (size_t i = 0; i < opt.hardware_figures.size(); ++i) {
+    if (!opt.hardware_figures[i]) continue;
+    const HardwareField& f = hardware_fields()[i];
+    if (std::string why = hardware_value_error(f.option, *opt.hardware_figures[i], f.efficiency); !why.empty())
+      throw UsageError(why);
+    hw.*f.field = *opt.hardware_figures[i];
+  }
   if (fsdp.shard_group_size > 0 && fsdp.strategy != ShardingStrategy::HybridShard)
     spdlog::warn("the shard group size ({}) is ignored: only HYBRID_SHARD uses it, and the strategy is {}",
                  fsdp.shard_group_size, strategy_name(fsdp.strategy));

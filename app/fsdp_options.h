@@ -9,7 +9,9 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
+#include "plan/flops.h"
 #include "planner/policy_file.h"
 
 namespace fsdp_plan {
@@ -28,12 +30,22 @@ struct FsdpOptions {
   bool use_orig_params = false;
   // Activations from a .pt2 graph: whose kernels (--device) and which attention kernel (--sdpa).
   std::optional<std::string> device, sdpa;
+  // The step-time estimate (override the policy's "hardware"): --hardware,
+  // --gpus-per-node, and one option per row of hardware_fields().
+  std::optional<std::string> hardware;
+  std::optional<int64_t> gpus_per_node;
+  std::vector<std::optional<double>> hardware_figures;  // parallel to hardware_fields()
+  std::string flops;  // --flops FILE (time/flop_file.h)
 };
 
 // `policy_help` and `version_help` say what the policy and --fsdp-version
 // mean to the command.
 void add_fsdp_options(CLI::App& app, FsdpOptions& opt, const std::string& policy_help,
                       const std::string& version_help);
+
+// Reads --flops, when given, for `tree`'s modules: nullopt without it.
+// Throws InputError naming the file.
+std::optional<FlopProfile> load_flops(const FsdpOptions& opt, const ModuleTree& tree);
 
 // Reads the policy file and applies the settings given on the command line.
 // Throws InputError for a bad file, UsageError for settings FSDP would refuse.

@@ -131,7 +131,8 @@ int run(const Options& opt) {
     t0 = std::chrono::steady_clock::now();
     // Accelerate's class and ignored-module lookups need the model.
     std::vector<Warning> read_warnings = resolve_policy_file(policy_file, tree);
-    Plan plan = make_plan(tree, policy, opt.model);
+    const std::optional<FlopProfile> flops = load_flops(opt.fsdp, tree);
+    Plan plan = make_plan(tree, policy, opt.model, ClassMatcher(), PlanPurpose::Report, flops ? &*flops : nullptr);
     plan.warnings.insert(plan.warnings.begin(), read_warnings.begin(), read_warnings.end());
     spdlog::info("planned {} units in {:.1f} ms", plan.units.size(), ms_since(t0));
     log_plan_details(plan);

@@ -30,7 +30,6 @@ const CLI::Validator kSize(
 int suggest_main(int argc, char** argv) {
   std::string model, format = "text", output, budget, activations = "0", emit;
   FsdpOptions fsdp;
-  int64_t gpus_per_node = 8;
   size_t top = 10;
   bool verbose = false;
   CLI::App app{"fsdp-plan suggest: the wrapping policies that fit a per-rank memory budget, ranked",
@@ -46,9 +45,6 @@ int suggest_main(int argc, char** argv) {
                    "ignored parameters, world size) are kept; what is wrapped varies",
                    "1: FullyShardedDataParallel (default); 2: fully_shard, every candidate planned and its "
                    "memory estimated as FSDP2's (the base policy's fsdp.version otherwise)");
-  app.add_option("--gpus-per-node", gpus_per_node, "GPUs in one node: when nothing fits, a world size past one "
-                                                   "node is advised as a multiple of this")
-      ->check(CLI::Range(int64_t{1}, kMaxWorldSize))->capture_default_str();
   app.add_option("--top", top, "how many ranked policies to show")->check(CLI::Range(size_t{1}, size_t{100000}))
       ->capture_default_str();
   app.add_flag("-v,--verbose", verbose, "timings on stderr");
@@ -95,8 +91,11 @@ int suggest_main(int argc, char** argv) {
     ctx.base = &base;
     ctx.options.budget_bytes = *parse_size(budget);
     ctx.options.activation_bytes = *parse_size(activations);
-    ctx.options.gpus_per_node = gpus_per_node;
+    // One --gpus-per-node (fsdp_options): the time model's placement and the advice's whole nodes.
+    ctx.options.gpus_per_node = base.hardware.gpus_per_node.value_or(8);
     ctx.top = top;
+    const std::optional<FlopProfile> flops = load_flops(fsdp, tree);
+    ctx.options.flops = flops ? &*flops : nullptr;
     auto t0 = std::chrono::steady_clock::now();
     Suggestion s = suggest(tree, base, ctx.options);
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();

@@ -13,7 +13,9 @@
 #include "model/aliases.h"
 #include "model/module_tree.h"
 #include "plan/activations.h"
+#include "plan/comm.h"
 #include "plan/memory.h"
+#include "plan/step_time.h"
 #include "plan/tensor_parallel.h"
 #include "policy/policy.h"
 #include "util/warnings.h"
@@ -75,6 +77,8 @@ struct Plan {
   ActivationPlan activations;  // read by the memory models
   MemoryPlan memory;
   std::optional<TensorParallelPlan> tensor_parallel;  // policy.tensor_parallel's placements
+  CommPlan comm;   // per step, what each unit's collectives carry (fsdp1/comm.h, fsdp2/comm.h)
+  StepTime time;   // the step-time ESTIMATE built on it (time/step_time.h)
 
   // FSDP1: FullyShardedDataParallel units; FSDP2: fully_shard groups.
   FsdpVersion version() const { return policy.fsdp.version; }

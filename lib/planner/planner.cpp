@@ -3,11 +3,13 @@
 #include <optional>
 
 #include "activations/activations.h"
+#include "fsdp1/comm.h"
 #include "fsdp1/memory.h"
 #include "fsdp1/select.h"
 #include "fsdp1/sharded_views.h"
 #include "fsdp1/units.h"
 #include "fsdp1/wrap_policy.h"
+#include "fsdp2/comm.h"
 #include "fsdp2/memory.h"
 #include "fsdp2/units.h"
 #include "fsdp2/warnings.h"
@@ -15,15 +17,25 @@
 #include "plan/analysis.h"
 #include "plan/refusals.h"
 #include "policy/ignored.h"
+#include "time/hardware.h"
+#include "time/step_time.h"
 #include "tp/placements.h"
 
 namespace fsdp_plan {
 
 namespace {
 
+// Communication follows from the units and the memory model's sizes; the
+// step-time estimate from the communication (and the FLOPs, when known).
+void add_comm_and_time(Plan& plan, const FlopProfile* flops) {
+  plan.comm = plan.v2() ? fsdp2_comm(plan) : fsdp1_comm(plan);
+  plan.time = estimate_step_time(plan, resolve_hardware(plan.policy.hardware), flops);
+}
+
 // With `search_fixes`, warnings try their fixes by planning again without.
 Plan plan_with(const ModuleTree& loaded, const Policy& policy, const std::string& model_path,
-               const ClassMatcher& shared_matcher, bool search_fixes, PlanPurpose purpose) {
+               const ClassMatcher& shared_matcher, bool search_fixes, PlanPurpose purpose,
+               const FlopProfile* flops) {
   const bool report = purpose == PlanPurpose::Report;
   // With --aliases, plan the tree Python's named_modules() walks: each module once.
   Dealiased dealiased = policy.module_aliases ? remove_aliases(loaded) : Dealiased{};
@@ -40,7 +52,7 @@ Plan plan_with(const ModuleTree& loaded, const Policy& policy, const std::string
   plan.aliases = std::move(dealiased.aliases);
   plan.policy = policy;
   plan.model.path = model_path;
-  const Replan replan = [&](const Policy& p) { return plan_with(tree, p, model_path, matcher, false, purpose); };
+  const Replan replan = [&](const Policy& p) { return plan_with(tree, p, model_path, matcher, false, purpose, flops); };
   if (plan.v2()) {
     // FSDP2: fully_shard calls, bottom-up, then the root.
     Fsdp2Calls calls = fsdp2_calls(tree, policy, matcher, ignored);
@@ -54,6 +66,7 @@ Plan plan_with(const ModuleTree& loaded, const Policy& policy, const std::string
       plan.tensor_parallel = plan_tensor_parallel(tree, *policy.tensor_parallel, policy.fsdp.world_size, plan.warnings);
     plan.activations = plan_activations(plan, matcher, &plan.warnings);
     plan.memory = estimate_memory_fsdp2(plan, policy.fsdp, report);
+    add_comm_and_time(plan, flops);
     return plan;
   }
   std::vector<bool> wrapped(tree.num_modules(), false);
@@ -79,6 +92,7 @@ Plan plan_with(const ModuleTree& loaded, const Policy& policy, const std::string
   if (report) root_warnings(plan, search_fixes ? &replan : nullptr);
   plan.activations = plan_activations(plan, matcher, &plan.warnings);
   plan.memory = estimate_memory(plan, policy.fsdp, report);
+  add_comm_and_time(plan, flops);
   return plan;
 }
 
@@ -86,12 +100,12 @@ Plan plan_with(const ModuleTree& loaded, const Policy& policy, const std::string
 
 Plan make_plan(const ModuleTree& tree, const Policy& policy, const std::string& model_path) {
   ClassMatcher matcher(tree);
-  return plan_with(tree, policy, model_path, matcher, true, PlanPurpose::Report);
+  return plan_with(tree, policy, model_path, matcher, true, PlanPurpose::Report, nullptr);
 }
 
 Plan make_plan(const ModuleTree& tree, const Policy& policy, const std::string& model_path,
-               const ClassMatcher& matcher, PlanPurpose purpose) {
-  return plan_with(tree, policy, model_path, matcher, true, purpose);
+               const ClassMatcher& matcher, PlanPurpose purpose, const FlopProfile* flops) {
+  return plan_with(tree, policy, model_path, matcher, true, purpose, flops);
 }
 
 }  // namespace fsdp_plan

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "model/class_names.h"
+#include "plan/flops.h"
 #include "plan/plan.h"
 
 namespace fsdp_plan {
@@ -19,8 +20,11 @@ enum class PlanPurpose { Report, Ranking };
 Plan make_plan(const ModuleTree& tree, const Policy& policy, const std::string& model_path);
 // The same, sharing `matcher` (and the tree's classes it keeps) across the
 // many plans of one tree, as fsdp-plan suggest makes.
+// `flops`, when known (--flops, the .pt2 graph), gives the step-time
+// estimate its compute; it need not outlive the call.
 Plan make_plan(const ModuleTree& tree, const Policy& policy, const std::string& model_path,
-               const ClassMatcher& matcher, PlanPurpose purpose = PlanPurpose::Report);
+               const ClassMatcher& matcher, PlanPurpose purpose = PlanPurpose::Report,
+               const FlopProfile* flops = nullptr);
 // The plan points into the tree: planning a temporary would leave it dangling.
 Plan make_plan(ModuleTree&& tree, const Policy& policy, const std::string& model_path) = delete;
 

@@ -2,6 +2,7 @@
 
 #include "fsdp2/memory.h"
 #include "model/class_names.h"
+#include "report/time_json.h"
 #include "tp/placements.h"
 
 namespace fsdp_plan {
@@ -235,6 +236,8 @@ nlohmann::ordered_json plan_to_json(const Plan& plan) {
       units.back()["call"] = u.call;
       units.back()["reshard_after_forward"] = reshard_to_json(*u.reshard_after_forward);
     }
+    if (plan.comm.computed) units.back()["comm"] = unit_comm_json(plan, i);
+    if (plan.time.computed) units.back()["time"] = unit_time_json(plan, i);
   }
   out["units"] = std::move(units);
 
@@ -251,6 +254,8 @@ nlohmann::ordered_json plan_to_json(const Plan& plan) {
   out["warnings"] = std::move(warnings);
   out["memory"] = memory_json(plan);
   if (plan.tensor_parallel) out["tensor_parallel"] = tensor_parallel_json(plan);
+  if (plan.comm.computed) out["comm"] = comm_json(plan);
+  if (plan.time.computed) out["time"] = time_json(plan);
   return out;
 }
 

@@ -14,7 +14,10 @@ namespace {
 using json = nlohmann::json;
 
 // Sections that are not the plan itself: the verdicts of one run.
-const std::set<std::string> kNotPlan = {"checks", "expect"};
+// "comm" follows from the units and settings (its changes show there, like the
+// memory timeline's); "time" is an ESTIMATE: a changed estimate is not a
+// different plan (docs/time-model.md), so neither is compared, nor listed.
+const std::set<std::string> kNotPlan = {"checks", "expect", "comm", "time"};
 const std::set<std::string> kPlanSections = {"schema_version", "model", "policy", "units", "warnings"};
 
 int64_t int_or_zero(const json& obj, const char* key) {
@@ -323,7 +326,8 @@ PlanDiff diff_plans(const json& a, const json& b) {
       continue;
     }
     UnitChange c{path, {}};
-    compare_fields(*it->second, u, {"index", "path", "parent", "params", "buffers"}, "units[]", c.changes, noted,
+    compare_fields(*it->second, u, {"index", "path", "parent", "params", "buffers", "comm", "time"}, "units[]",
+                   c.changes, noted,
                    d.notes);
     // The parent by path: its index shifts whenever a unit is added before it.
     std::string pa = parent_path(ua, *it->second), pb = parent_path(ub, u);

@@ -1,6 +1,7 @@
 #include "suggest/suggest.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <optional>
 #include <set>
@@ -19,6 +20,8 @@
 
 namespace fsdp_plan {
 namespace {
+
+constexpr double kRootDominated = 0.5;
 
 // torch.nn and torchvision classes are library building blocks; the model's
 // own classes (transformers' LlamaDecoderLayer, a user's Block) come first.
@@ -171,6 +174,16 @@ std::vector<Candidate> suggest_candidates(const ModuleTree& tree, const Policy& 
 
 namespace {
 
+// The instances of the model's block class: its own class repeated most
+// (wrappable_classes' first, as suggest_candidates takes it), or none.
+std::vector<bool> block_instances(const ModuleTree& tree, const Policy& base) {
+  Ignored ignored = resolve_ignored(tree, base);
+  std::vector<int64_t> numel = subtree_numel(tree, ignored.tensor);
+  std::vector<ClassInfo> classes = wrappable_classes(tree, numel);
+  if (classes.empty() || !classes[0].own || classes[0].count < 2) return {};
+  return instances_of(tree, classes[0].qualified);
+}
+
 // The units of a plan, as module ids (FSDP2: each call's modules and its
 // reshard_after_forward): two policies with the same units and the same
 // settings make the same plan.
@@ -216,7 +229,30 @@ class PeakFor {
   std::optional<Fsdp2Memory> fsdp2_;
 };
 
-void evaluate(Candidate& c, const Plan& plan, const ModuleTree& tree, const SuggestOptions& opt) {
+// Whether every module of `block` is a unit's module and no unit's module
+// lies strictly inside one (Candidate::per_block).
+bool per_block(const Plan& plan, const ModuleTree& tree, const std::vector<bool>& block) {
+  if (block.empty()) return false;
+  std::vector<bool> is_unit(tree.num_modules(), false);
+  for (const auto& u : plan.units) {
+    is_unit[static_cast<size_t>(u.module)] = true;
+    for (ModuleId m : u.modules) is_unit[static_cast<size_t>(m)] = true;
+  }
+  bool any = false;
+  for (size_t m = 0; m < block.size(); ++m) {
+    if (block[m]) {
+      if (!is_unit[m]) return false;
+      any = true;
+    }
+    if (!is_unit[m] || block[m]) continue;
+    for (ModuleId a = tree.module(static_cast<ModuleId>(m)).parent; a >= 0; a = tree.module(a).parent)
+      if (block[static_cast<size_t>(a)]) return false;
+  }
+  return any;
+}
+
+void evaluate(Candidate& c, const Plan& plan, const ModuleTree& tree, const SuggestOptions& opt,
+              const std::vector<bool>& block) {
   for (const auto& w : plan.warnings) {
     if (w.severity == Severity::Error) {
       c.dropped = "FSDP would refuse it: " + w.kind;
@@ -248,10 +284,34 @@ void evaluate(Candidate& c, const Plan& plan, const ModuleTree& tree, const Sugg
   c.needed_bytes = c.peak_bytes + opt.activation_bytes;
   c.fits = c.needed_bytes <= opt.budget_bytes;
   c.regathered = regathered(plan);
+  const StepTime& t = plan.time;
+  c.step_known = t.computed && t.flops_known;
+  c.step_s = c.step_known ? t.step_s : 0;
+  c.exposed_comm_s = t.computed ? t.exposed_comm_s : 0;
+  c.comm_s = t.computed ? t.comm_s : 0;
+  // Issue 27: never a single-unit or root-dominated plan ahead of a finer one
+  // that fits. Root-dominated: the root holds more than half the parameters.
+  c.per_block = per_block(plan, tree, block);
+  c.coarse = !c.per_block && (c.units <= 1 || c.root_share > kRootDominated);
 }
 
-// The order among candidates that fit: fewer units, then lower peak, ...
+// The time an estimate ranks by: the step with FLOPs, the exposed
+// communication without. Differences under a nanosecond are rounding.
+double rank_seconds(const Candidate& c) { return c.step_known ? c.step_s : c.exposed_comm_s; }
+
+// The order among candidates that fit: finer than the root first, then the
+// estimated time, then fewer units, then lower peak, ...
 bool better_if_fitting(const Candidate& a, const Candidate& b) {
+  if (a.coarse != b.coarse) return b.coarse;
+  // The estimate has no per-unit overhead (hooks, copy-in / copy-out kernels,
+  // launches): it would count every split finer than the block as free. So
+  // the block granularity first; the estimate decides among those plans
+  // (edge groups, reshard settings, separate embeddings) and among the rest.
+  if (a.per_block != b.per_block) return a.per_block;
+  if (a.step_known == b.step_known) {
+    const double ta = rank_seconds(a), tb = rank_seconds(b);
+    if (std::abs(ta - tb) > 1e-9) return ta < tb;
+  }
   if (a.units != b.units) return a.units < b.units;
   if (a.peak_bytes != b.peak_bytes) return a.peak_bytes < b.peak_bytes;
   if (a.regathered != b.regathered) return a.regathered < b.regathered;  // fewer all-gathers in backward
@@ -268,7 +328,7 @@ bool better(const Candidate& a, const Candidate& b) {
 }
 
 int64_t needed(const ModuleTree& tree, const Policy& p, const SuggestOptions& opt, const ClassMatcher& matcher) {
-  return make_plan(tree, p, "", matcher, PlanPurpose::Ranking).memory.per_rank.peak_bytes + opt.activation_bytes;
+  return make_plan(tree, p, "", matcher, PlanPurpose::Ranking, opt.flops).memory.per_rank.peak_bytes + opt.activation_bytes;
 }
 
 // World size: the smallest number of ranks at which some candidate fits,
@@ -410,14 +470,15 @@ Suggestion suggest(const ModuleTree& tree, const Policy& base, const SuggestOpti
   for (const auto& c : candidates) labels.insert(c.label);
   std::set<UnitSet> seen;
   const ClassMatcher matcher(tree);  // one tree, many plans: its classes are worked out once
+  const std::vector<bool> block = block_instances(tree, base);
   for (size_t i = 0; i < candidates.size(); ++i) {
     Candidate c = std::move(candidates[i]);  // fixes below append to `candidates`
-    auto plan = std::make_shared<Plan>(make_plan(tree, c.policy, "", matcher, PlanPurpose::Ranking));
+    auto plan = std::make_shared<Plan>(make_plan(tree, c.policy, "", matcher, PlanPurpose::Ranking, opt.flops));
     if (!seen.insert(unit_set(*plan)).second) {
       ++s.duplicates;
       continue;
     }
-    evaluate(c, *plan, tree, opt);
+    evaluate(c, *plan, tree, opt, block);
     // A refused candidate, fixed as the refusal checks say, is a candidate too
     // (twice at most: a fix may uncover another refusal).
     if (!c.dropped.empty() && c.fixes < 2) {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "model/module_tree.h"
+#include "plan/flops.h"
 #include "plan/plan.h"
 #include "policy/policy.h"
 
@@ -20,6 +21,9 @@ struct SuggestOptions {
   int64_t activation_bytes = 0;  // allowance added to the memory model's peak
   size_t max_thresholds = 64;    // size-policy thresholds tried at most
   int64_t gpus_per_node = 8;     // world sizes past one node are advised in whole nodes
+  // FLOPs per module (--flops): each candidate's step-time estimate gets its
+  // compute, and the ranking its step time. Not owned; may be null.
+  const FlopProfile* flops = nullptr;
 };
 
 // One policy tried, and what its plan says.
@@ -40,6 +44,20 @@ struct Candidate {
   bool fits = false;
   std::string peak_phase;
   int64_t regathered = 0;     // FSDP2: groups all-gathered again in backward (fewer is better at equal peak)
+  // The step-time ESTIMATE of the plan (time/step_time.h): with FLOPs (--flops)
+  // the step; without, the communication the overlap rules leave exposed when
+  // compute hides what it can (docs/time-model.md section 6). What it ranks by.
+  bool step_known = false;
+  double step_s = 0;
+  double exposed_comm_s = 0;
+  double comm_s = 0;          // every collective's time, hidden or not
+  bool time_known() const { return plan && plan->time.computed; }
+  bool coarse = false;        // a single unit, or a root holding most parameters: behind every finer plan that fits
+  // Every instance of the model's block class (its own class with the most
+  // instances and parameters, suggest_candidates' first) is a unit, and no
+  // unit lies inside one: the granularity Accelerate's TRANSFORMER_BASED_WRAP
+  // and torchtitan wrap. Ranks ahead of finer plans (docs/time-model.md 6).
+  bool per_block = false;
   // The plan, kept for ranked candidates: advice re-estimates memory on it.
   // A ranking plan (PlanPurpose::Ranking): for a report, plan the policy again.
   std::shared_ptr<const Plan> plan;
@@ -65,10 +83,12 @@ struct Suggestion {
 // The candidate policies for `tree`, in a fixed order (no duplicates).
 std::vector<Candidate> suggest_candidates(const ModuleTree& tree, const Policy& base, const SuggestOptions& opt);
 
-// Plans every candidate and ranks them: fits the budget, then fewer units,
-// then lower peak, then fewer FSDP2 groups gathered again in backward, then
-// smaller root share, then label; among those that do not fit, the lowest
-// need first. The memory model is the base policy's
+// Plans every candidate and ranks them: fits the budget; among those that
+// fit, plans finer than one unit (or a root-dominated one) first, then the
+// lowest estimated step time (exposed communication without FLOPs), then
+// fewer units, then lower peak, then fewer FSDP2 groups gathered again in
+// backward, then smaller root share, then label; among those that do not
+// fit, the lowest need first. The memory model is the base policy's
 // FSDP version's (fsdp.fsdp_version).
 Suggestion suggest(const ModuleTree& tree, const Policy& base, const SuggestOptions& opt);
 

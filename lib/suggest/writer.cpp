@@ -1,6 +1,7 @@
 #include "suggest/writer.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <map>
 #include <vector>
@@ -30,6 +31,39 @@ std::string mixed_precision_name(const Policy& p) {
 
 const Candidate* best_fit(const Suggestion& s) {
   return !s.ranked.empty() && s.ranked.front().fits ? &s.ranked.front() : nullptr;
+}
+
+// Seconds of the step-time estimate as milliseconds, or "-" when unknown.
+std::string ms(bool known, double seconds) {
+  if (!known) return "-";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f ms", seconds * 1e3);
+  return buf;
+}
+
+bool any_step(const Suggestion& s) {
+  return std::any_of(s.ranked.begin(), s.ranked.end(), [](const Candidate& c) { return c.step_known; });
+}
+
+// Why the best fitting candidate ranks above the next fitting one, in the
+// order better_if_fitting (suggest.cpp) decides.
+std::string why_best(const Candidate& best, const Candidate& next) {
+  const std::string vs = " than " + next.label;
+  if (best.coarse != next.coarse)
+    return "finer than " + next.label + (next.units <= 1 ? " (the root unit alone)" : " (root-dominated)") +
+           ": a fitting per-block plan ranks ahead of it whatever the estimate";
+  if (best.per_block != next.per_block)
+    return "wraps each block (the model's repeated class) with nothing inside it; " + next.label +
+           " splits finer, which the estimate would count as free (it has no per-unit overhead)";
+  const double a = best.step_known ? best.step_s : best.exposed_comm_s;
+  const double b = next.step_known ? next.step_s : next.exposed_comm_s;
+  if (best.step_known == next.step_known && std::abs(a - b) > 1e-9)
+    return std::string(best.step_known ? "estimated step " : "estimated exposed communication ") +
+           ms(true, a) + ", " + ms(true, b - a) + " less" + vs;
+  if (best.units != next.units) return "as fast by the estimate, fewer units" + vs;
+  if (best.peak_bytes != next.peak_bytes) return "as fast by the estimate, a lower peak" + vs;
+  if (best.regathered != next.regathered) return "as fast by the estimate, fewer groups gathered again in backward" + vs;
+  return "as fast by the estimate, same units and peak; root share or label decide against " + next.label;
 }
 
 std::map<std::string, int> drop_reasons(const Suggestion& s) {
@@ -75,8 +109,9 @@ std::string suggestion_to_text(const Suggestion& s, const SuggestContext& ctx) {
     label_w = std::max(label_w, s.ranked[i].label.size());
     path_w = std::max(path_w, (s.ranked[i].largest_unit_path.empty() ? 6 : s.ranked[i].largest_unit_path.size()) + 9);
   }
+  const bool step = any_step(s);
   out += "\n   #  " + pad("policy", label_w) + "  units  " + pad("largest unit", path_w) +
-         "   root   peak/rank      needed  fits\n";
+         "   root   peak/rank      needed  fits     exposed" + (step ? "        step" : "") + "\n";
   for (size_t i = 0; i < shown; ++i) {
     const Candidate& c = s.ranked[i];
     std::string largest = path_or_root(c.largest_unit_path) + " " +
@@ -84,7 +119,8 @@ std::string suggestion_to_text(const Suggestion& s, const SuggestContext& ctx) {
     out += pad(std::to_string(i + 1), 4, true) + "  " + pad(c.label, label_w) + "  " +
            pad(std::to_string(c.units), 5, true) + "  " + pad(largest, path_w) + "  " + pad(percent(c.root_share), 6, true) +
            "  " + pad(format_bytes(c.peak_bytes), 10, true) + "  " + pad(format_bytes(c.needed_bytes), 10, true) + "  " +
-           (c.fits ? "yes" : "no") + "\n";
+           pad(c.fits ? "yes" : "no", 4) + pad(ms(true, c.exposed_comm_s), 12, true) +
+           (step ? pad(ms(c.step_known, c.step_s), 12, true) : "") + "\n";
   }
   if (shown < s.ranked.size()) out += "      ... " + std::to_string(s.ranked.size() - shown) + " more (--top)\n";
 
@@ -94,6 +130,16 @@ std::string suggestion_to_text(const Suggestion& s, const SuggestContext& ctx) {
            format_bytes(best->needed_bytes) + " per rank, " + format_bytes(o.budget_bytes - best->needed_bytes) +
            " under the budget\n";
     out += "        " + policy_file_json(best->policy).dump() + "\n";
+    const Candidate* next = nullptr;
+    for (size_t i = 1; i < s.ranked.size() && !next; ++i)
+      if (s.ranked[i].fits) next = &s.ranked[i];
+    if (next) out += "why     " + why_best(*best, *next) + "\n";
+    out += std::string("time    an ESTIMATE (docs/time-model.md): ") +
+           (step ? "step time from the --flops figures" : "the communication compute cannot hide (no FLOPs: "
+                                                          "every unit's compute assumed long enough to hide its "
+                                                          "neighbours' collectives)") +
+           ", " + best->plan->time.hardware.name + ", " + std::to_string(best->plan->time.hardware.gpus_per_node) +
+           " GPUs per node\n";
     return out;
   }
   const Candidate* lowest = &s.ranked.front();
@@ -159,7 +205,13 @@ nlohmann::ordered_json suggestion_to_json(const Suggestion& s, const SuggestCont
                           {"peak_bytes", c.peak_bytes},
                           {"peak_phase", c.peak_phase},
                           {"needed_bytes", c.needed_bytes},
-                          {"fits", c.fits}});
+                          {"fits", c.fits},
+                          {"coarse", c.coarse},
+                          {"per_block", c.per_block},
+                          {"time", {{"estimate", true},
+                                    {"exposed_comm_s", c.exposed_comm_s},
+                                    {"comm_s", c.comm_s},
+                                    {"step_s", c.step_known ? json(c.step_s) : json(nullptr)}}}});
   }
   out["candidates"] = candidates;
   json dropped = json::array();
