@@ -88,7 +88,7 @@ FlopProfile parse_flop_file(const std::string& text, const std::string& file, co
 }
 
 FlopProfile load_flop_file(const std::string& file, const ModuleTree& tree) {
-  return parse_flop_file(read_text_file(file), file, tree);
+  return parse_flop_file(read_text_file(file, kMaxPlanFileBytes, "a FLOP profile"), file, tree);
 }
 
 }  // namespace fsdp_plan
