@@ -85,9 +85,20 @@ def suggest_and_check(binary, model_file, version, tmp):
     failures = []
     if not best["fits"] or best["needed_bytes"] > budget:
         failures.append(f"best {best['label']!r} needs {best['needed_bytes']}, budget {budget}")
-    fewest = min(c["units"] for c in doc["candidates"] if c["fits"])
-    if best["units"] != fewest:
-        failures.append(f"best {best['label']!r} has {best['units']} units; a fitting candidate has {fewest}")
+    # suggest's ranking (docs/suggest.md; docs/time-model.md section 6): among candidates that fit,
+    # a coarse plan (one unit, or the root holding most parameters) never ahead of a finer one; then
+    # plans with every block a unit; then the lowest estimated step time, or exposed communication
+    # where FLOPs are unknown.
+    fitting = [c for c in doc["candidates"] if c["fits"]]
+    def tier(c):
+        return (c["coarse"], not c["per_block"])
+    first = min(tier(c) for c in fitting)
+    if tier(best) != first:
+        failures.append(f"best {best['label']!r} is in tier {tier(best)}; a fitting candidate is in {first}")
+    key = "step_s" if best["time"]["step_s"] is not None else "exposed_comm_s"
+    lowest = min(c["time"][key] for c in fitting if tier(c) == first)
+    if best["time"][key] > lowest * (1 + 1e-9) + 1e-15:
+        failures.append(f"best {best['label']!r} has {key} {best['time'][key]}; a candidate of its tier has {lowest}")
     with open(best_file) as f:
         policy = json.load(f)
     if policy != best["policy"] or policy.get("fsdp", {}).get("version", 1) != version:
