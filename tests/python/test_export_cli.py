@@ -294,7 +294,10 @@ def compare_tree_plan(binary: str, pt2: str, live: torch.nn.Module, policy: Dict
     with open(ppath, "w") as f:
         json.dump(policy, f)
     msgs = []
+    # A tree JSON has no graph, so no activations: both plans take the same allowance (0) and
+    # must then agree on everything else.
     for extra in ([], ["--use-orig-params"], ["--fsdp-version", "2"]):
+        extra = [*extra, "--activation-bytes", "0"]
         a, ea = run_binary(binary, tree, ppath, "--world-size", str(WORLD), *extra, ok_codes=(0, 1))
         b, eb = run_binary(binary, pt2, ppath, "--world-size", str(WORLD), *extra, ok_codes=(0, 1))
         if a is None or b is None:
@@ -360,8 +363,10 @@ def dynamic_case(run: Runner, work: str, cfg_dir: str) -> None:
     policy = os.path.join(work, "dyn.policy.json")
     with open(policy, "w") as f:
         json.dump({"module_classes": corpus.no_split_modules(live)}, f)
-    a, ea = run_binary(run.args.binary, out, policy, "--world-size", "8")
-    b, eb = run_binary(run.args.binary, static, policy, "--world-size", "8")
+    # Activations do: the dynamic export plans at its traced sizes (batch 2), the static one at
+    # batch 1; both take the same allowance here (plan_activations_saved checks dynamic exports).
+    a, ea = run_binary(run.args.binary, out, policy, "--world-size", "8", "--activation-bytes", "0")
+    b, eb = run_binary(run.args.binary, static, policy, "--world-size", "8", "--activation-bytes", "0")
     strip = lambda p: {k: v for k, v in p.items() if k != "model"}  # noqa: E731
     ok = a is not None and b is not None and strip(a) == strip(b)
     run.report(ok, f"{label} / plans as the static export", [ea or eb or t2.first_difference(strip(a), strip(b))])
@@ -644,8 +649,11 @@ def plan_api_cases(run: Runner, work: str) -> None:
                         "mixed_dtype"], "plan() / settings map to options", [f"{args}"])
     # Without inputs: the module tree JSON, which plans as the .pt2 does.
     try:
-        tree_plan = fsdp_plan.plan(live, [layer], binary=run.args.binary, world_size=WORLD)
-        m = tree_vs_pt2(tree_plan, got)
+        # The tree has no graph, so no activations: both take the same allowance (0).
+        tree_plan = fsdp_plan.plan(live, [layer], binary=run.args.binary, world_size=WORLD, activation_bytes=0)
+        got0 = fsdp_plan.plan(live, [layer], example_inputs={"input_ids": ids, "labels": ids}, world_size=WORLD,
+                              binary=run.args.binary, activation_bytes=0)
+        m = tree_vs_pt2(tree_plan, got0)
     except fsdp_plan.FsdpPlanError as e:
         m = [f"FsdpPlanError: {e}"]
     run.report(not m, "plan() / no example_inputs: the live module's tree plans as its export", m)
