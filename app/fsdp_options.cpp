@@ -2,6 +2,9 @@
 
 #include <spdlog/spdlog.h>
 
+#include <stdexcept>
+
+#include "model/graph.h"
 #include "time/flop_file.h"
 
 namespace fsdp_plan {
@@ -76,6 +79,12 @@ void add_fsdp_options(CLI::App& app, FsdpOptions& opt, const std::string& policy
                  "what the device picks for each call); the math kernel keeps the seq x seq probabilities")
       ->check(CLI::IsMember(sdpa_names().names()))
       ->group(acts);
+  app.add_option("--dim", opt.dims,
+                 "a dynamic dimension of a .pt2 at the value to plan, e.g. --dim batch=2 --dim seq=8192 (repeatable; "
+                 "default: the value the export traced; names: batch and seq of input_ids, or the input name and "
+                 "index, e.g. input_ids.1)")
+      ->type_name("NAME=VALUE")
+      ->group(acts);
 
   const char* time = "Step-time estimate (override the policy's \"hardware\"; docs/time-model.md)";
   app.add_option("--hardware", opt.hardware, "GPU preset: peak FLOP/s, HBM, NVLink, network (default h100)")
@@ -137,6 +146,13 @@ PolicyFile load_policy(const FsdpOptions& opt) {
   if (opt.fsdp_version) set_fsdp_version(file, *parse_version(*opt.fsdp_version));
   if (opt.device) file.policy.activations.device = *device_names().parse(*opt.device);
   if (opt.sdpa) file.policy.activations.sdpa = *sdpa_names().parse(*opt.sdpa);
+  for (const std::string& d : opt.dims) {
+    try {
+      file.policy.activations.dims.push_back(parse_dim_arg(d));
+    } catch (const std::invalid_argument& e) {
+      throw UsageError("--dim " + d + ": " + e.what());
+    }
+  }
   if (std::string why = settings_error(fsdp); !why.empty()) throw UsageError(why);
   HardwareSettings& hw = file.policy.hardware;
   if (opt.hardware) {

@@ -6,6 +6,7 @@
 #include "activations/walk.h"
 #include "model/dtype.h"
 #include "model/graph.h"
+#include "util/errors.h"
 #include "util/strings.h"
 
 namespace fsdp_plan {
@@ -156,6 +157,12 @@ ActivationPlan plan_activations(const Plan& plan, const ClassMatcher& matcher, s
   if (const auto& graph = plan.tree->graph()) {
     walk_plan(plan, *graph, acts, warnings);
     return acts;
+  }
+  if (!settings.dims.empty()) {
+    // Silently planning a TorchScript file at no shape would hide that --dim did nothing.
+    throw InputError(plan.model.path, "--dim " + settings.dims.front().first +
+                                          ": a TorchScript file records no tensor shapes, so it has no dimensions; "
+                                          "export a .pt2 (fsdp-plan-export --dynamic batch,seq)");
   }
   acts.source = ActivationSource::Unknown;
   acts.unknown_reason =

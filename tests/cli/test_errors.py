@@ -8,6 +8,7 @@ import json
 import os
 import pickle
 import re
+import shutil
 import struct
 import subprocess
 import sys
@@ -21,6 +22,8 @@ import hostile_inputs as hostile  # noqa: E402  (issue 29's inputs, shared with 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BINARY = os.path.join(ROOT, "build", "app", "fsdp-plan")
 GPT = os.path.join(ROOT, "sample_models", "tiny_gpt.pt")
+# A small .pt2 with dynamic batch and seq (graph_reader_test.cpp reads it too).
+DYN = os.path.join(ROOT, "tests", "export", "data", "llama_dyn.pt2")
 PT2 = os.path.join(ROOT, "sample_models", "tiny_gpt.pt2")
 ERRORS_MD = os.path.join(ROOT, "docs", "errors.md")
 
@@ -409,6 +412,10 @@ CASES = {
     "usage-option-typo": lambda: [GPT, "--polcy", "p.json"],
     "usage-fractional-count": lambda: [GPT, "--max-unit-numel", "2.5"],
     "usage-fsdp2-strategy": lambda: [GPT, "--fsdp-version", "2", "--sharding-strategy", "SHARD_GRAD_OP"],
+    "usage-dim-format": lambda: [GPT, "--dim", "seq"],
+    "pt2-dim-unknown": lambda: (shutil.copy(DYN, "dyn.pt2"), ["dyn.pt2", "--dim", "heads=2"])[1],
+    "pt2-dim-twice": lambda: (shutil.copy(DYN, "dyn.pt2"), ["dyn.pt2", "--dim", "seq=64", "--dim", "input_ids.1=32"])[1],
+    "model-dim-torchscript": lambda: (shutil.copy(GPT, "tiny.pt"), ["tiny.pt", "--dim", "seq=64"])[1],
     "usage-nan-share": lambda: [GPT, "--max-root-share", "nan"],
     # Issue 29: hostile inputs (docs/limits.md).
     "policy-device": lambda: [GPT, "--policy", "/dev/zero"],
