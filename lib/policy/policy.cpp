@@ -62,16 +62,6 @@ class Parser {
 
   [[noreturn]] void fail(const std::string& what) const { throw InputError(file_, what); }
 
-  static std::string type_of(const json& v) {
-    if (v.is_number_integer()) return "an integer";
-    if (v.is_number_float()) return "a number";
-    if (v.is_string()) return "a string";
-    if (v.is_boolean()) return "a boolean";
-    if (v.is_null()) return "null";
-    if (v.is_array()) return "a list";
-    return "an object";
-  }
-
   void check_keys(const json& obj, const std::vector<std::string>& allowed, const std::string& where) const {
     for (const auto& [key, value] : obj.items()) {
       (void)value;
@@ -84,14 +74,14 @@ class Parser {
   }
 
   std::vector<std::string> string_list(const json& v, const std::string& key, bool names_classes) const {
-    if (!v.is_array()) fail("\"" + key + "\" must be a list of strings, not " + type_of(v));
+    if (!v.is_array()) fail("\"" + key + "\" must be a list of strings, not " + json_type_name(v));
     if (v.size() > kMaxPolicyList)
       fail("\"" + key + "\" lists " + std::to_string(v.size()) + " items, more than a policy list can (" +
            std::to_string(kMaxPolicyList) + ")");
     std::vector<std::string> out;
     std::set<std::string> seen;
     for (const auto& item : v) {
-      if (!item.is_string()) fail("\"" + key + "\" must be a list of strings, but holds " + type_of(item));
+      if (!item.is_string()) fail("\"" + key + "\" must be a list of strings, but holds " + json_type_name(item));
       std::string s = item.get<std::string>();
       // Names and paths are echoed in warnings and matched against every module:
       // bound them, and keep control characters off the terminal.
@@ -129,12 +119,12 @@ class Parser {
       if (d != std::floor(d)) fail("\"" + key + "\" must be a whole number, not " + v.dump());
       return static_cast<int64_t>(d);
     }
-    fail("\"" + key + "\" must be an integer, not " + type_of(v));
+    fail("\"" + key + "\" must be an integer, not " + json_type_name(v));
   }
 
   std::optional<std::string> dtype(const json& v, const std::string& key) const {
     if (v.is_null()) return std::nullopt;
-    if (!v.is_string()) fail("\"mixed_precision." + key + "\" must be a dtype name or null, not " + type_of(v));
+    if (!v.is_string()) fail("\"mixed_precision." + key + "\" must be a dtype name or null, not " + json_type_name(v));
     std::string s = v.get<std::string>();
     if (s.rfind("torch.", 0) == 0) s = s.substr(6);
     if (std::find(kDtypes.begin(), kDtypes.end(), s) == kDtypes.end()) {
@@ -146,7 +136,7 @@ class Parser {
   }
 
   std::string one_of(const json& v, const std::string& key, const std::vector<std::string>& allowed) const {
-    if (!v.is_string()) fail("\"" + key + "\" must be a string, not " + type_of(v));
+    if (!v.is_string()) fail("\"" + key + "\" must be a string, not " + json_type_name(v));
     std::string s = v.get<std::string>();
     if (std::find(allowed.begin(), allowed.end(), s) != allowed.end()) return s;
     auto near = closest(s, allowed, 1);
@@ -156,7 +146,7 @@ class Parser {
 
   // "hardware": the step-time estimate's GPU preset and overrides (settings.h hardware_fields).
   void parse_hardware(const json& v, HardwareSettings& out) const {
-    if (!v.is_object()) fail("\"hardware\" must be an object, not " + type_of(v));
+    if (!v.is_object()) fail("\"hardware\" must be an object, not " + json_type_name(v));
     check_keys(v, hardware_keys(), " in \"hardware\"");
     if (auto it = v.find("preset"); it != v.end()) {
       out.preset = *hardware_names().parse(one_of(*it, "hardware.preset", hardware_names().names()));
@@ -171,7 +161,7 @@ class Parser {
       auto it = v.find(f.key);
       if (it == v.end()) continue;
       const std::string where = std::string("\"hardware.") + f.key + "\"";
-      if (!it->is_number()) fail(where + " must be a number, not " + type_of(*it));
+      if (!it->is_number()) fail(where + " must be a number, not " + json_type_name(*it));
       const double d = it->get<double>();
       if (std::string why = hardware_value_error(where, d, f.efficiency); !why.empty()) fail(why);
       out.*f.field = d;
@@ -179,7 +169,7 @@ class Parser {
   }
 
   void parse_fsdp(const json& v, FsdpSettings& out) const {
-    if (!v.is_object()) fail("\"fsdp\" must be an object, not " + type_of(v));
+    if (!v.is_object()) fail("\"fsdp\" must be an object, not " + json_type_name(v));
     check_keys(v, kFsdpKeys, " in \"fsdp\"");
     if (auto it = v.find("world_size"); it != v.end()) {
       out.world_size = count(*it, "fsdp.world_size");
@@ -195,7 +185,7 @@ class Parser {
         fail("\"fsdp.shard_group_size\" must be from 1 to " + std::to_string(kMaxWorldSize));
     }
     if (auto it = v.find("use_orig_params"); it != v.end()) {
-      if (!it->is_boolean()) fail("\"fsdp.use_orig_params\" must be true or false, not " + type_of(*it));
+      if (!it->is_boolean()) fail("\"fsdp.use_orig_params\" must be true or false, not " + json_type_name(*it));
       out.use_orig_params = it->get<bool>();
     }
     if (auto it = v.find("optimizer"); it != v.end())
@@ -208,7 +198,7 @@ class Parser {
     if (auto it = v.find("reshard_after_forward"); it != v.end())
       out.reshard_after_forward = reshard(*it, "fsdp.reshard_after_forward");
     if (auto it = v.find("cpu_offload"); it != v.end()) {
-      if (!it->is_boolean()) fail("\"fsdp.cpu_offload\" must be true or false, not " + type_of(*it));
+      if (!it->is_boolean()) fail("\"fsdp.cpu_offload\" must be true or false, not " + json_type_name(*it));
       out.cpu_offload = it->get<bool>();
     }
   }
@@ -230,7 +220,7 @@ class Parser {
   }
 
   std::vector<Fsdp2Group> groups(const json& v) const {
-    if (!v.is_array()) fail("\"groups\" must be a list of objects, not " + type_of(v));
+    if (!v.is_array()) fail("\"groups\" must be a list of objects, not " + json_type_name(v));
     if (v.size() > kMaxPolicyList)
       fail("\"groups\" lists " + std::to_string(v.size()) + " groups, more than a policy list can (" +
            std::to_string(kMaxPolicyList) + ")");
@@ -238,7 +228,7 @@ class Parser {
     for (size_t i = 0; i < v.size(); ++i) {
       const json& g = v[i];
       const std::string where = "groups[" + std::to_string(i) + "]";
-      if (!g.is_object()) fail("\"" + where + "\" must be an object, not " + type_of(g));
+      if (!g.is_object()) fail("\"" + where + "\" must be an object, not " + json_type_name(g));
       check_keys(g, kGroupKeys, " in \"" + where + "\"");
       auto m = g.find("modules");
       if (m == g.end()) fail("\"" + where + "\" has no \"modules\"");
@@ -256,7 +246,7 @@ class Parser {
   }
 
   ActivationCheckpointing activation_checkpointing(const json& v) const {
-    if (!v.is_object()) fail("\"activation_checkpointing\" must be an object or null, not " + type_of(v));
+    if (!v.is_object()) fail("\"activation_checkpointing\" must be an object or null, not " + json_type_name(v));
     check_keys(v, kActivationCheckpointingKeys, " in \"activation_checkpointing\"");
     ActivationCheckpointing ac;
     if (auto it = v.find("module_classes"); it != v.end() && !it->is_null())
@@ -264,11 +254,11 @@ class Parser {
     if (auto it = v.find("modules"); it != v.end() && !it->is_null()) {
       // Exact paths, "" for the whole model: string_list refuses empty strings, so read them here.
       if (!it->is_array())
-        fail("\"activation_checkpointing.modules\" must be a list of strings, not " + type_of(*it));
+        fail("\"activation_checkpointing.modules\" must be a list of strings, not " + json_type_name(*it));
       std::set<std::string> seen;
       for (const auto& item : *it) {
         if (!item.is_string())
-          fail("\"activation_checkpointing.modules\" must be a list of strings, but holds " + type_of(item));
+          fail("\"activation_checkpointing.modules\" must be a list of strings, but holds " + json_type_name(item));
         std::string path = item.get<std::string>();
         if (path.find('*') != std::string::npos)
           fail("\"activation_checkpointing.modules\" holds \"" + path + "\": module paths here are exact, not globs");
@@ -283,14 +273,14 @@ class Parser {
   }
 
   double share(const json& v, const std::string& key) const {
-    if (!v.is_number()) fail("\"" + key + "\" must be a number, not " + type_of(v));
+    if (!v.is_number()) fail("\"" + key + "\" must be a number, not " + json_type_name(v));
     double share = v.get<double>();
     if (share < 0 || share > 1) fail("\"" + key + "\" is a share between 0 and 1, not " + v.dump());
     return share;
   }
 
   Budgets checks(const json& obj) const {
-    if (!obj.is_object()) fail("\"checks\" must be an object, not " + type_of(obj));
+    if (!obj.is_object()) fail("\"checks\" must be an object, not " + json_type_name(obj));
     check_keys(obj, kChecksKeys, " in \"checks\"");
     Budgets b;
     if (auto it = obj.find("max_unit_numel"); it != obj.end()) b.max_unit_numel = count(*it, "checks.max_unit_numel");
@@ -306,7 +296,7 @@ class Parser {
       } else if (it->is_number()) {
         b.max_peak_bytes = count(*it, "checks.max_peak_bytes");
       } else {
-        fail("\"checks.max_peak_bytes\" must be a byte count or a size string, not " + type_of(*it));
+        fail("\"checks.max_peak_bytes\" must be a byte count or a size string, not " + json_type_name(*it));
       }
     }
     if (auto it = obj.find("fail_on"); it != obj.end()) {
@@ -321,7 +311,7 @@ class Parser {
 
   Policy parse(const std::string& text) const {
     const json doc = parse_json(text, file_);
-    if (!doc.is_object()) fail("a policy must be a JSON object, not " + type_of(doc));
+    if (!doc.is_object()) fail("a policy must be a JSON object, not " + json_type_name(doc));
     check_keys(doc, kTopKeys, "");
 
     Policy p;
@@ -341,7 +331,7 @@ class Parser {
       p.exclude_wrap_given = true;
     }
     if (auto it = doc.find("mixed_precision"); it != doc.end() && !it->is_null()) {
-      if (!it->is_object()) fail("\"mixed_precision\" must be an object or null, not " + type_of(*it));
+      if (!it->is_object()) fail("\"mixed_precision\" must be an object or null, not " + json_type_name(*it));
       check_keys(*it, kMixedPrecisionKeys, " in \"mixed_precision\"");
       MixedPrecision mp;
       for (const auto& [key, field] : kDtypeFields)
@@ -350,7 +340,7 @@ class Parser {
         auto f = it->find(key);
         if (f == it->end()) continue;
         if (!f->is_boolean())
-          fail("\"mixed_precision." + std::string(key) + "\" must be true or false, not " + type_of(*f));
+          fail("\"mixed_precision." + std::string(key) + "\" must be true or false, not " + json_type_name(*f));
         mp.*field = f->get<bool>();
       }
       if (auto f = it->find("ignore_classes"); f != it->end() && !f->is_null()) {

@@ -4,6 +4,7 @@
 #include <regex>
 
 #include "util/errors.h"
+#include "util/json_input.h"
 #include "util/strings.h"
 
 namespace fsdp_plan {
@@ -15,16 +16,6 @@ const std::vector<std::string> kKeys = {"degree", "plan", "mesh"};
 const std::vector<std::string> kMeshKeys = {"dp_replicate", "dp_shard"};
 const std::vector<std::string> kStyleKeys = {"style", "input_layouts", "output_layouts", "use_local_output",
                                              "sequence_dim"};
-
-std::string type_of(const json& v) {
-  if (v.is_number_integer()) return "an integer";
-  if (v.is_number_float()) return "a number";
-  if (v.is_string()) return "a string";
-  if (v.is_boolean()) return "a boolean";
-  if (v.is_null()) return "null";
-  if (v.is_array()) return "a list";
-  return "an object";
-}
 
 // torch's layouts as a plan writes them: Replicate() or Shard(d).
 bool valid_layout(const std::string& s) {
@@ -68,9 +59,9 @@ class TpReader {
       if (it == v.end()) fail("\"" + where + "\" has no \"style\"");
       name = &*it;
     } else if (!v.is_string()) {
-      fail("\"" + where + "\" must be a style name or an object with \"style\", not " + type_of(v));
+      fail("\"" + where + "\" must be a style name or an object with \"style\", not " + json_type_name(v));
     }
-    if (!name->is_string()) fail("\"" + where + ".style\" must be a string, not " + type_of(*name));
+    if (!name->is_string()) fail("\"" + where + ".style\" must be a string, not " + json_type_name(*name));
     const std::string s = name->get<std::string>();
     auto parsed = tp_style_names().parse(s);
     if (!parsed) {
@@ -89,13 +80,13 @@ class TpReader {
       spec.*field = it->get<std::string>();
     }
     if (auto it = v.find("use_local_output"); it != v.end()) {
-      if (!it->is_boolean()) fail("\"" + where + ".use_local_output\" must be true or false, not " + type_of(*it));
+      if (!it->is_boolean()) fail("\"" + where + ".use_local_output\" must be true or false, not " + json_type_name(*it));
       spec.use_local_output = it->get<bool>();
     }
     if (auto it = v.find("sequence_dim"); it != v.end()) {
       if (spec.style != TpStyle::SequenceParallel)
         fail("\"" + where + ".sequence_dim\" is SequenceParallel's: the style here is " + s);
-      if (!it->is_number_integer()) fail("\"" + where + ".sequence_dim\" must be an integer, not " + type_of(*it));
+      if (!it->is_number_integer()) fail("\"" + where + ".sequence_dim\" must be an integer, not " + json_type_name(*it));
       spec.sequence_dim = it->get<int64_t>();
     }
     // The layouts each style's constructor takes (torch/distributed/tensor/parallel/style.py).
@@ -133,7 +124,7 @@ TpMeshSizes tp_mesh_sizes(const TensorParallel& tp, int64_t world_size) {
 
 TensorParallel parse_tensor_parallel(const json& v, const std::string& file) {
   TpReader r(file);
-  if (!v.is_object()) r.fail("\"tensor_parallel\" must be an object, not " + type_of(v));
+  if (!v.is_object()) r.fail("\"tensor_parallel\" must be an object, not " + json_type_name(v));
   r.check_keys(v, kKeys, "tensor_parallel");
   TensorParallel tp;
   auto degree = v.find("degree");
@@ -146,12 +137,12 @@ TensorParallel parse_tensor_parallel(const json& v, const std::string& file) {
     r.fail("\"tensor_parallel.plan\": \"model\" (the model's recorded base_model_tp_plan) is not read yet: write "
            "the plan as patterns to styles");
   if (!plan->is_object()) r.fail("\"tensor_parallel.plan\" must be an object of patterns to styles, not " +
-                                 type_of(*plan));
+                                 json_type_name(*plan));
   if (plan->empty()) r.fail("\"tensor_parallel.plan\" is empty");
   for (const auto& [pattern, style] : plan->items())
     tp.plan.emplace_back(pattern, r.style(style, "tensor_parallel.plan[\"" + pattern + "\"]"));
   if (auto mesh = v.find("mesh"); mesh != v.end() && !mesh->is_null()) {
-    if (!mesh->is_object()) r.fail("\"tensor_parallel.mesh\" must be an object, not " + type_of(*mesh));
+    if (!mesh->is_object()) r.fail("\"tensor_parallel.mesh\" must be an object, not " + json_type_name(*mesh));
     r.check_keys(*mesh, kMeshKeys, "tensor_parallel.mesh");
     if (auto it = mesh->find("dp_replicate"); it != mesh->end())
       tp.dp_replicate = r.size(*it, "tensor_parallel.mesh.dp_replicate");

@@ -130,4 +130,14 @@ nlohmann::json parse_json(const std::string& text, const std::string& file) {
   return std::move(builder.result);
 }
 
+std::string json_type_name(const nlohmann::json& v) {
+  if (v.is_number_integer()) return "an integer";
+  if (v.is_number_float()) return "a number";
+  if (v.is_string()) return "a string";
+  if (v.is_boolean()) return "a boolean";
+  if (v.is_null()) return "null";
+  if (v.is_array()) return "a list";
+  return "an object";
+}
+
 }  // namespace fsdp_plan

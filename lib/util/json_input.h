@@ -20,4 +20,8 @@ constexpr size_t kMaxJsonValues = size_t{4} << 20;
 // kMaxJsonDepth and more than kMaxJsonValues values.
 nlohmann::json parse_json(const std::string& text, const std::string& file);
 
+// What a value is, for messages: "an integer", "a number", "a string", "a
+// boolean", "null", "a list" or "an object".
+std::string json_type_name(const nlohmann::json& v);
+
 }  // namespace fsdp_plan
