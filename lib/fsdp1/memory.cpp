@@ -197,14 +197,24 @@ MemoryPlan estimate_memory(const Plan& plan, const FsdpSettings& settings, bool 
     r.peak_unit = static_cast<int>(unit);
     r.activation_bytes = act;
   };
-  // The units enclosing unit j, outermost first.
-  auto ancestors_of = [&](int j) {
-    std::vector<int> out;
-    for (int a = j < 0 ? -1 : plan.units[static_cast<size_t>(j)].parent; a >= 0; a = plan.units[static_cast<size_t>(a)].parent)
-      out.push_back(a);
-    std::reverse(out.begin(), out.end());
-    return out;
-  };
+  // The units that continue between unit j - 1 and unit j (j == n: after
+  // the last), innermost first: each unit on the path from j - 1 up to j's
+  // parent, the ones that end there included (a block's MLP after its wrapped
+  // attention). Forward resumes them in this order, backward in reverse.
+  // Pre-order makes it a stack walk: linear, whatever the depth.
+  std::vector<std::vector<int>> continuing(n + 1);
+  {
+    std::vector<int> path;
+    for (size_t j = 0; j <= n; ++j) {
+      const int parent = j < n ? plan.units[j].parent : -1;
+      while (!path.empty() && path.back() != parent) {
+        continuing[j].push_back(path.back());
+        path.pop_back();
+      }
+      if (!path.empty()) continuing[j].push_back(path.back());
+      if (j < n) path.push_back(static_cast<int>(j));
+    }
+  }
 
   // Forward: unit j runs inside its ancestors' forwards, so they are gathered
   // too; the next unit's all-gather may already be in flight (FSDP's rate
@@ -222,7 +232,7 @@ MemoryPlan estimate_memory(const Plan& plan, const FsdpSettings& settings, bool 
     }
   };
   for (size_t j = 0; j < n; ++j) {
-    for (int a : ancestors_of(static_cast<int>(j))) resume_forward(a, static_cast<int>(j));
+    for (int a : continuing[j]) resume_forward(a, static_cast<int>(j));
     const int64_t next = j + 1 < n ? gathered[j + 1] : 0;
     const int64_t live = keep_after_forward ? prefix + gathered[j] : ancestors_gathered[j] + gathered[j];
     act = acts.forward_enter(static_cast<int>(j));
@@ -230,11 +240,7 @@ MemoryPlan estimate_memory(const Plan& plan, const FsdpSettings& settings, bool 
     act = acts.held();
     prefix += gathered[j];
   }
-  if (n > 0) {
-    std::vector<int> tail = ancestors_of(static_cast<int>(n - 1));
-    tail.push_back(static_cast<int>(n - 1));
-    for (auto it = tail.rbegin(); it != tail.rend(); ++it) resume_forward(*it, -1);
-  }
+  for (int a : continuing[n]) resume_forward(a, -1);
   act = acts.after_forward();
   // Backward, in reverse: unit j and its ancestors are gathered (the root was
   // never freed), with BACKWARD_PRE prefetch of the unit before it; their
@@ -257,7 +263,9 @@ MemoryPlan estimate_memory(const Plan& plan, const FsdpSettings& settings, bool 
   };
   for (size_t j = n; j-- > 0;) {
     prefix -= gathered[j];  // now the sum for k < j
-    for (int a : ancestors_of(static_cast<int>(j))) resume_backward(a, static_cast<int>(j));
+    // What continued after j in forward runs before it in backward, outermost first.
+    const auto& after = continuing[j + 1];
+    for (auto it = after.rbegin(); it != after.rend(); ++it) resume_backward(*it, static_cast<int>(j));
     int64_t live;
     if (keep_after_forward) {
       live = prefix + gathered[j];

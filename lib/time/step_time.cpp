@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <list>
 #include <map>
+#include <set>
 #include <stdexcept>
 
 #include "model/class_names.h"
@@ -64,29 +66,29 @@ bool holds_matrix(const ModuleTree& tree, ModuleId m) {
 // Segments plus an empty one for each unit that has a collective but no
 // segment (so that its all-gather still gates the compute), placed before the
 // next unit of `units_in_order` that has one (time_model.py _with_missing).
-std::vector<Segment> with_missing(std::vector<Segment> segs, const std::vector<int>& units_in_order, size_t n) {
-  std::vector<bool> have(n, false);
-  for (const Segment& s : segs) have[static_cast<size_t>(s.unit)] = true;
-  std::vector<bool> listed(n, false);
+// The missing units go in order of first appearance, each one counting as
+// having a segment for those after it. Linear-logarithmic: a 100,000-unit
+// plan without FLOPs has a missing unit per collective.
+std::vector<Segment> with_missing(const std::vector<Segment>& segs, const std::vector<int>& units_in_order,
+                                  size_t n) {
+  std::list<Segment> out(segs.begin(), segs.end());
+  std::vector<std::list<Segment>::iterator> first(n, out.end());  // a unit's first segment in `out`
+  for (auto it = out.begin(); it != out.end(); ++it)
+    if (first[static_cast<size_t>(it->unit)] == out.end()) first[static_cast<size_t>(it->unit)] = it;
+  std::vector<std::vector<size_t>> positions(n);  // where each unit appears in units_in_order
+  for (size_t k = 0; k < units_in_order.size(); ++k) positions[static_cast<size_t>(units_in_order[k])].push_back(k);
+  std::set<size_t> having;  // positions of units_in_order whose unit has a segment
+  for (size_t u = 0; u < n; ++u)
+    if (first[u] != out.end()) having.insert(positions[u].begin(), positions[u].end());
   for (size_t k = 0; k < units_in_order.size(); ++k) {
-    const int m = units_in_order[k];
-    if (have[static_cast<size_t>(m)] || listed[static_cast<size_t>(m)]) continue;
-    listed[static_cast<size_t>(m)] = true;
-    // units_in_order.index(m) is k: the first occurrence.
-    int next = -1;
-    for (size_t j = k + 1; j < units_in_order.size() && next < 0; ++j)
-      if (have[static_cast<size_t>(units_in_order[j])]) next = units_in_order[j];
-    size_t pos = segs.size();
-    if (next >= 0)
-      for (size_t i = 0; i < segs.size(); ++i)
-        if (segs[i].unit == next) {
-          pos = i;
-          break;
-        }
-    segs.insert(segs.begin() + static_cast<std::ptrdiff_t>(pos), Segment{m, 0, 0.0});
-    have[static_cast<size_t>(m)] = true;
+    const auto m = static_cast<size_t>(units_in_order[k]);
+    if (first[m] != out.end() || positions[m].front() != k) continue;
+    const auto next = having.upper_bound(k);
+    const auto pos = next == having.end() ? out.end() : first[static_cast<size_t>(units_in_order[*next])];
+    first[m] = out.insert(pos, Segment{static_cast<int>(m), 0, 0.0});
+    having.insert(positions[m].begin(), positions[m].end());
   }
-  return segs;
+  return {out.begin(), out.end()};
 }
 
 std::string unit_compute_dtype(const Plan& plan, const Unit& u) {

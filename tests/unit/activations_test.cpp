@@ -439,6 +439,57 @@ TEST_CASE("memory: both FSDP versions hold the runs' activations at their points
   }
 }
 
+TEST_CASE("memory: a unit's forward after its wrapped child ended is a point of its own, in both versions") {
+  // blocks.0's fc runs after its wrapped attention, before blocks.1 starts: FSDP1's walk used to resume
+  // only the next unit's ancestors there, and so missed blocks.0's MLP in forward.
+  TreeBuilder b("__torch__.Net");
+  b.add("blocks", "ModuleList");
+  for (const char* blk : {"blocks.0", "blocks.1"}) {
+    b.add(blk, "Block");
+    b.add(std::string(blk) + ".attn", "Attn");
+    b.linear(std::string(blk) + ".attn.q", 4, 4);
+    b.linear(std::string(blk) + ".fc", 4, 4);
+  }
+  for (const char* policy : {R"({"module_classes": ["Block", "Attn"]})",
+                             R"({"module_classes": ["Block", "Attn"], "fsdp": {"version": 2}})"}) {
+    CAPTURE(policy);
+    Plan plan = plan_of(b, policy);
+    REQUIRE(unit_paths(plan) == Names{"", "blocks.0", "blocks.0.attn", "blocks.1", "blocks.1.attn"});
+    ActivationPlan& acts = plan.activations;
+    acts.source = ActivationSource::Graph;
+    // Graph order: the root, each block, its attention, its MLP (a peak of 5,000), then the root's head.
+    int64_t level = 0;
+    auto run = [&](int unit, int64_t peak) {
+      ActivationRun r;
+      r.unit = unit;
+      r.forward_start = level;
+      r.forward_peak = peak;
+      r.forward_end = level += 10;
+      acts.runs.push_back(r);
+    };
+    run(0, 10);
+    run(1, 20);
+    run(2, 30);
+    run(1, 5000);
+    run(3, 50);
+    run(4, 60);
+    run(3, 70);
+    run(0, 80);
+    for (size_t k = acts.runs.size(); k-- > 0;) {  // backward: the same levels back down
+      acts.runs[k].backward_start = acts.runs[k].forward_end;
+      acts.runs[k].backward_peak = acts.runs[k].forward_end;
+      acts.runs[k].backward_end = acts.runs[k].forward_start;
+    }
+    FsdpSettings s = plan.policy.fsdp;
+    s.world_size = 2;
+    const MemoryPlan m = plan.v2() ? estimate_memory_fsdp2(plan, s) : estimate_memory(plan, s);
+    bool mlp = false;
+    for (const auto& st : m.timeline) mlp = mlp || (st.phase == "forward" && st.unit == 1 && st.activation_bytes == 5000);
+    CHECK(mlp);
+    CHECK(max_activation(m) == 5000);
+  }
+}
+
 TEST_CASE("memory: an allowance is held through forward and backward") {
   auto b = two_blocks_and_a_head();
   Plan without = plan_of(b, R"({"module_classes": ["Block"]})");
