@@ -86,8 +86,9 @@ std::string plan_to_accelerate(const Plan& plan) {
   int64_t machines = hybrid ? s.world_size / hybrid_group_size(s) : 1;
 
   std::string y = accelerate_yaml_head("Accelerate " + std::string(kAccelerateVersion) +
-                                       " config for the fsdp-plan plan of " + plan.model.path + " (" +
-                                       std::to_string(plan.units.size()) + " FSDP units)");
+                                           " config for the fsdp-plan plan of " + plan.model.path + " (" +
+                                           std::to_string(plan.units.size()) + " FSDP units)",
+                                       !plan.activations.checkpointed.empty());
   y += std::string("  fsdp_auto_wrap_policy: ") +
        (p.module_classes ? "TRANSFORMER_BASED_WRAP" : p.min_num_params ? "SIZE_BASED_WRAP" : "NO_WRAP") + "\n";
   y += "  fsdp_backward_prefetch: BACKWARD_PRE\n";
@@ -116,13 +117,15 @@ std::string plan_to_accelerate(const Plan& plan) {
   // Read it back as Accelerate would, on this model: the plan must come back.
   AccelerateConfig back = parse_accelerate_config(y, "(emitted config)");
   resolve_accelerate_config(back, tree);
+  Policy replan = back.policy;
+  replan.activation_checkpointing = accelerate_activation_checkpointing(back, tree, FsdpVersion::V1, back.warnings);
   for (const auto& w : back.warnings)
     if (w.severity == Severity::Error) refuse_accelerate(w.message);
-  Policy replan = back.policy;
   replan.fsdp.optimizer = s.optimizer;
   Plan again = make_plan(tree, replan, plan.model.path);
   if (std::string diff = unit_difference(plan, again); !diff.empty())
     refuse_accelerate(diff + (p.module_classes ? " (Accelerate matches exact bare class names of modules in the model)" : ""));
+  if (std::string diff = checkpointing_difference(plan, again); !diff.empty()) refuse_accelerate(diff);
   return y;
 }
 

@@ -61,7 +61,8 @@ std::string yaml_for(const Plan& plan, const Wrap& wrap, const std::string& mixe
   const FsdpSettings& s = plan.memory.settings;
   std::string y = accelerate_yaml_head("Accelerate " + std::string(kAccelerateVersion) +
                                        " config (FSDP2) for the fsdp-plan plan of " + plan.model.path + " (" +
-                                       std::to_string(plan.units.size()) + " fully_shard groups)");
+                                       std::to_string(plan.units.size()) + " fully_shard groups)",
+                                       !plan.activations.checkpointed.empty());
   y += "  fsdp_auto_wrap_policy: " + wrap.policy + "\n";
   y += "  fsdp_cpu_ram_efficient_loading: true\n";
   if (wrap.min_num_params) y += "  fsdp_min_num_params: " + std::to_string(*wrap.min_num_params) + "\n";
@@ -166,23 +167,37 @@ std::string plan_to_accelerate_fsdp2(const Plan& plan) {
       wraps.push_back(size_wrap(least - 1));
   }
 
-  std::string first_difference;
+  // What to say if none gives the plan: a candidate with the plan's groups but other checkpointing,
+  // else the first candidate's difference, else the first refusal Accelerate would raise.
+  std::string checkpointing, first_difference, first_refusal;
   for (const auto& wrap : wraps) {
     std::string y = yaml_for(plan, wrap, mixed_precision, reshard);
     AccelerateConfig back = parse_accelerate_config(y, "(emitted config)");
     resolve_accelerate_config(back, tree);
-    bool refused = false;
-    for (const auto& w : back.warnings) refused = refused || w.severity == Severity::Error;
-    std::string diff;
-    if (!refused) {
-      apply_accelerate_fsdp2(back, tree);
-      Policy replan = back.policy;
-      replan.fsdp.optimizer = plan.memory.settings.optimizer;
-      diff = group_difference(plan, make_plan(tree, replan, plan.model.path));
+    // Before the FSDP2 calls replace the wrap classes, as the planner reads a config (policy_file.cpp).
+    std::optional<ActivationCheckpointing> ac =
+        accelerate_activation_checkpointing(back, tree, FsdpVersion::V2, back.warnings);
+    const auto error = std::find_if(back.warnings.begin(), back.warnings.end(),
+                                    [](const Warning& w) { return w.severity == Severity::Error; });
+    if (error != back.warnings.end()) {
+      if (first_refusal.empty()) first_refusal = error->message;
+      continue;
+    }
+    apply_accelerate_fsdp2(back, tree);
+    Policy replan = back.policy;
+    replan.activation_checkpointing = ac;
+    replan.fsdp.optimizer = plan.memory.settings.optimizer;
+    const Plan again = make_plan(tree, replan, plan.model.path);
+    std::string diff = group_difference(plan, again);
+    if (diff.empty()) {
+      diff = checkpointing_difference(plan, again);
       if (diff.empty()) return y;
+      if (checkpointing.empty()) checkpointing = diff;
     }
     if (first_difference.empty()) first_difference = diff;
   }
+  if (!checkpointing.empty()) refuse_accelerate(checkpointing);
+  if (first_difference.empty()) first_difference = first_refusal;
   refuse_accelerate(first_difference.empty() ? "no class list or size threshold gives the plan's groups" : first_difference);
 }
 

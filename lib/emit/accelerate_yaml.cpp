@@ -43,7 +43,7 @@ std::string accelerate_mixed_precision(const std::string& dtype) {
   refuse_accelerate("mixed precision in " + dtype + "; Accelerate's mixed_precision is bf16 or fp16");
 }
 
-std::string accelerate_yaml_head(const std::string& comment) {
+std::string accelerate_yaml_head(const std::string& comment, bool activation_checkpointing) {
   return "# " + comment + "\n"
          "compute_environment: LOCAL_MACHINE\n"
          "debug: false\n"
@@ -51,7 +51,26 @@ std::string accelerate_yaml_head(const std::string& comment) {
          "downcast_bf16: 'no'\n"
          "enable_cpu_affinity: false\n"
          "fsdp_config:\n"
-         "  fsdp_activation_checkpointing: false\n";
+         "  fsdp_activation_checkpointing: " + std::string(activation_checkpointing ? "true" : "false") + "\n";
+}
+
+std::string checkpointing_difference(const Plan& want, const Plan& got) {
+  auto paths = [](const Plan& plan) {
+    std::vector<std::string> out;
+    for (const CheckpointedModule& c : plan.activations.checkpointed) out.push_back(plan.tree->path(c.module));
+    return out;
+  };
+  const std::vector<std::string> a = paths(want), b = paths(got);
+  if (a == b) return "";
+  auto list = [](const std::vector<std::string>& v) {
+    std::string out;
+    for (const auto& p : v) out += (out.empty() ? "" : ", ") + (p.empty() ? std::string("(root)") : p);
+    return "[" + out + "]";
+  };
+  // fsdp_activation_checkpointing is one switch: Accelerate checkpoints what its wrap policy wraps
+  // (accelerator.py prepare_model, FSDP1; utils/fsdp_utils.py fsdp2_apply_ac, FSDP2).
+  return "activation checkpointing: Accelerate checkpoints the modules its wrap policy picks, " + list(b) +
+         " for this config, and the plan checkpoints " + list(a);
 }
 
 std::string accelerate_yaml_classes(const std::vector<std::string>& classes) {

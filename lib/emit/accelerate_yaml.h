@@ -25,8 +25,12 @@ std::vector<std::string> bare_class_names(const Policy& p);
 // mixed_precision for one dtype: bf16 or fp16; refused otherwise.
 std::string accelerate_mixed_precision(const std::string& dtype);
 
-// From compute_environment to fsdp_activation_checkpointing (inside fsdp_config).
-std::string accelerate_yaml_head(const std::string& comment);
+// From compute_environment to fsdp_activation_checkpointing (inside fsdp_config),
+// true when the plan checkpoints modules.
+std::string accelerate_yaml_head(const std::string& comment, bool activation_checkpointing);
+// Where the modules a read-back plan checkpoints (Accelerate's choice for the
+// emitted config) differ from the plan's, or "".
+std::string checkpointing_difference(const Plan& want, const Plan& got);
 // fsdp_transformer_layer_cls_to_wrap's line, or "" for no classes.
 std::string accelerate_yaml_classes(const std::vector<std::string>& classes);
 // machine_rank to num_processes.

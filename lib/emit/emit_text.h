@@ -63,4 +63,18 @@ inline std::vector<std::string> ignored_param_names(const ModuleTree& tree, cons
   return out;
 }
 
+// The paths of the modules the plan checkpoints (outermost only).
+inline std::vector<std::string> checkpointed_paths(const Plan& plan) {
+  std::vector<std::string> out;
+  for (const CheckpointedModule& c : plan.activations.checkpointed) out.push_back(plan.tree->path(c.module));
+  return out;
+}
+
+// torch's checkpoint_wrapper import, as ruff's isort writes it (one name a line: the line is long).
+inline constexpr char kCheckpointImport[] =
+    "from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (\n"
+    "    apply_activation_checkpointing,\n"
+    "    checkpoint_wrapper,\n"
+    ")\n";
+
 }  // namespace fsdp_plan

@@ -403,6 +403,11 @@ CASES = {
                                                      '{"param_dtype": "bfloat16", "reduce_dtype": "bfloat16", '
                                                      '"buffer_dtype": "bfloat16", "keep_low_precision_grads": true}}')
     + ["--emit", "accelerate"],
+    "emit-accelerate-checkpointing": lambda: policy('{"module_classes": ["Block"], "activation_checkpointing": '
+                                                    '{"modules": ["blocks.1"]}}') + ["--emit", "accelerate"],
+    "emit-torch-fsdp2-root-checkpointed": lambda: policy('{"module_classes": ["Block"], "activation_checkpointing": '
+                                                         '{"modules": [""]}, "fsdp": {"version": 2}}')
+    + ["--emit", "torch"],
     "emit-accelerate-fsdp2-cast-inputs": lambda: policy('{"module_classes": ["Block"], "mixed_precision": '
                                                         '{"param_dtype": "bfloat16", "reduce_dtype": "bfloat16", '
                                                         '"cast_forward_inputs": false}, "fsdp": {"version": 2}}')
