@@ -184,6 +184,14 @@ std::vector<bool> block_instances(const ModuleTree& tree, const Policy& base) {
   return instances_of(tree, classes[0].qualified);
 }
 
+// The block class as a policy names it, or "" (block_instances' class).
+std::string block_class_name(const ModuleTree& tree, const Policy& base) {
+  Ignored ignored = resolve_ignored(tree, base);
+  std::vector<ClassInfo> classes = wrappable_classes(tree, subtree_numel(tree, ignored.tensor));
+  if (classes.empty() || !classes[0].own || classes[0].count < 2) return "";
+  return policy_names(classes)[classes[0].qualified];
+}
+
 // The units of a plan, as module ids (FSDP2: each call's modules and its
 // reshard_after_forward): two policies with the same units and the same
 // settings make the same plan.
@@ -308,6 +316,9 @@ bool better_if_fitting(const Candidate& a, const Candidate& b) {
   // the block granularity first; the estimate decides among those plans
   // (edge groups, reshard settings, separate embeddings) and among the rest.
   if (a.per_block != b.per_block) return a.per_block;
+  // Checkpointing is for memory: the recompute costs about a forward, which
+  // an estimate without FLOPs does not see. Only where it is needed to fit.
+  if (a.checkpointed != b.checkpointed) return b.checkpointed;
   if (a.step_known == b.step_known) {
     const double ta = rank_seconds(a), tb = rank_seconds(b);
     if (std::abs(ta - tb) > 1e-9) return ta < tb;
@@ -468,17 +479,31 @@ Suggestion suggest(const ModuleTree& tree, const Policy& base, const SuggestOpti
   std::vector<Candidate> candidates = suggest_candidates(tree, base, opt);
   std::set<std::string> labels;
   for (const auto& c : candidates) labels.insert(c.label);
-  std::set<UnitSet> seen;
+  std::set<std::pair<UnitSet, bool>> seen;  // the units, and whether the blocks are checkpointed
   const ClassMatcher matcher(tree);  // one tree, many plans: its classes are worked out once
   const std::vector<bool> block = block_instances(tree, base);
+  const std::string block_class = block_class_name(tree, base);
   for (size_t i = 0; i < candidates.size(); ++i) {
     Candidate c = std::move(candidates[i]);  // fixes below append to `candidates`
     auto plan = std::make_shared<Plan>(make_plan(tree, c.policy, "", matcher, PlanPurpose::Ranking, opt.flops));
-    if (!seen.insert(unit_set(*plan)).second) {
+    if (!seen.insert({unit_set(*plan), c.checkpointed}).second) {
       ++s.duplicates;
       continue;
     }
     evaluate(c, *plan, tree, opt, block);
+    // The same plan with its blocks checkpointed, where the graph says what that saves
+    // (a TorchScript file or an allowance does not) and the base policy sets none.
+    if (c.dropped.empty() && c.per_block && !c.checkpointed && !block_class.empty() &&
+        !base.activation_checkpointing && plan->activations.source == ActivationSource::Graph) {
+      Candidate ac;
+      ac.label = c.label + " + activation checkpointing [" + block_class + "]";
+      ac.origin = c.origin;
+      ac.policy = c.policy;
+      ac.policy.activation_checkpointing = ActivationCheckpointing{};
+      ac.policy.activation_checkpointing->module_classes = {block_class};
+      ac.checkpointed = true;
+      if (labels.insert(ac.label).second) candidates.push_back(std::move(ac));
+    }
     // A refused candidate, fixed as the refusal checks say, is a candidate too
     // (twice at most: a fix may uncover another refusal).
     if (!c.dropped.empty() && c.fixes < 2) {

@@ -58,6 +58,11 @@ struct Candidate {
   // unit lies inside one: the granularity Accelerate's TRANSFORMER_BASED_WRAP
   // and torchtitan wrap. Ranks ahead of finer plans (docs/time-model.md 6).
   bool per_block = false;
+  // Activation checkpointing on the block class, added by suggest to a
+  // per-block candidate when the graph sizes activations: it trades a
+  // recompute in backward for memory, so it ranks behind the same plan without
+  // it whenever both fit.
+  bool checkpointed = false;
   // The plan, kept for ranked candidates: advice re-estimates memory on it.
   // A ranking plan (PlanPurpose::Ranking): for a report, plan the policy again.
   std::shared_ptr<const Plan> plan;
@@ -88,7 +93,9 @@ std::vector<Candidate> suggest_candidates(const ModuleTree& tree, const Policy& 
 // lowest estimated step time (exposed communication without FLOPs), then
 // fewer units, then lower peak, then fewer FSDP2 groups gathered again in
 // backward, then smaller root share, then label; among those that do not
-// fit, the lowest need first. The memory model is the base policy's
+// fit, the lowest need first. A per-block candidate of a graph with known
+// activations is also tried with its blocks checkpointed; among plans that
+// fit, one without checkpointing ranks ahead of one with. The memory model is the base policy's
 // FSDP version's (fsdp.fsdp_version).
 Suggestion suggest(const ModuleTree& tree, const Policy& base, const SuggestOptions& opt);
 

@@ -55,6 +55,9 @@ std::string why_best(const Candidate& best, const Candidate& next) {
   if (best.per_block != next.per_block)
     return "wraps each block (the model's repeated class) with nothing inside it; " + next.label +
            " splits finer, which the estimate would count as free (it has no per-unit overhead)";
+  if (best.checkpointed != next.checkpointed)
+    return "fits without activation checkpointing, which " + next.label +
+           " adds: its recompute costs about one more forward of each block";
   const double a = best.step_known ? best.step_s : best.exposed_comm_s;
   const double b = next.step_known ? next.step_s : next.exposed_comm_s;
   if (best.step_known == next.step_known && std::abs(a - b) > 1e-9)
@@ -208,6 +211,7 @@ nlohmann::ordered_json suggestion_to_json(const Suggestion& s, const SuggestCont
                           {"fits", c.fits},
                           {"coarse", c.coarse},
                           {"per_block", c.per_block},
+                          {"checkpointed", c.checkpointed},
                           {"time", {{"estimate", true},
                                     {"exposed_comm_s", c.exposed_comm_s},
                                     {"comm_s", c.comm_s},
