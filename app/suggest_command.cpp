@@ -37,8 +37,9 @@ int suggest_main(int argc, char** argv) {
   app.add_option("model", model, "model file, as for a plan: TorchScript (.pt) or torch.export (.pt2)")->required();
   app.add_option("--budget", budget, "memory per rank the plan must fit in, e.g. 80GiB, 24GB")
       ->required()->check(kSize);
-  app.add_option("--activation-bytes", activations, "allowance for activations, added to the memory model's "
-                                                    "peak (it has none of its own)")
+  app.add_option("--activation-bytes", activations, "allowance added to each candidate's peak: a .pt2's "
+                                                    "graph activations are in the peak already, a TorchScript file's "
+                                                    "are not")
       ->check(kSize)->capture_default_str();
   add_fsdp_options(app, fsdp,
                    "base policy (JSON, or an Accelerate config): its settings (mixed precision, strategy, "
