@@ -137,6 +137,8 @@ void walk_plan(const Plan& plan, const Graph& graph, ActivationPlan& acts, std::
 
 }  // namespace
 
+std::vector<bool> plan_trainable_params(const Plan& plan) { return fsdp1_trainable(plan); }
+
 ActivationPlan plan_activations(const Plan& plan, const ClassMatcher& matcher, std::vector<Warning>* warnings) {
   ActivationPlan acts;
   const ActivationSettings& settings = plan.policy.activations;

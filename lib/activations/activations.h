@@ -21,6 +21,11 @@ namespace fsdp_plan {
 std::vector<ModuleId> checkpointed_modules(const ModuleTree& tree, const Policy& policy, const ClassMatcher& matcher,
                                            std::vector<Warning>* warnings);
 
+// Per tree TensorId, whether autograd computes its gradient under the plan:
+// as recorded, except FSDP1's flat parameters mixing frozen and trainable
+// ones (activations.cpp: fsdp1_trainable); empty for FSDP2 (as recorded).
+std::vector<bool> plan_trainable_params(const Plan& plan);
+
 // Warnings (operators the table lacks, paths that match nothing) go to `warnings`.
 ActivationPlan plan_activations(const Plan& plan, const ClassMatcher& matcher, std::vector<Warning>* warnings);
 

@@ -17,6 +17,7 @@
 #include "plan/analysis.h"
 #include "plan/refusals.h"
 #include "policy/ignored.h"
+#include "time/flops.h"
 #include "time/hardware.h"
 #include "time/step_time.h"
 #include "tp/placements.h"
@@ -26,9 +27,13 @@ namespace fsdp_plan {
 namespace {
 
 // Communication follows from the units and the memory model's sizes; the
-// step-time estimate from the communication (and the FLOPs, when known).
+// step-time estimate from the communication and the FLOPs: --flops where
+// given, else a .pt2's graph (after the activations: its checkpointed
+// modules recompute), else none (TorchScript).
 void add_comm_and_time(Plan& plan, const FlopProfile* flops) {
   plan.comm = plan.v2() ? fsdp2_comm(plan) : fsdp1_comm(plan);
+  std::optional<FlopProfile> from_graph;
+  if (!flops && plan.tree->graph()) flops = &from_graph.emplace(plan_graph_flops(plan, *plan.tree->graph()));
   plan.time = estimate_step_time(plan, resolve_hardware(plan.policy.hardware), flops);
 }
 

@@ -149,7 +149,19 @@ std::vector<std::string> assumptions(const Plan& plan, const StepTime& t) {
                 "'s prefetching and reduction as docs/time-model.md section 3's rules F1-F2, B1-B4 say; the CPU "
                 "issues work ahead of the GPU");
   if (t.flops_known) {
-    out.push_back("FLOPs: " + t.flops_source +
+    std::string source = t.flops_source;
+    if (source == "graph") {
+      // lib/time/flops.h: the graph's ops at the plan's dimensions, the checkpointed modules' recompute.
+      source = "the .pt2 graph's ops at ";
+      std::string dims;
+      for (const auto& [name, value] : plan.activations.dims)
+        dims += (dims.empty() ? "" : ", ") + name + "=" + std::to_string(value);
+      source += dims.empty() ? "the exported shapes" : dims;
+      const size_t ac = plan.activations.checkpointed.size();
+      source += ac ? ", with the recompute of " + std::to_string(ac) + " checkpointed module" + (ac == 1 ? "" : "s")
+                   : ", no activation checkpointing";
+    }
+    out.push_back("FLOPs: " + source +
                   ", counted as FlopCounterMode counts (matmul-like ops only, causal attention in full); compute at " +
                   fmt("%g", hw.compute_efficiency) + " of the " + t.compute_dtype + " peak");
     const FsdpSettings& s = plan.memory.settings;
@@ -454,6 +466,8 @@ StepTime estimate_step_time(const Plan& plan, const HardwareFigures& hw, const F
     for (CollectiveTime& ct : t.collectives) ct.start = ct.end = 0;
   }
   t.assumptions = assumptions(plan, t);
+  if (flops)
+    for (const std::string& note : flops->notes) t.assumptions.push_back("FLOPs: " + note);
   return t;
 }
 

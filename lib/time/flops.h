@@ -1,0 +1,59 @@
+// A training step's FLOPs per module from a .pt2 graph (issue 27, item 2),
+// counted as torch.utils.flop_counter.FlopCounterMode counts them (torch
+// 2.13): only the ops of its flop_registry, after composite ops (linear,
+// matmul) decompose to mm / bmm / addmm; a multiply-add is 2 FLOPs; every
+// other op (elementwise, norms, softmax, embedding, the loss) is 0.
+// tests/timing/FLOPS.md gives the table and graph_flops.py its Python model;
+// tests/timing/test_plan_flops.py checks the plan against FlopCounterMode.
+//
+//  - forward: each FLOP op's formula on its argument shapes, at the plan's
+//    dimensions;
+//  - backward: what autograd's backward ops count: per operand that needs a
+//    gradient one more product of the forward's size (mm's backward: two mm
+//    when both operands need one, one for a frozen weight); the fused
+//    attention kernels' backward formula (five bmm); a gradient flows from
+//    the trainable parameters through every floating output;
+//  - activation checkpointing: each checkpointed call's forward FLOPs again
+//    in backward, up to the op that saves the call's last saved tensor
+//    (non-reentrant checkpointing stops its recompute there).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "activations/walk.h"
+#include "model/module_tree.h"
+#include "plan/flops.h"
+
+namespace fsdp_plan {
+
+struct Plan;
+class Graph;
+
+// One node's FLOPs (FlopCounterMode's formulas), given which of its tensor
+// arguments need a gradient. `counted` false: an op FlopCounterMode counts
+// nothing for (its FLOPs are 0).
+struct NodeFlops {
+  int64_t forward = 0, backward = 0;
+  bool counted = false;
+};
+
+NodeFlops node_flops(const WalkGraph& graph, const WalkNode& node, const std::vector<bool>& needs_grad);
+
+struct GraphFlopOptions {
+  std::vector<ModuleId> checkpointed;  // outermost checkpointed modules (activations.h)
+  std::vector<bool> trainable_params;  // per tree TensorId; empty: requires_grad as recorded
+};
+
+// Per module its own FLOPs (not its submodules'), the forward's execution
+// order and what the count leaves out, from a graph evaluated at the plan's
+// dimensions. Module ids are `tree`'s. `source` and the dims are left to the caller.
+FlopProfile count_graph_flops(const WalkGraph& graph, const ModuleTree& tree, const GraphFlopOptions& options);
+
+// The plan's FLOPs from the model's .pt2 graph (plan.tree->graph() must be
+// set): the plan's --dim values, its checkpointed modules and the parameters
+// it trains. Source "graph".
+FlopProfile plan_graph_flops(const Plan& plan, const Graph& graph);
+
+}  // namespace fsdp_plan
