@@ -190,6 +190,7 @@ TEST_CASE("graph FLOPs: matmul broadcasting, addmm, SDPA and convolution formula
   gb.node("aten._grouped_mm.default", m, {{"self", "m1"}, {"mat2", "w"}}, "o6", {7, 6});
   std::vector<bool> grad(gb.g.tensors.size(), false);
   grad[static_cast<size_t>(gb.ids.at("w"))] = true;
+  grad[static_cast<size_t>(gb.ids.at("cw"))] = true;
   auto at = [&](size_t i) { return node_flops(gb.g, gb.g.nodes[i], grad); };
   CHECK(at(0).forward == 2 * 3 * (2 * 4 * 5 * 6));  // batch 6 of [4, 5] @ [5, 6]
   CHECK(at(0).backward == at(0).forward);           // the weight's gradient only
