@@ -11,20 +11,35 @@
 #include "model/dtype.h"
 #include "model/graph.h"
 #include "plan/plan.h"
+#include "util/errors.h"
 
 namespace fsdp_plan {
 namespace {
 
 using Sizes = std::vector<int64_t>;
 
+// A count past int64 (a damaged or absurd graph): plan_graph_flops reports it as an input error.
+struct FlopOverflow {};
+
+int64_t mul(int64_t a, int64_t b) {
+  int64_t r;
+  if (a < 0 || b < 0 || __builtin_mul_overflow(a, b, &r)) throw FlopOverflow{};
+  return r;
+}
+int64_t add(int64_t a, int64_t b) {
+  int64_t r;
+  if (__builtin_add_overflow(a, b, &r)) throw FlopOverflow{};
+  return r;
+}
+
 int64_t prod(const Sizes& s, size_t from = 0, size_t to = SIZE_MAX) {
   int64_t p = 1;
-  for (size_t i = from; i < std::min(to, s.size()); ++i) p *= s[i];
+  for (size_t i = from; i < std::min(to, s.size()); ++i) p = mul(p, s[i]);
   return p;
 }
 
 // torch/utils/flop_counter.py: mm_flop (m * n * 2 * k: "should be 2 * k - 1 technically").
-int64_t mm(int64_t m, int64_t k, int64_t n) { return 2 * m * k * n; }
+int64_t mm(int64_t m, int64_t k, int64_t n) { return mul(mul(mul(2, m), k), n); }
 
 // torch.matmul(a, b) as (batch, M, K, N): 1-D operands get M or N = 1, the
 // leading dimensions broadcast (aten/src/ATen/native/LinearAlgebra.cpp:
@@ -39,9 +54,9 @@ int64_t matmul_flops(Sizes a, Sizes b) {
   for (size_t i = 0; i < nbatch; ++i) {
     const int64_t x = i < nbatch - na ? 1 : a[i - (nbatch - na)];
     const int64_t y = i < nbatch - nb ? 1 : b[i - (nbatch - nb)];
-    batch *= std::max(x, y);  // broadcast: equal, or one of them is 1
+    batch = mul(batch, std::max(x, y));  // broadcast: equal, or one of them is 1
   }
-  return batch * mm(a[a.size() - 2], a.back(), b.back());
+  return mul(batch, mm(a[a.size() - 2], a.back(), b.back()));
 }
 
 // What autograd saves for an op, for the recompute's early stop
@@ -121,7 +136,7 @@ NodeFlops node_flops(const WalkGraph& g, const WalkNode& n, const std::vector<bo
   NodeFlops out;
   auto two_operands = [&](int32_t a, int32_t b, int64_t f) {
     out.forward = f;
-    out.backward = f * (c.needs(a) + c.needs(b));  // one product per operand's gradient
+    out.backward = mul(f, c.needs(a) + c.needs(b));  // one product per operand's gradient
     out.counted = true;
   };
   if (op == "aten.linear.default") {
@@ -159,8 +174,9 @@ NodeFlops node_flops(const WalkGraph& g, const WalkNode& n, const std::vector<bo
     const int64_t bh = prod(*qs, 0, qs->size() - 2), sq = (*qs)[qs->size() - 2], dq = qs->back();
     const int64_t sk = (*ks)[ks->size() - 2], dv = vs->back();
     out.counted = true;
-    out.forward = mm(bh * sq, dq, sk) + mm(bh * sq, sk, dv);
-    if (c.needs(q) || c.needs(k) || c.needs(v)) out.backward = 2 * bh * sq * sk * (3 * dq + 2 * dv);
+    out.forward = add(mm(mul(bh, sq), dq, sk), mm(mul(bh, sq), sk, dv));
+    if (c.needs(q) || c.needs(k) || c.needs(v))
+      out.backward = mul(mul(mul(mul(2, bh), sq), sk), add(mul(3, dq), mul(2, dv)));
     return out;
   }
   if (op == "aten.convolution.default" || op == "aten.conv1d.default" || op == "aten.conv2d.default" ||
@@ -175,7 +191,7 @@ NodeFlops node_flops(const WalkGraph& g, const WalkNode& n, const std::vector<bo
     bool transposed = false;
     if (const WalkArg* t = c.arg("transposed"); t && t->value.kind == ArgValue::Kind::Bool) transposed = t->value.b;
     const Sizes& spatial = transposed ? *xs : *ys;
-    two_operands(x, w, (*ys)[0] * prod(*ws) * prod(spatial, 2) * 2);
+    two_operands(x, w, mul(mul(mul((*ys)[0], prod(*ws)), prod(spatial, 2)), 2));
     return out;
   }
   return out;
@@ -211,13 +227,13 @@ FlopProfile count_graph_flops(const WalkGraph& g, const ModuleTree& tree, const 
     const NodeFlops f = node_flops(g, n, grad);
     if (!f.counted && looks_like_matmul(n.op)) ++unknown[n.op];
     ModuleFlops& m = out.own[static_cast<size_t>(module_of(n))];
-    m.forward += f.forward;
-    m.backward += f.backward;
+    m.forward = add(m.forward, f.forward);
+    m.backward = add(m.backward, f.backward);
     fwd[i] = f.forward;
     if (f.forward > 0) {
       const ModuleId mod = module_of(n);
       if (!out.forward_order.empty() && out.forward_order.back().first == mod)
-        out.forward_order.back().second += f.forward;
+        out.forward_order.back().second = add(out.forward_order.back().second, f.forward);
       else
         out.forward_order.emplace_back(mod, f.forward);
     }
@@ -280,7 +296,8 @@ FlopProfile count_graph_flops(const WalkGraph& g, const ModuleTree& tree, const 
       if (!found) continue;
       for (size_t i = run.first; i <= run.last; ++i)
         if (i < stop || (i == stop && output))
-          out.own[static_cast<size_t>(module_of(g.nodes[i]))].recompute += fwd[i];
+          out.own[static_cast<size_t>(module_of(g.nodes[i]))].recompute =
+              add(out.own[static_cast<size_t>(module_of(g.nodes[i]))].recompute, fwd[i]);
     }
   }
   for (const auto& [op, count] : unknown)
@@ -296,7 +313,12 @@ FlopProfile plan_graph_flops(const Plan& plan, const Graph& graph) {
   GraphFlopOptions opt;
   for (const CheckpointedModule& c : plan.activations.checkpointed) opt.checkpointed.push_back(c.module);
   opt.trainable_params = plan_trainable_params(plan);
-  FlopProfile out = count_graph_flops(input, *plan.tree, opt);
+  FlopProfile out;
+  try {
+    out = count_graph_flops(input, *plan.tree, opt);
+  } catch (const FlopOverflow&) {
+    throw InputError(graph.file(), "the graph's FLOPs do not fit in 64 bits at these dimensions (sizes too large)");
+  }
   out.source = "graph";
   for (const DimSetting& d : dims.settings()) {
     if (d.name == "batch") out.batch = d.value;

@@ -49,6 +49,7 @@ struct GraphFlopOptions {
 // Per module its own FLOPs (not its submodules'), the forward's execution
 // order and what the count leaves out, from a graph evaluated at the plan's
 // dimensions. Module ids are `tree`'s. `source` and the dims are left to the caller.
+// A count beyond int64 throws (plan_graph_flops turns it into an InputError).
 FlopProfile count_graph_flops(const WalkGraph& graph, const ModuleTree& tree, const GraphFlopOptions& options);
 
 // The plan's FLOPs from the model's .pt2 graph (plan.tree->graph() must be
