@@ -93,7 +93,7 @@ void add_fsdp_options(CLI::App& app, FsdpOptions& opt, const std::string& policy
   app.add_option("--gpus-per-node", opt.gpus_per_node, "GPUs per node (default 8): ranks r and s share NVLink when r / N "
                                                        "== s / N; suggest advises world sizes past one node in "
                                                        "whole nodes")
-      ->check(CLI::Range(int64_t{1}, kMaxWorldSize))
+      ->check(kPositiveCount)  // the --world-size message, not CLI11's "Value 0 not in range"
       ->group(time);
   opt.hardware_figures.assign(hardware_fields().size(), std::nullopt);
   for (size_t i = 0; i < hardware_fields().size(); ++i) {
@@ -104,13 +104,16 @@ void add_fsdp_options(CLI::App& app, FsdpOptions& opt, const std::string& policy
            [&opt, i, f](const std::string& text) {
              double v = 0;
              size_t used = 0;
+             const char* what = f.efficiency ? "a fraction of the peak, e.g. 0.5" : "GB/s, e.g. 400";
              try {
                v = std::stod(text, &used);
+             } catch (const std::out_of_range&) {  // 1e400: a number, but no double holds it
+               throw CLI::ValidationError(f.option, std::string("must be a finite number (") + what + "), not " + text);
              } catch (const std::exception&) {
                used = 0;
              }
              if (used != text.size() || text.empty())
-               throw CLI::ValidationError(f.option, "must be a number, not " + text);
+               throw CLI::ValidationError(f.option, std::string("must be a number (") + what + "), not " + text);
              opt.hardware_figures[i] = v;
            },
            f.help)

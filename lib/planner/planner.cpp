@@ -1,6 +1,8 @@
 #include "planner/planner.h"
 
+#include <cstdlib>
 #include <optional>
+#include <string>
 
 #include "activations/activations.h"
 #include "fsdp1/comm.h"
@@ -30,7 +32,15 @@ namespace {
 // step-time estimate from the communication and the FLOPs: --flops where
 // given, else a .pt2's graph (after the activations: its checkpointed
 // modules recompute), else none (TorchScript).
+// FSDP_PLAN_SKIP_TIME=1 (internal, for bench/time_overhead.py only) skips
+// both stages, so a plan's run time can be measured with and without them;
+// the outputs then lack "comm" and "time", as a plan of an older binary did.
 void add_comm_and_time(Plan& plan, const FlopProfile* flops) {
+  static const bool skip = [] {
+    const char* v = std::getenv("FSDP_PLAN_SKIP_TIME");
+    return v != nullptr && std::string(v) == "1";
+  }();
+  if (skip) return;
   plan.comm = plan.v2() ? fsdp2_comm(plan) : fsdp1_comm(plan);
   std::optional<FlopProfile> from_graph;
   if (!flops && plan.tree->graph()) flops = &from_graph.emplace(plan_graph_flops(plan, *plan.tree->graph()));

@@ -4,6 +4,7 @@
 #include <map>
 
 #include "model/class_names.h"
+#include "report/time_text.h"
 #include "tp/placements.h"
 #include "util/strings.h"
 
@@ -360,8 +361,11 @@ std::string plan_to_text(const Plan& plan, const TextOptions& options) {
   for (const Unit& u : plan.units)
     if (u.reshard_after_forward) call_width = std::max(call_width, std::to_string(u.call).size() + 2);
   const bool calls = plan.v2();
+  // --wide: each unit's communication per step (exact) and what compute leaves exposed (estimate).
+  const bool wide_time = options.wide && plan.comm.computed && plan.time.computed;
   out += pad("#", 4, true) + "  " + pad("unit", unit_width) + "  " + pad("class", class_width) + pad("params", 8, true) +
          (frozen ? pad("frozen", 9, true) : "") + pad("size", 11, true) + pad("buffers", 11, true) + pad("mp", 4, true) +
+         (wide_time ? pad("comm/step", 11, true) + pad("exposed est", 13, true) : "") +
          (calls ? "  " + pad("call", call_width) + "  reshard_after_forward" : "") + "\n";
   for (const Row& r : rows) {
     std::string line = pad(r.unit >= 0 ? std::to_string(r.unit) : "", 4, true) + "  " + pad(r.indent + r.path, unit_width) +
@@ -371,6 +375,9 @@ std::string plan_to_text(const Plan& plan, const TextOptions& options) {
     if (r.unit >= 0) {
       const Unit& u = plan.units[static_cast<size_t>(r.unit)];
       line += pad(!u.mixed_precision ? "-" : *u.mixed_precision ? "on" : "off", 4, true);
+      if (wide_time)
+        line += pad(unit_comm_cell(plan, static_cast<size_t>(r.unit)), 11, true) +
+                pad(unit_exposed_cell(plan, static_cast<size_t>(r.unit)), 13, true);
       if (u.reshard_after_forward)
         line += "  " + pad("[" + std::to_string(u.call) + "]", call_width) + "  " + reshard_text(*u.reshard_after_forward);
     }
@@ -391,7 +398,7 @@ std::string plan_to_text(const Plan& plan, const TextOptions& options) {
          percent(largest->param_numel, owned_numel) + "; root unit " +
          percent(plan.units.front().param_numel, owned_numel) + "\n";
 
-  out += "\n" + memory_text(plan);
+  out += "\n" + memory_text(plan) + comm_time_text(plan);
 
   if (std::any_of(plan.warnings.begin(), plan.warnings.end(), [](const Warning& w) { return w.kind != "unmatched_class"; })) {
     out += "\n";

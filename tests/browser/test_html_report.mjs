@@ -73,6 +73,17 @@ function naturalCompare(a, b) {
   return x.length - y.length;
 }
 
+// Bytes as the text plan prints them (lib/util/strings.cpp format_bytes: %.1f, ties to even).
+function fmtBytes(n) {
+  const names = [" B", " KiB", " MiB", " GiB", " TiB", " PiB"];
+  let v = n, u = 0;
+  while (v >= 1024 && u + 1 < names.length) { v /= 1024; ++u; }
+  if (u === 0) return String(n) + names[0];
+  const m = v * 10;
+  if (m % 1 === 0.5 && Math.floor(m) % 2 === 0) return (Math.floor(m) / 10).toFixed(1) + names[u];
+  return v.toFixed(1) + names[u];
+}
+
 function rgb(color) {  // "#rrggbb" or "rgb(r, g, b)"
   const c = color.trim();
   const hex = c.match(/^#([0-9a-f]{2})([0-9a-f]{2})([0-9a-f]{2})$/i);
@@ -101,6 +112,23 @@ async function checkPage(page, name, plan) {
             `${name}: row ${i}: reshard_after_forward "${col >= 0 ? r.cells[col] : "(no column)"}", plan ${u.reshard_after_forward}`);
     }
   });
+  // Issue 27: per unit its communication per step (exact bytes, as the text plan formats them) and
+  // the exposed communication, marked as an estimate; the step-time table says "estimate" too.
+  if (plan.comm) {
+    const commCol = heads.indexOf("comm/step"), expCol = heads.indexOf("exposed (estimate)");
+    check(commCol >= 0 && expCol >= 0, `${name}: the units table has no comm/step or exposed (estimate) column`);
+    rows.forEach((r, i) => {
+      const c = plan.units[i].comm;
+      const bytes = c.all_gather_forward_bytes + c.all_gather_backward_bytes + c.reduce_scatter_bytes + c.all_reduce_bytes;
+      const want = bytes ? fmtBytes(bytes) : "-";
+      check(commCol < 0 || r.cells[commCol] === want, `${name}: row ${i}: comm/step "${r.cells[commCol]}", plan ${bytes} bytes (${want})`);
+      check(expCol < 0 || /^\d+(\.\d+)? (s|ms|us)$/.test(r.cells[expCol]),
+            `${name}: row ${i}: exposed "${r.cells[expCol]}" is not a time`);
+    });
+    const timeText = await page.locator("#time-summary").textContent();
+    check(/step time \(estimate\)/.test(timeText) && timeText.includes("ESTIMATE"),
+          `${name}: the step-time table does not say it is an estimate: ${timeText.slice(0, 200)}`);
+  }
   // The treemap: siblings of one size in natural order of their paths.
   const order = await page.$$eval("#treemap rect.unit", (rs) => rs.map((r) => Number(r.dataset.index)));
   const seen = new Map();  // parent -> [index] in drawing order

@@ -57,6 +57,13 @@ def policy(text):
     return [GPT, "--policy", "policy.json"]
 
 
+def flops(text):
+    """A --flops file (FLOPs per module, lib/time/flop_file.cpp) with this text."""
+    with open("flops.json", "w") as f:
+        f.write(text)
+    return [GPT, "--flops", "flops.json"]
+
+
 def accelerate(fsdp_config, top="num_processes: 2\n"):
     """An Accelerate config file (FSDP) with these fsdp_config lines."""
     with open("accel.yaml", "w") as f:
@@ -422,6 +429,35 @@ CASES = {
     "pt2-dim-twice": lambda: (shutil.copy(DYN, "dyn.pt2"), ["dyn.pt2", "--dim", "seq=64", "--dim", "input_ids.1=32"])[1],
     "model-dim-torchscript": lambda: (shutil.copy(GPT, "tiny.pt"), ["tiny.pt", "--dim", "seq=64"])[1],
     "usage-nan-share": lambda: [GPT, "--max-root-share", "nan"],
+    # Issue 27: the step-time estimate's options and --flops files.
+    "hardware-bad-preset": lambda: [GPT, "--hardware", "h300"],
+    "hardware-zero-bandwidth": lambda: [GPT, "--intra-node-bandwidth", "0"],
+    "hardware-negative-bandwidth": lambda: [GPT, "--inter-node-bandwidth", "-5"],
+    "hardware-nan-bandwidth": lambda: [GPT, "--intra-node-bandwidth", "nan"],
+    "hardware-huge-bandwidth": lambda: [GPT, "--inter-node-bandwidth", "1e400"],
+    "hardware-bandwidth-unit": lambda: [GPT, "--intra-node-bandwidth", "450GB"],
+    "hardware-efficiency-above-one": lambda: [GPT, "--efficiency", "1.5"],
+    "hardware-efficiency-zero": lambda: [GPT, "--memory-efficiency", "0"],
+    "hardware-efficiency-nan": lambda: [GPT, "--comm-efficiency", "nan"],
+    "hardware-efficiency-text": lambda: [GPT, "--efficiency", "half"],
+    "hardware-gpus-per-node-zero": lambda: [GPT, "--gpus-per-node", "0"],
+    "hardware-gpus-per-node-fraction": lambda: [GPT, "--gpus-per-node", "2.5"],
+    "hardware-policy-preset": lambda: policy('{"hardware": {"preset": "h300"}}'),
+    "hardware-policy-bandwidth": lambda: policy('{"hardware": {"intra_node_bandwidth": 0}}'),
+    "hardware-policy-efficiency": lambda: policy('{"hardware": {"compute_efficiency": 2}}'),
+    "hardware-policy-gpus-per-node": lambda: policy('{"hardware": {"gpus_per_node": 0}}'),
+    "hardware-policy-unknown-key": lambda: policy('{"hardware": {"nvlink": 900}}'),
+    "flops-missing": lambda: [GPT, "--flops", "missing.json"],
+    "flops-not-json": lambda: flops("not json\n"),
+    "flops-no-modules": lambda: flops('{"x": 1}'),
+    "flops-unknown-module": lambda: flops('{"modules": {"": {"forward": 10, "backward": 20}, '
+                                          '"blocks.9": {"forward": 1, "backward": 2}}}'),
+    "flops-no-root": lambda: flops('{"modules": {"blocks.0": {"forward": 1, "backward": 2}}}'),
+    "flops-no-backward": lambda: flops('{"modules": {"": {"forward": 10}}}'),
+    "flops-negative": lambda: flops('{"modules": {"": {"forward": -1, "backward": 20}}}'),
+    "flops-fractional": lambda: flops('{"modules": {"": {"forward": 1.5, "backward": 2}}}'),
+    "flops-children-exceed": lambda: flops('{"modules": {"": {"forward": 10, "backward": 20}, '
+                                           '"blocks.0": {"forward": 11, "backward": 2}}}'),
     # Issue 29: hostile inputs (docs/limits.md).
     "policy-device": lambda: [GPT, "--policy", "/dev/zero"],
     "policy-too-big": lambda: (hostile.write("big.json", "{}" + " " * (16 << 20)), [GPT, "--policy", "big.json"])[1],

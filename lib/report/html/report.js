@@ -39,6 +39,15 @@
   }
   const fmtBytes = (n) => scaled(n, 1024, [" B", " KiB", " MiB", " GiB", " TiB", " PiB"], 1);
   const fmtCount = (n) => scaled(n, 1000, ["", "K", "M", "B", "T"], 2);
+  // As the text plan prints seconds (lib/report/time_text.cpp format_seconds).
+  function fmtSeconds(s) {
+    if (!(s > 0)) return "0 s";
+    const [v, u] = s < 1e-3 ? [s * 1e6, " us"] : s < 1 ? [s * 1e3, " ms"] : [s, " s"];
+    return v.toFixed(v < 10 ? 2 : v < 100 ? 1 : 0) + u;
+  }
+  // A unit's bytes per step in every collective (exact) and the part compute leaves exposed (estimate).
+  const unitCommBytes = (u) => (u.comm ? u.comm.all_gather_forward_bytes + u.comm.all_gather_backward_bytes +
+                                         u.comm.reduce_scatter_bytes + u.comm.all_reduce_bytes : null);
   // A unit as the text plan names it: an FSDP2 call on several modules is "[a, b]".
   const unitName = (u) => (u.modules && u.modules.length > 1 ? "[" + u.modules.join(", ") + "]"
                                                                : u.path === "" ? "(root)" : u.path);
@@ -154,6 +163,25 @@
     }
     for (const n of mem.notes || []) kv(settings, "note", n);
   }
+  // Communication (exact bytes) and the step-time ESTIMATE with its assumptions (docs/time-model.md).
+  const timeBox = document.getElementById("time-summary");
+  if (plan.comm && plan.comm.per_step) {
+    const c = plan.comm.per_step;
+    kv(timeBox, "communication", "per rank per step, exact bytes: all-gather " +
+       fmtBytes(c.all_gather.forward + c.all_gather.backward) + " (forward " + fmtBytes(c.all_gather.forward) +
+       ", backward " + fmtBytes(c.all_gather.backward) + "), reduce-scatter " + fmtBytes(c.reduce_scatter.backward) +
+       (c.all_reduce.backward ? ", all-reduce " + fmtBytes(c.all_reduce.backward) : "") + "; " + c.calls + " collectives");
+  }
+  if (plan.time) {
+    const t = plan.time;
+    kv(timeBox, "step time (estimate)", t.flops_known
+      ? fmtSeconds(t.step_s) + " = compute " + fmtSeconds(t.compute_s) + " + exposed communication " +
+        fmtSeconds(t.exposed_comm_s) + " + optimizer " + fmtSeconds(t.optimizer_s)
+      : "not known without FLOPs (--flops FILE); exposed communication " + fmtSeconds(t.exposed_comm_s) + " of " +
+        fmtSeconds(t.comm_s) + " in collectives");
+    for (const a of t.assumptions || []) kv(timeBox, "assumption", a);
+  }
+  if (!plan.comm && !plan.time) kv(timeBox, "communication", "not in this plan");
   // The policy as this FSDP version reads it: FSDP2 has no force_leaf_modules, use_orig_params,
   // buffer_dtype or BatchNorm classes; each group with the reshard_after_forward its call gets.
   const shownPolicy = JSON.parse(JSON.stringify(plan.policy || {}));
@@ -220,6 +248,8 @@
     if (u.modules && u.modules.length > 1) lines.splice(0, 1, ["modules", u.modules.length + " in one fully_shard call"],
                                                         ["first's class", u.qualified_class || u["class"]]);
     if (fsdp2 && u.call !== undefined) lines.push(["fully_shard", "call " + u.call + ", reshard_after_forward " + u.reshard_after_forward]);
+    if (u.comm) lines.push(["comm per step", fmtBytes(unitCommBytes(u)) + " (exact), " + u.comm.calls + " collectives"]);
+    if (u.time) lines.push(["exposed comm", fmtSeconds(u.time.exposed_s) + " (estimate)"]);
     const fz = frozenState(u);
     if (fz) lines.push(["gradients", fz]);
     for (const w of unitWarnings[i]) lines.push([w.severity, w.kind + ": " + w.message]);
@@ -338,6 +368,9 @@
     const table = document.getElementById("unit-table");
     const heads = ["#", "unit", "class", "params", "size", "sharded/rank", "gathered/rank", "buffers", "mp"];
     if (fsdp2) heads.push("call", "reshard_after_forward");
+    const commCols = units.length > 0 && !!units[0].comm, timeCols = units.length > 0 && !!units[0].time;
+    if (commCols) heads.push("comm/step");
+    if (timeCols) heads.push("exposed (estimate)");
     heads.push("warnings");
     const thead = el("thead"), htr = el("tr");
     for (const h of heads) htr.append(el("th", {}, h));
@@ -348,7 +381,8 @@
     const FIRST_ROWS = 1000;
     function addRows(from, to) {
       const frag = document.createDocumentFragment();
-      const numeric = new Set(["#", "params", "size", "sharded/rank", "gathered/rank", "buffers"]);
+      const numeric = new Set(["#", "params", "size", "sharded/rank", "gathered/rank", "buffers", "comm/step",
+                               "exposed (estimate)"]);
       for (let i = from; i < to; ++i) {
         const u = units[i];
         const m = u.memory || {};
@@ -360,6 +394,8 @@
                        fmtCount(u.param_numel), fmtBytes(u.param_bytes), fmtBytes(m.sharded_bytes || 0),
                        fmtBytes(m.unsharded_bytes || 0), u.buffer_numel ? fmtBytes(u.buffer_bytes) : "-", mp];
         if (fsdp2) cells.push(u.call === undefined ? "-" : String(u.call), String(u.reshard_after_forward));
+        if (commCols) cells.push(u.comm && unitCommBytes(u) ? fmtBytes(unitCommBytes(u)) : "-");
+        if (timeCols) cells.push(u.time ? fmtSeconds(u.time.exposed_s) : "-");
         cells.push(unitWarnings[i].map((w) => w.severity + ": " + w.kind).join(", "));
         cells.forEach((c, k) => {
           if (typeof c !== "string") { tr.append(c); return; }

@@ -1,0 +1,123 @@
+#include "report/time_text.h"
+
+#include <cmath>
+#include <cstdio>
+#include <vector>
+
+#include "model/module_tree.h"
+#include "util/strings.h"
+
+namespace fsdp_plan {
+namespace {
+
+// Word-wraps at spaces to 100 columns, the text plan's width; lines after
+// the first indented by 10 (the continuation indent of the other sections).
+std::string wrap_line(const std::string& text) {
+  const size_t width = 100;
+  std::string out, line;
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t end = text.find(' ', pos);
+    if (end == std::string::npos) end = text.size();
+    const std::string word = text.substr(pos, end - pos);
+    const std::string indent(10, ' ');
+    if (!line.empty() && line != indent && line.size() + 1 + word.size() > width) {
+      out += line + "\n";
+      line = indent;
+    } else if (!line.empty() && line != indent) {
+      line += ' ';  // an empty word (two spaces in a row) keeps its space: "comm    per"
+    }
+    line += word;
+    pos = end + 1;
+  }
+  return out + line + "\n";
+}
+
+std::string efficiencies(const HardwareFigures& hw) {
+  char buf[96];
+  std::snprintf(buf, sizeof buf, "efficiency %g compute, %g comm", hw.compute_efficiency,
+                hw.comm_efficiency);
+  return buf;
+}
+
+}  // namespace
+
+std::string format_seconds(double s) {
+  if (!(s > 0)) return "0 s";
+  char buf[32];
+  const char* unit = "s";
+  double v = s;
+  if (s < 1e-3) {
+    v = s * 1e6, unit = "us";
+  } else if (s < 1) {
+    v = s * 1e3, unit = "ms";
+  }
+  std::snprintf(buf, sizeof buf, v < 10 ? "%.2f %s" : v < 100 ? "%.1f %s" : "%.0f %s", v, unit);
+  return buf;
+}
+
+std::string comm_time_text(const Plan& plan) {
+  std::string out;
+  if (plan.comm.computed) {
+    int64_t ag_f = 0, ag_b = 0, rs = 0, ar = 0, h2d = 0, d2h = 0;
+    for (const Collective& c : plan.comm.collectives) {
+      switch (c.kind) {
+        case CollectiveKind::AllGather:
+          (c.phase == StepPhase::Forward ? ag_f : ag_b) += c.bytes;
+          h2d += c.host_copy_bytes;
+          break;
+        case CollectiveKind::ReduceScatter: rs += c.bytes; d2h += c.host_copy_bytes; break;
+        case CollectiveKind::AllReduce: ar += c.bytes; d2h += c.host_copy_bytes; break;
+      }
+    }
+    // Bytes as nccl-tests sizes a message (the unsharded buffer): counted
+    // from the units, not estimated (lib/plan/comm.h Collective::bytes).
+    std::string line = "comm    per rank per step, exact bytes: ";
+    if (plan.comm.collectives.empty()) {
+      line += "none (one rank: nothing to gather or reduce)";
+    } else {
+      line += "all-gather " + format_bytes(ag_f + ag_b) + " (forward " + format_bytes(ag_f) + ", backward " +
+              format_bytes(ag_b) + "), reduce-scatter " + format_bytes(rs);
+      if (ar > 0) line += ", all-reduce " + format_bytes(ar) + " (across replicas)";
+      if (h2d + d2h > 0)
+        line += ", CPU offload copies " + format_bytes(h2d) + " to the device and " + format_bytes(d2h) + " back";
+      line += "; " + std::to_string(plan.comm.collectives.size()) + " collective" +
+              (plan.comm.collectives.size() == 1 ? "" : "s");
+    }
+    out += wrap_line(line);
+  }
+  if (plan.time.computed) {
+    const StepTime& t = plan.time;
+    const HardwareFigures& hw = t.hardware;
+    std::string line = "time    ESTIMATE: ";
+    if (t.flops_known) {
+      line += "step " + format_seconds(t.step_s) + " = compute " + format_seconds(t.compute_s) +
+              " + exposed communication " + format_seconds(t.exposed_comm_s) + " + optimizer " +
+              format_seconds(t.optimizer_s);
+    } else {
+      // docs/time-model.md section 6: without FLOPs only what no compute can hide.
+      line += "exposed communication " + format_seconds(t.exposed_comm_s) + " of " + format_seconds(t.comm_s) +
+              "; no step time: ";
+      line += plan.tree && plan.tree->graph() ? "FLOPs not known (--flops FILE)"
+                                              : "no FLOPs in a TorchScript file (--flops FILE)";
+    }
+    line += "; " + hw.name + " (--hardware " + hw.preset + "), " + efficiencies(hw);
+    if (!hw.overridden.empty()) line += ", overridden: " + join(hw.overridden);
+    if (t.flops_known) line += "; FLOPs from " + t.flops_source;
+    out += wrap_line(line);
+  }
+  return out;
+}
+
+std::string unit_comm_cell(const Plan& plan, size_t unit) {
+  if (!plan.comm.computed || unit >= plan.comm.units.size()) return "-";
+  const int64_t b = plan.comm.units[unit].total_bytes();
+  return b > 0 ? format_bytes(b) : "-";
+}
+
+std::string unit_exposed_cell(const Plan& plan, size_t unit) {
+  if (!plan.time.computed || unit >= plan.time.units.size()) return "-";
+  return format_seconds(plan.time.units[unit].exposed_s());
+}
+
+}  // namespace fsdp_plan
