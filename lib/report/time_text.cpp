@@ -10,6 +10,16 @@
 namespace fsdp_plan {
 namespace {
 
+// Joins a figure to its unit ("292.9 KiB") so that wrapping never splits them.
+constexpr char kGlue = '\x01';
+std::string glued(std::string figure) {
+  for (char& c : figure)
+    if (c == ' ') c = kGlue;
+  return figure;
+}
+std::string bytes(int64_t n) { return glued(format_bytes(n)); }
+std::string secs(double s) { return glued(format_seconds(s)); }
+
 // Word-wraps at spaces to 100 columns, the text plan's width; lines after
 // the first indented by 10 (the continuation indent of the other sections).
 std::string wrap_line(const std::string& text) {
@@ -30,7 +40,10 @@ std::string wrap_line(const std::string& text) {
     line += word;
     pos = end + 1;
   }
-  return out + line + "\n";
+  out += line + "\n";
+  for (char& c : out)
+    if (c == kGlue) c = ' ';
+  return out;
 }
 
 std::string efficiencies(const HardwareFigures& hw) {
@@ -73,17 +86,20 @@ std::string comm_time_text(const Plan& plan) {
     // Bytes as nccl-tests sizes a message (the unsharded buffer): counted
     // from the units, not estimated (lib/plan/comm.h Collective::bytes).
     std::string line = "comm    per rank per step, exact bytes: ";
-    if (plan.comm.collectives.empty()) {
-      line += "none (one rank: nothing to gather or reduce)";
-    } else {
-      line += "all-gather " + format_bytes(ag_f + ag_b) + " (forward " + format_bytes(ag_f) + ", backward " +
-              format_bytes(ag_b) + "), reduce-scatter " + format_bytes(rs);
-      if (ar > 0) line += ", all-reduce " + format_bytes(ar) + " (across replicas)";
-      if (h2d + d2h > 0)
-        line += ", CPU offload copies " + format_bytes(h2d) + " to the device and " + format_bytes(d2h) + " back";
-      line += "; " + std::to_string(plan.comm.collectives.size()) + " collective" +
-              (plan.comm.collectives.size() == 1 ? "" : "s");
-    }
+    std::vector<std::string> kinds;
+    if (ag_f + ag_b > 0)
+      kinds.push_back("all-gather " + bytes(ag_f + ag_b) + " (forward " + bytes(ag_f) + ", backward " + bytes(ag_b) + ")");
+    if (rs > 0) kinds.push_back("reduce-scatter " + bytes(rs));
+    if (ar > 0) kinds.push_back("all-reduce " + bytes(ar));  // NO_SHARD's gradients, HSDP's replicas
+    if (h2d + d2h > 0)
+      kinds.push_back("CPU offload copies " + bytes(h2d) + " to the device and " + bytes(d2h) + " back");
+    const size_t n = plan.comm.collectives.size();
+    bool one_rank = true;
+    for (const Collective& c : plan.comm.collectives) one_rank = one_rank && c.group.size <= 1;
+    line += kinds.empty() ? std::string("none") : join(kinds);
+    if (n > 0)
+      line += "; " + std::to_string(n) + " collective" + (n == 1 ? "" : "s") +
+              (one_rank ? ", each in a one-rank group (it moves nothing)" : "");
     out += wrap_line(line);
   }
   if (plan.time.computed) {
@@ -91,12 +107,11 @@ std::string comm_time_text(const Plan& plan) {
     const HardwareFigures& hw = t.hardware;
     std::string line = "time    ESTIMATE: ";
     if (t.flops_known) {
-      line += "step " + format_seconds(t.step_s) + " = compute " + format_seconds(t.compute_s) +
-              " + exposed communication " + format_seconds(t.exposed_comm_s) + " + optimizer " +
-              format_seconds(t.optimizer_s);
+      line += "step " + secs(t.step_s) + " = compute " + secs(t.compute_s) + " + exposed communication " +
+              secs(t.exposed_comm_s) + " + optimizer " + secs(t.optimizer_s);
     } else {
       // docs/time-model.md section 6: without FLOPs only what no compute can hide.
-      line += "exposed communication " + format_seconds(t.exposed_comm_s) + " of " + format_seconds(t.comm_s) +
+      line += "exposed communication " + secs(t.exposed_comm_s) + " of " + secs(t.comm_s) +
               "; no step time: ";
       line += plan.tree && plan.tree->graph() ? "FLOPs not known (--flops FILE)"
                                               : "no FLOPs in a TorchScript file (--flops FILE)";

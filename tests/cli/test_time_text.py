@@ -74,7 +74,13 @@ class TimeText(unittest.TestCase):
                                    "--shard-group-size", "8")
         ar = plan["comm"]["per_step"]["all_reduce"]["backward"]
         self.assertGreater(ar, 0)
-        self.assertIn(f"all-reduce {fmt_bytes(ar)} (across replicas)", joined(text, "comm    "))
+        self.assertIn(f"all-reduce {fmt_bytes(ar)}; ", joined(text, "comm    "))
+
+    def test_one_rank(self):
+        text, plan = text_and_json("--world-size", "1")
+        line = joined(text, "comm    ")
+        self.assertTrue(line.endswith("each in a one-rank group (it moves nothing)"), line)
+        self.assertNotIn("all-gather", line)  # NO_SHARD at one rank: its all-reduces only
 
     def test_time_line_without_flops(self):
         text, plan = text_and_json("--world-size", "8")
