@@ -193,11 +193,15 @@ def gpu_steps(cfg, ac: bool, batch: int, seq: int, steps: int, warmup: int) -> D
 
 
 def gib(n: Optional[float]) -> str:
-    return "-" if n is None else f"{n / 2**30:.2f} GiB"
+    if n is None:
+        return "-"
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.2f} MiB"
 
 
 def sec(s: Optional[float]) -> str:
-    return "-" if s is None else f"{s * 1e3:.1f} ms"
+    if s is None:
+        return "-"
+    return f"{s * 1e3:.1f} ms" if s >= 1e-3 else f"{s * 1e6:.1f} us"
 
 
 def ratio(a: Optional[float], b: Optional[float]) -> str:
@@ -240,8 +244,8 @@ def main() -> int:
             print(f"planned AC {'on' if ac else 'off'}: peak {gib(p['peak_bytes'])}, step {sec(p['step_s'])} "
                   f"(FLOPs from {p['flops_from']})", flush=True)
         print()
-        print(f"GPU: {gpu_name or 'none'}; plan --hardware {hardware}; FSDP2, world size 1, bf16 params / fp32 reduce, "
-              f"AdamW; the plan's figures are an ESTIMATE")
+        print(f"GPU: {gpu_name or 'none'}; plan --hardware {hardware}; FSDP2, world size 1, fp32 parameters with "
+              f"MixedPrecisionPolicy bf16 / fp32 reduce, AdamW; the plan's figures are an ESTIMATE")
         print(f"{'AC':4} {'plan peak':>11} {'measured peak':>14} {'ratio':>7}   {'plan step':>10} {'measured step':>14} "
               f"{'ratio':>7}")
         for r in rows:
