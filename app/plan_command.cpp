@@ -216,7 +216,9 @@ int plan_main(int argc, char** argv) {
           [](std::string& v) { return parse_size(v) ? std::string() : "\"" + v + "\" is not a size (e.g. 20GiB)"; },
           "SIZE"))
       ->group("Activations (from a .pt2 graph)");
-  app.add_flag("--wide", opt.wide, "text: never shorten unit paths (default: fit COLUMNS or the terminal)");
+  app.add_flag("--wide", opt.wide,
+               "text: never shorten unit paths (default: fit COLUMNS or the terminal); also each unit's "
+               "communication per step and exposed communication");
   app.add_flag("--dump-tree", opt.dump_tree,
                "print the loaded module tree as JSON instead of a plan (with -f text: as an indented tree)");
   app.add_flag("-v,--verbose", opt.verbosity, "log progress to stderr (-vv for more)");
