@@ -56,8 +56,15 @@ std::string unit_difference(const Plan& want, const Plan& got) {
 
 std::string plan_to_accelerate(const Plan& plan) {
   if (plan.tensor_parallel)
-    throw EmitError("Accelerate's config cannot say this plan yet: fsdp-plan does not write parallelism_config's "
-                    "tp_size with a tensor_parallel plan (docs/tensor-parallel.md)");
+    // accelerate/accelerator.py (1.15): Accelerator._prepare_tp builds the mesh from
+    // parallelism_config but applies no plan; the model must come split by
+    // transformers (from_pretrained(tp_plan=...)), and the FSDP2 branch imports
+    // transformers.integrations.tensor_parallel.ReplicateParallel, gone in 5.24.
+    throw EmitError("Accelerate 1.15 cannot say a 2-D plan: its config's parallelism_config_tp_size only sizes the "
+                    "mesh, and Accelerator.prepare applies no tensor-parallel plan (it expects a model transformers "
+                    "already split, from_pretrained(..., tp_plan=\"auto\") with the model's own plan, and skips TP "
+                    "with a warning when no parameter is a DTensor); with FSDP2 it then imports transformers' "
+                    "ReplicateParallel, which transformers 5.24 no longer has (ImportError); use --emit torch");
   if (plan.v2()) return plan_to_accelerate_fsdp2(plan);
   const Policy& p = plan.policy;
   const ModuleTree& tree = *plan.tree;

@@ -29,5 +29,9 @@ std::string plan_to_torch(const Plan& plan);
 // plan's fully_shard calls, and apply_fsdp(model) making those calls.
 std::string plan_to_accelerate_fsdp2(const Plan& plan);
 std::string plan_to_torch_fsdp2(const Plan& plan);
+// A 2-D plan (FSDP2 with tensor parallelism, emit/torch_fsdp2_tp.cpp):
+// init_device_mesh, parallelize_module on mesh["tp"], then the fully_shard
+// calls on the dp sub-mesh. Throws EmitError for a style torch lacks.
+std::string plan_to_torch_fsdp2_tp(const Plan& plan);
 
 }  // namespace fsdp_plan

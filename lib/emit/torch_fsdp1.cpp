@@ -13,9 +13,7 @@
 namespace fsdp_plan {
 
 std::string plan_to_torch(const Plan& plan) {
-  if (plan.tensor_parallel)
-    throw EmitError("the code for a 2-D plan (init_device_mesh, parallelize_module, then fully_shard on the "
-                    "dp_shard sub-mesh) is not written yet (docs/tensor-parallel.md)");
+  if (plan.tensor_parallel) return plan_to_torch_fsdp2_tp(plan);
   if (plan.v2()) return plan_to_torch_fsdp2(plan);
   const Policy& p = plan.policy;
   const ModuleTree& tree = *plan.tree;

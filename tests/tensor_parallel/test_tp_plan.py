@@ -11,13 +11,20 @@ each decoder layer and the root, as the reference did), and checks:
 - where torch fails (a style on a module it cannot split, a key matching nothing, tp not
   dividing the heads), the plan refuses with the expected warning kind; the one gap the
   parameter shapes cannot show (tp 4 over 2 key-value heads: 16 rows of k_proj divide by 4,
-  yet a head is 8 rows) is asserted to be a gap, so that closing it shows here.
+  yet a head is 8 rows) is asserted to be a gap, so that closing it shows here;
+- where the reference ran two training steps under FSDPMemTracker on the 2-D mesh: the plan's
+  sharded parameters, gradients, optimizer state and buffers equal the tracker's, and its
+  non-activation peak is within PEAK_TOLERANCE of the tracker's;
+- `--emit torch`: the emitted apply_fsdp, run on the meta-device model under the fake backend,
+  builds the plan's mesh and FSDP groups, and every parameter's DTensor placements, mesh
+  dimension names and local shape equal the plan's JSON; the file passes ruff check.
 
     /work/main/.venv/bin/python tests/tensor_parallel/test_tp_plan.py BINARY [-k SUBSTRING] [-v]
 
-Exits 1 on any failure. About a minute (traces three small models).
+Exits 1 on any failure. About two minutes (traces three small models).
 """
 import argparse
+import importlib.util
 import json
 import os
 import subprocess
@@ -39,6 +46,8 @@ EXPECTED_REFUSAL = {
     "llama_heads_2x3": "tp_uneven_split",
     "llama_kv_heads_2x4": None,  # needs the head counts (the .pt2 record's config): not checked yet
 }
+# The plan's non-activation peak against FSDPMemTracker's on the 2-D mesh (issue 26: 5%).
+PEAK_TOLERANCE = 0.05
 LAYER_CLASS = {"llama": "LlamaDecoderLayer", "llama_kv4": "LlamaDecoderLayer", "mistral": "MistralDecoderLayer"}
 
 
@@ -56,7 +65,7 @@ def policy_for(case: dict) -> dict:
     mesh = case["mesh"]
     tp = {"degree": mesh["tp"], "plan": case["plan"], "mesh": {k: v for k, v in mesh.items() if k != "tp"}}
     return {"module_classes": [LAYER_CLASS[case["model"]]],
-            "fsdp": {"version": 2, "world_size": case["world_size"]},
+            "fsdp": {"version": 2, "world_size": case["world_size"], "optimizer": "adamw"},
             "tensor_parallel": tp}
 
 
@@ -106,6 +115,80 @@ def check_case(binary: str, name: str, case: dict, model_file: str, tmp: str, ve
                      f"{plan['memory']['per_rank']['params_bytes']}")
     if verbose:
         print(f"  {name}: {len(case['params'])} parameters, {padded} bytes of shards per rank")
+    if "tracker" in case and "error" not in case["tracker"]:
+        fails += check_tracker(case["tracker"], plan, name, verbose)
+    if not kinds:
+        fails += check_emit_torch(binary, name, case, model_file, pfile, plan, tmp)
+    return fails
+
+
+def check_tracker(tracker: dict, plan: dict, name: str, verbose: bool) -> list:
+    """The plan's memory per rank against the reference's FSDPMemTracker run on the 2-D mesh."""
+    mem = plan["memory"]["per_rank"]
+    fails = [f"{what}: FSDPMemTracker {tracker[key]}, plan {mem[field]}"
+             for what, key, field in (("sharded params", "sharded_params", "params_bytes"),
+                                      ("sharded grads", "sharded_grads", "grads_bytes"),
+                                      ("optimizer state", "optimizer_state", "optimizer_bytes"),
+                                      ("buffers", "buffers", "buffers_bytes"))
+             if tracker[key] != mem[field]]
+    peak_t, peak_p = tracker["non_activation_peak"], mem["peak_bytes"]
+    off = (peak_p - peak_t) / peak_t
+    if abs(off) > PEAK_TOLERANCE:
+        fails.append(f"non-activation peak: FSDPMemTracker {peak_t} {tracker['at_peak']}, plan {peak_p} "
+                     f"({off:+.1%}) in {plan['memory']['peak']['phase']} at {plan['memory']['peak']['unit_path']!r} "
+                     f"{plan['memory']['peak']['categories']}")
+    if verbose:
+        print(f"  {name}: non-activation peak FSDPMemTracker {peak_t}, plan {peak_p} ({off:+.2%})")
+    return fails
+
+
+def check_emit_torch(binary: str, name: str, case: dict, model_file: str, pfile: str, plan: dict, tmp: str) -> list:
+    """--emit torch of the 2-D plan, run: the mesh, the FSDP groups, and every parameter's
+    placements, mesh dimensions and local shape as the plan's JSON says."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.tensor import DTensor
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    out = os.path.join(tmp, name + "_apply.py")
+    r = subprocess.run([binary, model_file, "--policy", pfile, "--emit", "torch", "-o", out],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        return [f"--emit torch: exit {r.returncode}: {r.stderr.strip()}"]
+    fails = []
+    lint = subprocess.run([sys.executable, "-m", "ruff", "check", "--isolated", "--no-cache", "--output-format",
+                           "concise", out], capture_output=True, text=True)
+    if lint.returncode != 0:
+        fails.append(f"--emit torch: ruff check: {lint.stdout.strip()} {lint.stderr.strip()[-300:]}")
+    spec = importlib.util.spec_from_file_location("emitted_" + name, out)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    dist.init_process_group("fake", rank=0, world_size=case["world_size"], store=FakeStore())
+    model = tp_reference.MODELS[case["model"]]("meta")
+    try:
+        module.apply_fsdp(model, device_type="cpu")
+    except Exception as e:  # noqa: BLE001  (the emitted code's own checks raise RuntimeError)
+        return fails + [f"--emit torch: apply_fsdp raised {type(e).__name__}: {e}"]
+    mesh = plan["tensor_parallel"]["mesh"]
+    want = (tuple(mesh["dim_names"]), tuple(mesh["shape"]))
+    if (tuple(module.MESH_DIM_NAMES), tuple(module.MESH_SHAPE)) != want:
+        fails.append(f"--emit torch: mesh {module.MESH_DIM_NAMES} {module.MESH_SHAPE}, plan {want}")
+    built = sorted(n for n, m in model.named_modules() if isinstance(m, FSDPModule))
+    if built != sorted(p for u in plan["units"] for p in u["modules"]):
+        fails.append(f"--emit torch: fully_shard on {built}")
+    got = dict(model.named_parameters())
+    for p in plan["tensor_parallel"]["params"]:
+        t = got.get(p["name"])
+        if not isinstance(t, DTensor):
+            fails.append(f"--emit torch: {p['name']} is not a DTensor")
+            continue
+        have = {"placements": [repr(x) for x in t.placements], "mesh_dims": list(t.device_mesh.mesh_dim_names),
+                "local_shape": list(t.to_local().shape)}
+        want = {k: p[k] for k in have}
+        if have != want:
+            fails.append(f"--emit torch: {p['name']}: torch {have}, plan {want}")
     return fails
 
 

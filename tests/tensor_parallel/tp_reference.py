@@ -14,7 +14,17 @@ on the "dp_shard" (or ("dp_replicate", "dp_shard")) sub-mesh, and records per pa
   sharded size (FSDPParam.padded_sharded_param_size);
 - the warnings parallelize_module raised (a plan key that resolves to no module);
 - for the cases that fail (tp not dividing the attention or key-value heads), one forward and
-  backward on meta inputs run to the error, whose type and message are recorded.
+  backward on meta inputs run to the error, whose type and message are recorded;
+- for the cases torch plans, `tracker`: two training steps (AdamW, foreach=False, a (2, 16)
+  batch of token ids) under FSDPMemTracker on the 2-D mesh, as tests/differential/test_fsdp2.py
+  runs them on a 1-D one (but on real CPU tensors of the small models, a few hundred KB:
+  sequence parallelism's redistribute calls .tolist(), which FakeTensorMode refuses), with the
+  fake backend's collectives: the second step's sharded parameters,
+  sharded gradients, optimizer state and buffers, and the largest sum of the non-activation
+  categories (`non_activation_peak`, with the categories at that moment). Where the step fails
+  (torchtitan's sequence-parallel plan on HF's Llama: HF computes the rotary embeddings for the
+  whole sequence outside the layers, the sequence-sharded residual holds half of it), `tracker`
+  holds the error instead.
 
     /work/main/.venv/bin/python tests/tensor_parallel/tp_reference.py [--out FILE] [-k SUBSTRING]
 
@@ -45,6 +55,9 @@ from torch.testing._internal.distributed.fake_pg import FakeStore  # noqa: E402
 
 import corpus  # noqa: E402
 import transformers as T  # noqa: E402
+
+sys.path.insert(0, os.path.join(HERE, "..", "differential"))
+import test_fsdp2  # noqa: E402  (its FSDPMemTracker with the non-activation peak, two_tracked_steps)
 
 REFERENCE = os.path.join(HERE, "reference.json")
 
@@ -193,7 +206,33 @@ def run_case(name: str, case: Dict[str, Any]) -> Dict[str, Any]:
     out["params"] = params
     if case.get("forward"):
         out["error"] = first_forward(case["model"], mesh["tp"], plan)
+    if out["error"] is None and not out["warnings"]:
+        try:
+            out["tracker"] = tracked_steps(model)
+        except Exception as e:  # noqa: BLE001  (HF's model under sequence parallelism: recorded)
+            out["tracker"] = {"error": {"type": type(e).__name__, "message": str(e).splitlines()[0]}}
     return out
+
+
+def tracked_steps(model: nn.Module) -> Dict[str, Any]:
+    """Two training steps of the 2-D model (parallelize_module and fully_shard already applied,
+    on the meta device) under FSDPMemTracker, on real CPU tensors (FakeTensorMode refuses
+    DTensor's redistribute of a sequence-sharded activation: it calls .tolist()): the second
+    step's categories (bytes, rank 0) and its non-activation peak."""
+    torch.manual_seed(0)
+    model.to_empty(device="cpu")
+    for p in model.parameters():  # to_empty leaves garbage: keep the steps finite
+        torch.nn.init.normal_(p.to_local(), std=0.02)
+    optim = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
+    inputs = (torch.randint(3, 200, (2, 16)),)
+    tracker = test_fsdp2.PeakTracker(model, optim)
+    tracker.track_inputs(inputs)
+    after_backward, after_step = test_fsdp2.two_tracked_steps(tracker, model, optim, inputs)
+    cat = test_fsdp2.category
+    return {"sharded_params": cat(after_step, "Sharded Param"), "sharded_grads": cat(after_backward, "Sharded Grad"),
+            "optimizer_state": cat(after_step, "OptState"), "buffers": cat(after_step, "Buffer"),
+            "non_activation_peak": tracker.non_act_peak,
+            "at_peak": {k: v for k, v in sorted(tracker.non_act_snap.items()) if v}}
 
 
 def first_forward(model_name: str, tp_mesh, plan: Dict[str, Any]) -> Optional[Dict[str, str]]:

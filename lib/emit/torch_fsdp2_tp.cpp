@@ -1,0 +1,177 @@
+// --emit torch for a 2-D plan (FSDP2 with tensor parallelism): a Python module
+// whose apply_fsdp(model) does what torchtitan's parallelize_llama does
+// (torchtitan/models/llama3/infra/parallelize.py: apply_tp, then apply_fsdp):
+// init_device_mesh with the plan's (dp_replicate,) dp_shard and tp dimensions,
+// parallelize_module on mesh["tp"] with the policy's plan, in the order
+// written, then the plan's fully_shard calls bottom-up on the dp sub-mesh,
+// the root last. It checks the modules fully_shard was applied to, as the 1-D
+// form does. A file of its own: the 1-D writer (torch_fsdp2.cpp) keeps its
+// output byte for byte, and the two change for different reasons.
+#include <algorithm>
+#include <set>
+#include <sstream>
+
+#include "emit/emit.h"
+#include "emit/emit_text.h"
+#include "policy/ignored.h"
+#include "tp/placements.h"
+#include "util/strings.h"
+
+namespace fsdp_plan {
+namespace {
+
+std::string py_reshard_tp(const std::optional<ReshardAfterForward>& r) {
+  if (!r) return "True";
+  switch (r->kind) {
+    case ReshardAfterForward::Kind::True: return "True";
+    case ReshardAfterForward::Kind::False: return "False";
+    case ReshardAfterForward::Kind::Ranks: return std::to_string(r->ranks);
+  }
+  return "True";
+}
+
+// "from M import a, b" as isort (ruff's I001) writes it: one line if it fits in
+// 88 columns, else one name a line.
+std::string py_import(const std::string& module, std::vector<std::string> names) {
+  std::sort(names.begin(), names.end(), [](const std::string& a, const std::string& b) {
+    // isort's force_sort_within_sections off, case-sensitive: CONSTANTS, Classes, functions.
+    auto rank = [](const std::string& s) {
+      bool upper = std::all_of(s.begin(), s.end(), [](char c) { return !std::islower(static_cast<unsigned char>(c)); });
+      return upper ? 0 : std::isupper(static_cast<unsigned char>(s[0])) ? 1 : 2;
+    };
+    return rank(a) != rank(b) ? rank(a) < rank(b) : a < b;
+  });
+  std::string line = "from " + module + " import " + join(names) + "\n";
+  if (line.size() <= 89) return line;
+  std::string out = "from " + module + " import (\n";
+  for (const auto& n : names) out += "    " + n + ",\n";
+  return out + ")\n";
+}
+
+}  // namespace
+
+std::string plan_to_torch_fsdp2_tp(const Plan& plan) {
+  const Policy& p = plan.policy;
+  const ModuleTree& tree = *plan.tree;
+  const TensorParallel& tp = *p.tensor_parallel;
+  const TpMeshSizes& m = plan.tensor_parallel->mesh;
+  const FsdpSettings& s = plan.memory.settings;
+
+  // Styles torch itself does not have: refuse rather than write code that does something else.
+  std::set<std::string> style_classes;
+  bool replicate_layout = false, shard_layout = false;
+  for (const auto& [pattern, spec] : tp.plan) {
+    switch (spec.style) {
+      case TpStyle::Replicate:
+        throw EmitError("the tensor_parallel plan key '" + pattern + "' is planned \"replicate\", transformers' "
+                        "ReplicateParallel, which torch's parallelize_module has no style for (and transformers "
+                        "5.24 no longer exports); plan the module's parameters sequence_parallel, or leave the "
+                        "key out (its parameters then stay plain tensors on the dp_shard mesh)");
+      case TpStyle::PrepareModuleInput:
+      case TpStyle::PrepareModuleOutput:
+        throw EmitError("the tensor_parallel plan key '" + pattern + "' is planned " +
+                        tp_style_names().name(spec.style) + ": torch's PrepareModuleInput/Output need the desired "
+                        "layouts too, which the policy does not say; write that entry by hand");
+      default: break;
+    }
+    const std::string py = tp_style_python(spec);
+    style_classes.insert(py.substr(0, py.find('(')));
+    for (const auto& l : {spec.input_layouts, spec.output_layouts})
+      if (l) (*l == "replicate" ? replicate_layout : shard_layout) = true;
+  }
+
+  std::vector<const Unit*> calls;
+  for (const Unit& u : plan.units) calls.push_back(&u);
+  std::stable_sort(calls.begin(), calls.end(), [](const Unit* a, const Unit* b) { return a->call < b->call; });
+  std::vector<std::string> ignored = ignored_param_names(tree, resolve_ignored(tree, p));
+
+  const bool hsdp = m.dp_replicate > 1;
+  const std::string mesh_shape = "(" + (hsdp ? std::to_string(m.dp_replicate) + ", " : std::string()) +
+                                 std::to_string(m.dp_shard) + ", " + std::to_string(m.tp) + ")";
+  const std::string dim_names = hsdp ? "(\"dp_replicate\", \"dp_shard\", \"tp\")" : "(\"dp_shard\", \"tp\")";
+  std::string mp = "MixedPrecisionPolicy()";
+  if (p.mixed_precision) {
+    const MixedPrecision& x = *p.mixed_precision;
+    mp = "MixedPrecisionPolicy(param_dtype=" + py_dtype(x.param_dtype) + ", reduce_dtype=" + py_dtype(x.reduce_dtype);
+    if (x.output_dtype) mp += ", output_dtype=" + py_dtype(x.output_dtype);
+    if (!x.casts_forward_inputs(FsdpVersion::V2)) mp += ", cast_forward_inputs=False";
+    mp += ")";
+  }
+
+  std::vector<std::string> fsdp_names{"FSDPModule", "MixedPrecisionPolicy", "fully_shard"};
+  if (s.cpu_offload) fsdp_names.push_back("CPUOffloadPolicy");
+  std::vector<std::string> layout_names;
+  if (replicate_layout) layout_names.push_back("Replicate");
+  if (shard_layout) layout_names.push_back("Shard");
+  std::vector<std::string> tp_names(style_classes.begin(), style_classes.end());
+  tp_names.push_back("parallelize_module");
+
+  std::ostringstream o;
+  o << "# Generated by fsdp-plan from " << plan.model.path << ": a 2-D plan, tensor parallelism on a\n"
+    << "# " << tp_mesh_text(m) << " device mesh, then the plan's " << plan.units.size()
+    << " FSDP2 groups on its " << (hsdp ? "(dp_replicate, dp_shard)" : "dp_shard") << " dimension"
+    << (hsdp ? "s" : "") << "\n"
+    << "# (torch 2.7 or later). Call after torch.distributed.init_process_group:\n"
+       "#     model = apply_fsdp(model, device_type=\"cuda\")\n"
+       "# As torchtitan's parallelize_llama: parallelize_module on mesh[\"tp\"] first, then fully_shard\n"
+       "# bottom-up in the plan's order, the root last. Extra keyword arguments go to every\n"
+       "# fully_shard call; apply_fsdp raises if the modules fully_shard was applied to are not\n"
+       "# the plan's (a different model, say).\n"
+    << (mp.find("torch.") != std::string::npos ? "import torch\n" : "")
+    << "from torch.distributed.device_mesh import init_device_mesh\n"
+    << py_import("torch.distributed.fsdp", fsdp_names)
+    << (layout_names.empty() ? "" : py_import("torch.distributed.tensor", layout_names))
+    << py_import("torch.distributed.tensor.parallel", tp_names) << "\n"
+    << "# The device mesh: (" << (hsdp ? "dp_replicate, " : "") << "dp_shard, tp).\n"
+    << "MESH_SHAPE = " << mesh_shape << "\n"
+    << "MESH_DIM_NAMES = " << dim_names << "\n"
+    << "# parallelize_module's plan, applied in this order (module-path patterns, fnmatch per token).\n"
+       "TP_PLAN = {\n";
+  for (const auto& [pattern, spec] : tp.plan) o << "    " << py_string(pattern) << ": " << tp_style_python(spec) << ",\n";
+  o << "}\n"
+    << "# One fully_shard call per group, in call order: (module paths, reshard_after_forward).\n"
+       "# The root (\"\") keeps PyTorch's default, None, which is False for the root.\n"
+       "CALLS = [\n";
+  for (const Unit* u : calls) {
+    const bool root = u->modules.size() == 1 && u->modules.front() == 0;
+    std::string list;
+    for (ModuleId mod : u->modules) list += (list.empty() ? "" : ", ") + py_string(tree.path(mod));
+    o << "    ([" << list << "], " << (root ? "None" : py_reshard_tp(u->reshard_after_forward)) << "),\n";
+  }
+  o << "]\n"
+    << "IGNORED_PARAMS = " << py_list(ignored, "") << "\n\n\n"
+    << "def built_groups(model):\n"
+       "    \"\"\"Module paths of the modules fully_shard was applied to.\"\"\"\n"
+       "    return sorted(name for name, m in model.named_modules() if isinstance(m, FSDPModule))\n\n\n"
+    << "def apply_fsdp(model, device_type=\"cuda\", mesh=None, **fully_shard_kwargs):\n"
+       "    if mesh is None:\n"
+       "        mesh = init_device_mesh(device_type, MESH_SHAPE, mesh_dim_names=MESH_DIM_NAMES)\n"
+       "    if tuple(mesh.shape) != MESH_SHAPE or tuple(mesh.mesh_dim_names or ()) != MESH_DIM_NAMES:\n"
+       "        raise RuntimeError(\n"
+       "            f\"the plan is for a mesh {MESH_DIM_NAMES} of shape {MESH_SHAPE}, \"\n"
+       "            f\"not {mesh.mesh_dim_names} of shape {tuple(mesh.shape)}\"\n"
+       "        )\n"
+       "    parallelize_module(model, mesh[\"tp\"], TP_PLAN)\n"
+    << "    kwargs = {\"mesh\": mesh[" << (hsdp ? "(\"dp_replicate\", \"dp_shard\")" : "\"dp_shard\"")
+    << "], \"mp_policy\": " << mp << "}\n";
+  if (p.mixed_precision && p.mixed_precision->buffer_dtype)
+    o << "    # FSDP2 casts no buffers: the plan's buffer_dtype (" << *p.mixed_precision->buffer_dtype
+      << ") has no equivalent.\n";
+  if (s.cpu_offload) o << "    kwargs[\"offload_policy\"] = CPUOffloadPolicy()\n";
+  o << "    if IGNORED_PARAMS:\n"
+       "        kwargs[\"ignored_params\"] = {model.get_parameter(name) for name in IGNORED_PARAMS}\n"
+       "    for paths, reshard_after_forward in CALLS:\n"
+       "        modules = [model.get_submodule(path) for path in paths]\n"
+       "        call = dict(kwargs)\n"
+       "        if reshard_after_forward is not None:\n"
+       "            call[\"reshard_after_forward\"] = reshard_after_forward\n"
+       "        call.update(fully_shard_kwargs)\n"
+       "        fully_shard(modules if len(modules) > 1 else modules[0], **call)\n"
+       "    want = sorted(path for paths, _ in CALLS for path in paths)\n"
+       "    if built_groups(model) != want:\n"
+       "        raise RuntimeError(f\"fully_shard was applied to {built_groups(model)}, the plan has {want}\")\n"
+       "    return model\n";
+  return o.str();
+}
+
+}  // namespace fsdp_plan
