@@ -67,6 +67,13 @@ struct ModelRecord {
   std::string producer;    // "fsdp_plan 0.1.0, torch 2.13.0+cpu"
   // The config's base_model_tp_plan (module glob -> "colwise", ...), for tensor parallelism.
   std::vector<std::pair<std::string, std::string>> tp_plan;
+  // fsdp-plan-export's "tp_model" (docs/export-metadata.md), for "plan": "model": the
+  // prefix tp_plan's keys sit under, the head's own plan (the class's _tp_plan), and the
+  // attention's head counts and size (0: not recorded).
+  bool has_tp_model = false;
+  std::string base_model_prefix;
+  std::vector<std::pair<std::string, std::string>> head_tp_plan;
+  int64_t num_attention_heads = 0, num_key_value_heads = 0, head_dim = 0;
   // fsdp-plan-export traced HF's attention as eager training runs it (is_causal, no
   // materialised mask, no repeat_kv): "eager", "export" (a plain export), "" (not HF / unknown).
   std::string hf_attention_trace;

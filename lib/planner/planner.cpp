@@ -22,6 +22,7 @@
 #include "time/flops.h"
 #include "time/hardware.h"
 #include "time/step_time.h"
+#include "tp/model_plan.h"
 #include "tp/placements.h"
 
 namespace fsdp_plan {
@@ -77,8 +78,11 @@ Plan plan_with(const ModuleTree& loaded, const Policy& policy, const std::string
     analyse_fsdp2(plan, calls, matcher, report && search_fixes ? &replan : nullptr);
     if (report) root_warnings(plan, search_fixes ? &replan : nullptr);  // the root group is never resharded either
     // parallelize_module runs before fully_shard: FSDP2 shards each TP-local tensor.
-    if (policy.tensor_parallel)
-      plan.tensor_parallel = plan_tensor_parallel(tree, *policy.tensor_parallel, policy.fsdp.world_size, plan.warnings);
+    if (policy.tensor_parallel) {
+      if (policy.tensor_parallel->from_model) resolve_model_tp_plan(*plan.policy.tensor_parallel, tree, model_path);
+      plan.tensor_parallel =
+          plan_tensor_parallel(tree, *plan.policy.tensor_parallel, policy.fsdp.world_size, plan.warnings);
+    }
     plan.activations = plan_activations(plan, matcher, &plan.warnings);
     plan.memory = estimate_memory_fsdp2(plan, policy.fsdp, report);
     add_comm_and_time(plan, flops);

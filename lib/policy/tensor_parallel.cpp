@@ -133,14 +133,16 @@ TensorParallel parse_tensor_parallel(const json& v, const std::string& file) {
   auto plan = v.find("plan");
   if (plan == v.end())
     r.fail("\"tensor_parallel\" has no \"plan\" (module-path patterns to styles, as parallelize_module takes)");
-  if (plan->is_string() && plan->get<std::string>() == "model")
-    r.fail("\"tensor_parallel.plan\": \"model\" (the model's recorded base_model_tp_plan) is not read yet: write "
-           "the plan as patterns to styles");
-  if (!plan->is_object()) r.fail("\"tensor_parallel.plan\" must be an object of patterns to styles, not " +
-                                 json_type_name(*plan));
-  if (plan->empty()) r.fail("\"tensor_parallel.plan\" is empty");
-  for (const auto& [pattern, style] : plan->items())
-    tp.plan.emplace_back(pattern, r.style(style, "tensor_parallel.plan[\"" + pattern + "\"]"));
+  if (plan->is_string() && plan->get<std::string>() == "model") {
+    tp.from_model = true;  // the planner reads it from the model file's record (tp/model_plan.cpp)
+  } else {
+    if (!plan->is_object())
+      r.fail("\"tensor_parallel.plan\" must be \"model\" or an object of patterns to styles, not " +
+             json_type_name(*plan));
+    if (plan->empty()) r.fail("\"tensor_parallel.plan\" is empty");
+    for (const auto& [pattern, style] : plan->items())
+      tp.plan.emplace_back(pattern, r.style(style, "tensor_parallel.plan[\"" + pattern + "\"]"));
+  }
   if (auto mesh = v.find("mesh"); mesh != v.end() && !mesh->is_null()) {
     if (!mesh->is_object()) r.fail("\"tensor_parallel.mesh\" must be an object, not " + json_type_name(*mesh));
     r.check_keys(*mesh, kMeshKeys, "tensor_parallel.mesh");
@@ -192,7 +194,7 @@ static nlohmann::ordered_json style_json(const TpStyleSpec& s) {
 nlohmann::ordered_json tensor_parallel_file_json(const TensorParallel& tp) {
   nlohmann::ordered_json plan = nlohmann::ordered_json::object();
   for (const auto& [pattern, spec] : tp.plan) plan[pattern] = style_json(spec);
-  nlohmann::ordered_json out = {{"degree", tp.degree}, {"plan", plan}};
+  nlohmann::ordered_json out = {{"degree", tp.degree}, {"plan", tp.from_model ? nlohmann::ordered_json("model") : plan}};
   nlohmann::ordered_json mesh = nlohmann::ordered_json::object();
   if (tp.dp_replicate > 0) mesh["dp_replicate"] = tp.dp_replicate;
   if (tp.dp_shard > 0) mesh["dp_shard"] = tp.dp_shard;
@@ -202,6 +204,11 @@ nlohmann::ordered_json tensor_parallel_file_json(const TensorParallel& tp) {
 
 nlohmann::ordered_json tensor_parallel_to_json(const TensorParallel& tp, int64_t world_size) {
   nlohmann::ordered_json out = tensor_parallel_file_json(tp);
+  if (tp.from_model && !tp.plan.empty()) {  // the plan's policy: the model's plan as read
+    nlohmann::ordered_json plan = nlohmann::ordered_json::object();
+    for (const auto& [pattern, spec] : tp.plan) plan[pattern] = style_json(spec);
+    out["plan"] = plan;
+  }
   const TpMeshSizes m = tp_mesh_sizes(tp, world_size);
   out["mesh"] = {{"dp_replicate", m.dp_replicate}, {"dp_shard", m.dp_shard}};
   return out;

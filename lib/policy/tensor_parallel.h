@@ -42,6 +42,8 @@ struct TensorParallel {
   // applies a dict's entries in order, each key matched token by token with
   // fnmatch against child names.
   std::vector<std::pair<std::string, TpStyleSpec>> plan;
+  // "plan": "model": the model file's recorded plan (tp/model_plan.h fills `plan`).
+  bool from_model = false;
   // The FSDP dimensions; 0: not given (dp_replicate 1, dp_shard the rest).
   int64_t dp_replicate = 0, dp_shard = 0;
 };

@@ -85,6 +85,36 @@ const char* style_class(TpStyle s) {
   return s == TpStyle::Colwise ? "ColwiseParallel" : "RowwiseParallel";
 }
 
+// Where the file records the attention's head counts (fsdp-plan-export's
+// "tp_model"): a colwise key projection must keep whole key-value heads, as
+// transformers checks (transformers/distributed/tensor_parallel.py:
+// get_kv_heads_per_rank: a "k_proj" / "qkv_proj" / "query_key_value" key
+// planned colwise needs num_key_value_heads % tp == 0). Parameter shapes
+// cannot show it: tp 4 splits 2 heads of 8 rows into 4 chunks of 4 rows.
+void heads_check(const ModuleTree& tree, const TensorParallel& tp, int64_t T, std::vector<Warning>& warnings) {
+  const ModelRecord* r = tree.record();
+  if (!r || r->num_key_value_heads < 1 || T <= 1) return;
+  std::string key;
+  for (const auto& [pattern, spec] : tp.plan) {
+    const std::string last = pattern.substr(pattern.rfind('.') + 1);
+    if (spec.style == TpStyle::Colwise && (last == "k_proj" || last == "qkv_proj" || last == "query_key_value"))
+      key = pattern;
+  }
+  if (key.empty()) return;
+  const int64_t kv = r->num_key_value_heads, heads = r->num_attention_heads;
+  if (kv % T == 0 && (heads < 1 || heads % T == 0)) return;
+  const bool kv_fails = kv % T != 0;
+  warnings.push_back(make_warning(
+      "tp_uneven_split",
+      "tp " + std::to_string(T) + " does not divide the model's " +
+          (kv_fails ? std::to_string(kv) + " key-value heads" : std::to_string(heads) + " attention heads") +
+          " (" + r->source + ", head_dim " + std::to_string(r->head_dim) + "), and '" + key +
+          "' is planned colwise: each tp rank would hold part of a head, and the first forward fails (torch 2.13 "
+          "with tp 4 over a Llama's 2 key-value heads of 8: RuntimeError: shape '[1, 4, -1, 8]' is invalid for "
+          "input of size 16; huggingface/transformers issue 48307, pytorch/torchtitan issue 2574); fix: a tp that "
+          "divides " + std::to_string(kv_fails ? kv : heads)));
+}
+
 }  // namespace
 
 bool fnmatch_token(const std::string& pattern, const std::string& name) { return fnmatch_at(pattern, 0, name, 0); }
@@ -236,6 +266,7 @@ TensorParallelPlan plan_tensor_parallel(const ModuleTree& tree, const TensorPara
               "invalid for input of size 44, in the first forward); fix: a tp that divides the heads, the "
               "key-value heads, the FFN width and the vocabulary"));
   }
+  heads_check(tree, tp, T, warnings);
   return out;
 }
 

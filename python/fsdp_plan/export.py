@@ -591,6 +591,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
                             "task": task, "attn_implementation": attn}
         tp = getattr(config, "base_model_tp_plan", None)
         record["base_model_tp_plan"] = dict(tp) if tp else None
+        record["tp_model"] = tp_model_record(module, config)
         if args.lora:
             module, lora = apply_lora(module, args.lora)
             record["lora"] = dict(lora, adapter_config=args.lora)
@@ -604,6 +605,24 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
         record["seconds"]["build"] = round(build_seconds, 3)
     record["seconds"]["total"] = round(time.perf_counter() - t_start, 3)
     return record
+
+
+def tp_model_record(module: Any, config: Any) -> Optional[Dict[str, Any]]:
+    """What a tensor-parallel plan of the model's own (policy "plan": "model") needs beyond the
+    config's base_model_tp_plan: the base model's prefix its keys sit under, the head's own
+    plan (the class's _tp_plan, {"lm_head": "colwise_gather_output"}), and the attention's head
+    counts and size, which tp must divide (transformers 5: PreTrainedModel.post_init joins
+    base_model_tp_plan under base_model_prefix with _tp_plan). None without a base_model_tp_plan."""
+    if not getattr(config, "base_model_tp_plan", None):
+        return None
+    heads = getattr(config, "num_attention_heads", None)
+    kv = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None)
+    if head_dim is None and heads:
+        head_dim = getattr(config, "hidden_size", 0) // heads or None
+    return {"base_model_prefix": getattr(module, "base_model_prefix", "") or "",
+            "head_tp_plan": dict(getattr(type(module), "_tp_plan", None) or {}),
+            "num_attention_heads": heads, "num_key_value_heads": kv, "head_dim": head_dim}
 
 
 def next_command(path: str, classes: Optional[List[str]]) -> str:

@@ -346,8 +346,9 @@ CASES = {
                                           '"tensor_parallel": {"degree": 2, "plan": {"blocks.*.fc1": "colwse"}}}'),
     "policy-tp-bad-layout": lambda: policy('{"fsdp": {"version": 2, "world_size": 4}, "tensor_parallel": {"degree": 2, '
                                            '"plan": {"blocks.*.fc2": {"style": "rowwise", "output_layouts": "Shard(1)"}}}}'),
-    "policy-tp-model-plan": lambda: policy('{"fsdp": {"version": 2, "world_size": 4}, '
-                                           '"tensor_parallel": {"degree": 2, "plan": "model"}}'),
+    # The message names the model file: a copy here, so that the row's path is relative.
+    "policy-tp-model-plan": lambda: [shutil.copy(GPT, "tiny_gpt.pt")] + policy(
+        '{"fsdp": {"version": 2, "world_size": 4}, "tensor_parallel": {"degree": 2, "plan": "model"}}')[1:],
     "policy-mp-bad-flag": lambda: policy('{"mixed_precision": {"keep_low_precision_grads": "yes"}}'),
     "policy-mp-fsdp1-field-fsdp2": lambda: policy('{"mixed_precision": {"param_dtype": "bfloat16", '
                                                   '"keep_low_precision_grads": true}, "fsdp": {"version": 2}}'),

@@ -254,6 +254,16 @@ def model_case(run: Runner, name: str, work: str, live: torch.nn.Module, export_
             msgs.append(f"root_class {rec.get('root_class')}, live {class_name(type(live))}")
         if rec.get("training") is not True:
             msgs.append("not exported in train mode")
+        want_tp = None
+        base = live.get_base_model() if hasattr(live, "get_base_model") else live  # PEFT: the model under it
+        if getattr(base.config, "base_model_tp_plan", None):
+            cfg = base.config
+            want_tp = {"base_model_prefix": base.base_model_prefix, "head_tp_plan": dict(type(base)._tp_plan or {}),
+                       "num_attention_heads": cfg.num_attention_heads,
+                       "num_key_value_heads": getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads,
+                       "head_dim": getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads}
+        if "source" in rec and rec["source"].get("kind") == "config" and rec.get("tp_model") != want_tp:
+            msgs.append(f"tp_model {rec.get('tp_model')}, live {want_tp}")
         if rec.get("hf_attention") != "eager":
             msgs.append(f"hf_attention {rec.get('hf_attention')!r}, not 'eager' (traced as eager training runs)")
     run.report(not msgs, f"{label} / metadata", msgs)

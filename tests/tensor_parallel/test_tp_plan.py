@@ -17,7 +17,12 @@ each decoder layer and the root, as the reference did), and checks:
   non-activation peak is within PEAK_TOLERANCE of the tracker's;
 - `--emit torch`: the emitted apply_fsdp, run on the meta-device model under the fake backend,
   builds the plan's mesh and FSDP groups, and every parameter's DTensor placements, mesh
-  dimension names and local shape equal the plan's JSON; the file passes ruff check.
+  dimension names and local shape equal the plan's JSON; the file passes ruff check;
+- `"plan": "model"`: the small Llama exported with fsdp-plan-export (its record holds the
+  config's base_model_tp_plan, base_model_prefix, the head's _tp_plan and the head counts)
+  plans as torch did with HF's own plan (case llama_hf_4x2, every parameter, and the emitted
+  code), and refuses tp 4 over its 2 key-value heads, where torch's first forward fails
+  (case llama_kv_heads_2x4) and the TorchScript file cannot tell.
 
     /work/main/.venv/bin/python tests/tensor_parallel/test_tp_plan.py BINARY [-k SUBSTRING] [-v]
 
@@ -44,8 +49,12 @@ EXPECTED_REFUSAL = {
     "llama_colwise_norm_4x2": "tp_style_class",
     "llama_unmatched_4x2": "tp_unmatched_pattern",
     "llama_heads_2x3": "tp_uneven_split",
-    "llama_kv_heads_2x4": None,  # needs the head counts (the .pt2 record's config): not checked yet
+    "llama_kv_heads_2x4": None,  # needs the head counts: a TorchScript file has none (the .pt2 case below)
+    "llama_kv_heads_2x4_model_plan": "tp_uneven_split",  # the .pt2's record has them
+    "llama_hf_4x2_model_plan": None,
 }
+# Reference cases planned again from a .pt2 with "plan": "model" (HF's plan as the record says).
+MODEL_PLAN_CASES = ("llama_hf_4x2", "llama_kv_heads_2x4")
 # The plan's non-activation peak against FSDPMemTracker's on the 2-D mesh (issue 26: 5%).
 PEAK_TOLERANCE = 0.05
 LAYER_CLASS = {"llama": "LlamaDecoderLayer", "llama_kv4": "LlamaDecoderLayer", "mistral": "MistralDecoderLayer"}
@@ -82,7 +91,9 @@ def check_case(binary: str, name: str, case: dict, model_file: str, tmp: str, ve
     if name in EXPECTED_REFUSAL:
         want = EXPECTED_REFUSAL[name]
         tp_kinds = [k for k in kinds if k.startswith("tp_")]
-        if want is None and tp_kinds:
+        if want is None and tp_kinds and case["error"] is None:
+            fails.append(f"torch plans this case, the plan refuses: {tp_kinds}")
+        elif want is None and tp_kinds:
             fails.append(f"the known gap now refuses ({tp_kinds}): update EXPECTED_REFUSAL and the docs")
         if want is not None and want not in kinds:
             fails.append(f"torch fails ({case['error'] or case['warnings']}), the plan raises no {want} (has {kinds})")
@@ -192,6 +203,20 @@ def check_emit_torch(binary: str, name: str, case: dict, model_file: str, pfile:
     return fails
 
 
+def export_pt2(name: str, tmp: str) -> str:
+    """The small model exported by fsdp-plan-export (this checkout's python/) from its config."""
+    config_dir = os.path.join(tmp, name + "_config")
+    tp_reference.MODELS[name]("meta").config.save_pretrained(config_dir)
+    out = os.path.join(tmp, name + ".pt2")
+    env = dict(os.environ, PYTHONPATH=os.path.join(HERE, "..", "..", "python") + os.pathsep +
+               os.environ.get("PYTHONPATH", ""))
+    r = subprocess.run([sys.executable, "-m", "fsdp_plan.export", config_dir, "-o", out, "--seq", "8",
+                        "--task", "causal-lm"], capture_output=True, text=True, env=env)
+    if r.returncode != 0:
+        raise RuntimeError(f"fsdp-plan-export {name}: {r.stderr.strip()[-600:]}")
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("binary")
@@ -210,6 +235,19 @@ def main() -> int:
             fails = check_case(args.binary, name, case, save_model(case["model"], tmp, cache), tmp, args.v)
             for line in fails:
                 print(f"FAIL {name}: {line}")
+            failed += bool(fails)
+            passed += not fails
+        pt2 = None
+        for name in MODEL_PLAN_CASES:
+            label = name + "_model_plan"
+            if args.k not in label:
+                continue
+            case = {k: v for k, v in ref["cases"][name].items() if k != "tracker"}  # a .pt2 plan has activations
+            case["plan"] = "model"
+            pt2 = pt2 or export_pt2(case["model"], tmp)
+            fails = check_case(args.binary, label, case, pt2, tmp, args.v)
+            for line in fails:
+                print(f"FAIL {label}: {line}")
             failed += bool(fails)
             passed += not fails
     print(f"{passed} passed, {failed} failed")

@@ -125,7 +125,12 @@ TEST_CASE("the tensor_parallel section: parser, mesh checks and writers") {
   CHECK_THROWS_AS(tp_policy(R"J({"x": "colwse"})J"), InputError);
   CHECK_THROWS_AS(tp_policy(R"J({"x": {"style": "colwise", "output_layouts": "Shard(1)"}})J"), InputError);
   CHECK_THROWS_AS(tp_policy(R"J({"x": {"style": "colwise", "sequence_dim": 1}})J"), InputError);
-  CHECK_THROWS_AS(tp_policy(R"J("model")J"), InputError);
+  // "plan": "model" parses; only a file with fsdp-plan-export's record can give the plan.
+  const Policy from_model = tp_policy(R"J("model")J");
+  CHECK(from_model.tensor_parallel->from_model);
+  CHECK(from_model.tensor_parallel->plan.empty());
+  const TreeBuilder lm = tiny_lm();
+  CHECK_THROWS_AS(make_plan(lm.tree, from_model, "m.pt"), InputError);
   CHECK_THROWS_AS(tp_policy("{}"), InputError);
   Policy p = tp_policy(R"J({"x": "colwise"})J", 8, R"J(, "mesh": {"dp_replicate": 2})J");
   CHECK(p.combination_error().empty());

@@ -59,6 +59,27 @@ class Reader {
         r.tp_plan.emplace_back(k, v.get<std::string>());
       }
     }
+    if (auto it = doc.find("tp_model"); it != doc.end() && !it->is_null()) {
+      if (!it->is_object()) damaged("\"tp_model\" is not an object");
+      r.has_tp_model = true;
+      r.base_model_prefix = optional_string(*it, "base_model_prefix");
+      if (auto h = it->find("head_tp_plan"); h != it->end() && !h->is_null()) {
+        if (!h->is_object() || h->size() > kMaxNames) damaged("\"tp_model.head_tp_plan\" is not an object of strings");
+        for (auto& [k, v] : h->items()) {
+          if (!v.is_string() || k.size() > kMaxName) damaged("\"tp_model.head_tp_plan\" is not an object of strings");
+          r.head_tp_plan.emplace_back(k, v.get<std::string>());
+        }
+      }
+      for (auto [key, field] : {std::pair{"num_attention_heads", &ModelRecord::num_attention_heads},
+                                std::pair{"num_key_value_heads", &ModelRecord::num_key_value_heads},
+                                std::pair{"head_dim", &ModelRecord::head_dim}}) {
+        auto f = it->find(key);
+        if (f == it->end() || f->is_null()) continue;
+        if (!f->is_number_integer() || f->get<int64_t>() < 1 || f->get<int64_t>() > (int64_t{1} << 40))
+          damaged(std::string("\"tp_model.") + key + "\" is not a positive integer");
+        r.*field = f->get<int64_t>();
+      }
+    }
     r.hf_attention_trace = optional_string(doc, "hf_attention");
     return r;
   }
