@@ -104,6 +104,55 @@ std::optional<int64_t> ActivationSchedule::backward_resume(int unit, int next) {
   return peak;
 }
 
+LateGradients::LateGradients(const ModuleTree& tree, const std::vector<int>& parents,
+                             const std::vector<ModuleId>& unit_module,
+                             const std::vector<std::vector<std::pair<TensorId, int64_t>>>& params)
+    : parents_(parents) {
+  const std::vector<ModuleId> order = tree.preorder(0);
+  std::vector<int64_t> pos(tree.num_modules(), 0), end(tree.num_modules(), 0);
+  for (size_t i = 0; i < order.size(); ++i) pos[static_cast<size_t>(order[i])] = end[static_cast<size_t>(order[i])] =
+      static_cast<int64_t>(i);
+  // Children have larger ids than their parents: a backward sweep closes subtrees.
+  for (size_t m = tree.num_modules(); m-- > 1;) {
+    const auto p = static_cast<size_t>(tree.module(static_cast<ModuleId>(m)).parent);
+    end[p] = std::max(end[p], end[m]);
+  }
+  std::vector<int64_t> tensor_pos(tree.num_tensors(), -1);
+  for (size_t m = 0; m < tree.num_modules(); ++m)
+    for (const auto& slot : tree.module(static_cast<ModuleId>(m)).params) {
+      auto& tp = tensor_pos[static_cast<size_t>(slot.tensor)];
+      tp = std::max(tp, pos[m]);
+    }
+  const size_t n = parents.size();
+  end_.resize(n);
+  pos_.resize(n);
+  prefix_.resize(n);
+  for (size_t u = 0; u < n; ++u) {
+    end_[u] = end[static_cast<size_t>(unit_module[u])];
+    std::vector<std::pair<int64_t, int64_t>> ps;
+    for (const auto& [t, bytes] : params[u]) ps.emplace_back(tensor_pos[static_cast<size_t>(t)], bytes);
+    std::sort(ps.begin(), ps.end());
+    pos_[u].resize(ps.size());
+    prefix_[u].assign(ps.size() + 1, 0);
+    for (size_t k = ps.size(); k-- > 0;) {
+      pos_[u][k] = ps[k].first;
+      prefix_[u][k] = prefix_[u][k + 1] + ps[k].second;
+    }
+  }
+}
+
+int64_t LateGradients::after(int unit, int after) const {
+  if (after < 0 || static_cast<size_t>(after) >= end_.size()) return 0;
+  const int64_t end = end_[static_cast<size_t>(after)];
+  int64_t total = 0;
+  for (int u = unit; u >= 0; u = parents_[static_cast<size_t>(u)]) {
+    const auto& pos = pos_[static_cast<size_t>(u)];
+    const auto k = static_cast<size_t>(std::upper_bound(pos.begin(), pos.end(), end) - pos.begin());
+    total += prefix_[static_cast<size_t>(u)][k];
+  }
+  return total;
+}
+
 std::string activation_note(const ActivationPlan& acts) {
   switch (acts.source) {
     case ActivationSource::Unknown:

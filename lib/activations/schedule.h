@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "model/module_tree.h"
 #include "plan/activations.h"
 
 namespace fsdp_plan {
@@ -53,6 +54,33 @@ class ActivationSchedule {
   std::vector<int64_t> subtree_first_, subtree_last_;  // run index range of each unit's subtree (-1: none)
   int64_t held_ = 0;
   int64_t after_forward_ = 0;
+};
+
+// Gradients of enclosing units' parameters that already exist while a unit's
+// backward runs. Autograd makes a parameter's gradient at the backward of its
+// last use in the forward, so an enclosing unit's parameters used after unit j
+// (the root's final norm and head after the layers) have their gradients
+// during j's backward, the others (the embedding) only after it. "After" is
+// module order, as the memory models assume execution order is
+// (FSDP2: _fsdp_param_group.py, FSDPParamGroup.post_backward reduces
+// unsharded_param.grad that autograd accumulated per parameter; FSDP1:
+// flat_param.py, the views' gradients are held until their flat parameter's
+// SplitWithSizesBackward concatenates them).
+class LateGradients {
+ public:
+  // params[u]: (tensor, gradient bytes) of each of unit u's parameters that
+  // gets a gradient. A tied parameter (GPT-2's wte and lm_head) counts at the
+  // last module that holds it: its gradient starts at that module's backward.
+  LateGradients(const ModuleTree& tree, const std::vector<int>& parents, const std::vector<ModuleId>& unit_module,
+                const std::vector<std::vector<std::pair<TensorId, int64_t>>>& params);
+  // Bytes of the gradients of the parameters of `unit` and its enclosing
+  // units that run after unit `after`'s subtree in the forward.
+  int64_t after(int unit, int after) const;
+
+ private:
+  std::vector<int> parents_;
+  std::vector<int64_t> end_;  // per unit: the last preorder position of its module's subtree
+  std::vector<std::vector<int64_t>> pos_, prefix_;  // per unit: its parameters' positions (sorted), suffix sums
 };
 
 // The memory models' note on activations: where they came from, or why they

@@ -86,6 +86,16 @@ MemoryPlan estimate_memory(const Plan& plan, const FsdpSettings& settings, bool 
   // Per unit: what it holds for good, and what it adds while gathered.
   const size_t n = plan.units.size();
   std::vector<int64_t> gathered(n), grad_unsharded(n), grad_sharded(n), grad_kept(n), view_grads(n);
+  // The flat gradient SplitWithSizesBackward concatenates, and what the
+  // post-backward hook adds beside it (_runtime_utils.py: _post_backward_hook,
+  // _reduce_grad, _get_reduce_scatter_tensors): a copy in the reduce dtype,
+  // the padded copy, the new sharded gradient.
+  std::vector<int64_t> cat_grad(n), post_grad(n);
+  // Per unit, its parameters' gradients in the compute dtype (the views'), for LateGradients.
+  std::vector<std::vector<std::pair<TensorId, int64_t>>> view_params(n);
+  // The optimizer's parameters in order (the flat parameters in pre-order; with
+  // use_orig_params the original ones' local shards), in bytes of their state.
+  std::vector<int64_t> optim_params;
   RankMemory& r = mem.per_rank;
   for (size_t i = 0; i < n; ++i) {
     const Unit& u = plan.units[i];
@@ -124,6 +134,15 @@ MemoryPlan estimate_memory(const Plan& plan, const FsdpSettings& settings, bool 
     // into the flat gradient (SplitWithSizesBackward), so for that moment the
     // unit's gradient exists twice.
     view_grads[i] = trains ? u.param_numel * um.compute_itemsize : 0;
+    if (trains) {
+      for (const auto& o : u.params)
+        view_params[i].emplace_back(o.tensor, plan.tree->numel(o.tensor) * um.compute_itemsize);
+      const int64_t rd = mp_reduce > 0 && u.mixed_precision.value_or(false) ? mp_reduce : um.compute_itemsize;
+      const int64_t padded = um.sharded_numel * group;
+      cat_grad[i] = um.flat_numel * um.compute_itemsize;
+      post_grad[i] = (rd != um.compute_itemsize ? um.flat_numel * rd : 0) +
+                     (sharded ? (um.flat_numel < padded ? padded * rd : 0) + um.sharded_numel * rd : 0);
+    }
     r.params_bytes += um.sharded_bytes;
     r.grads_bytes += grad_kept[i];
     int64_t state_numel = trains ? um.sharded_numel : 0;
@@ -132,6 +151,22 @@ MemoryPlan estimate_memory(const Plan& plan, const FsdpSettings& settings, bool 
     // SGD's momentum buffer is a clone of the first gradient, so in its dtype.
     const int64_t state_itemsize = settings.optimizer == Optimizer::SgdMomentum ? kept_itemsize : itemsize;
     r.optimizer_bytes += states * state_numel * state_itemsize;
+    // Adam's step counter: a 4-byte tensor per parameter it steps (optim/adam.py: _init_group).
+    if (trains && settings.optimizer == Optimizer::Adam) {
+      if (u.frozen_numel > 0 && settings.use_orig_params) {
+        int64_t offset = 0;
+        const int64_t aligned = std::max<int64_t>(1, 16 / itemsize);
+        for (const auto& o : u.params) {
+          if (offset % aligned != 0) offset += aligned - offset % aligned;
+          const int64_t numel = plan.tree->numel(o.tensor);
+          const int64_t local = std::max<int64_t>(0, std::min(offset + numel, um.sharded_numel) - offset);
+          if (plan.tree->tensor(o.tensor).requires_grad && local > 0) optim_params.push_back(local * itemsize);
+          offset += numel;
+        }
+      } else {
+        optim_params.push_back(um.sharded_numel * itemsize);
+      }
+    }
     for (const auto& o : u.buffers) {
       const TensorInfo& t = plan.tree->tensor(o.tensor);
       // FSDP casts floating-point buffers only (_cast_buffers_to_dtype_and_device).
@@ -155,15 +190,15 @@ MemoryPlan estimate_memory(const Plan& plan, const FsdpSettings& settings, bool 
   r.params_bytes += ignored_all;
   r.grads_bytes += ignored;
   r.optimizer_bytes += states * ignored;
+  if (settings.optimizer == Optimizer::Adam) r.optimizer_bytes += 4 * static_cast<int64_t>(optim_params.size());
   r.steady_bytes = r.params_bytes + r.grads_bytes + r.optimizer_bytes + r.buffers_bytes;
 
   // Walk a training step. Gradients were freed by zero_grad before forward;
   // sharded gradients reappear unit by unit in backward.
-  std::vector<int64_t> ancestors_gathered(n, 0), ancestors_grad(n, 0);
+  std::vector<int64_t> ancestors_gathered(n, 0);
   for (size_t i = 1; i < n; ++i) {
     const auto p = static_cast<size_t>(plan.units[i].parent);
     ancestors_gathered[i] = ancestors_gathered[p] + gathered[p];
-    ancestors_grad[i] = ancestors_grad[p] + grad_unsharded[p];
   }
   // In pre-order, the unit before j is one of j's ancestors only if it is its parent.
   auto parent_is_previous = [&](size_t j) { return j > 0 && plan.units[j].parent == static_cast<int>(j - 1); };
@@ -173,12 +208,27 @@ MemoryPlan estimate_memory(const Plan& plan, const FsdpSettings& settings, bool 
   if (timeline) mem.timeline.reserve(2 * n + 1);
   // Activations live at each point (activations/schedule.h), set before each record().
   std::vector<int> parents;
-  for (const auto& u : plan.units) parents.push_back(u.parent);
+  std::vector<ModuleId> unit_module;
+  for (const auto& u : plan.units) {
+    parents.push_back(u.parent);
+    unit_module.push_back(u.module);
+  }
   ActivationSchedule acts(plan.activations, parents);
+  const LateGradients late(*plan.tree, parents, unit_module, view_params);
   int64_t act = 0;
-  // One step of the series; the peak is the first step above the steady state.
+  // One step of the series; the peak is the first step above the steady
+  // state. Consecutive points of one phase and unit make one step, holding
+  // the largest.
   auto record = [&](const char* phase, size_t unit, int64_t gathered_now, int64_t unsharded_grads,
                     int64_t grads) {
+    const int unit_index = unit < n ? static_cast<int>(unit) : -1;
+    if (timeline && !mem.timeline.empty() && mem.timeline.back().phase == phase &&
+        mem.timeline.back().unit == unit_index) {
+      const int64_t total = r.params_bytes + r.optimizer_bytes + r.buffers_bytes + gathered_now + unsharded_grads +
+                            grads + act;
+      if (total <= mem.timeline.back().total_bytes()) return;  // nor above the peak
+      mem.timeline.pop_back();
+    }
     MemoryStep s;
     s.phase = phase;
     s.unit = static_cast<int>(unit);
@@ -247,9 +297,9 @@ MemoryPlan estimate_memory(const Plan& plan, const FsdpSettings& settings, bool 
   // unsharded gradients exist until reduce-scatter; every unit after j has
   // already left its sharded gradient.
   int64_t sharded_grads_done = 0;
-  // The unit's flat gradient is the unsharded one, or under NO_SHARD the
-  // gradient it keeps; its parameters' own gradients beside it.
-  auto flat_grad = [&](size_t k) { return grad_unsharded[k] > 0 ? grad_unsharded[k] : grad_sharded[k]; };
+  // Gradients of enclosing units' parameters used after unit `after` in the
+  // forward (LateGradients): their views' gradients exist from their backward on.
+  auto late_after = [&](int unit, int after) { return unit < 0 ? int64_t{0} : late.after(unit, after); };
   // An enclosing unit's backward between its children's (the root's loss and
   // head before the last layer's backward): a point of its own.
   auto resume_backward = [&](int a, int next) {
@@ -257,7 +307,8 @@ MemoryPlan estimate_memory(const Plan& plan, const FsdpSettings& settings, bool 
       act = *peak;
       const size_t k = static_cast<size_t>(a);
       const int64_t live = keep_after_forward ? prefix + gathered[k] : ancestors_gathered[k] + gathered[k];
-      record("backward", k, live, ancestors_grad[k] + flat_grad(k) + view_grads[k], ignored + sharded_grads_done);
+      record("backward", k, live, late_after(a, next >= 0 ? next : static_cast<int>(n) - 1),
+             ignored + sharded_grads_done);
       act = acts.held();
     }
   };
@@ -274,18 +325,43 @@ MemoryPlan estimate_memory(const Plan& plan, const FsdpSettings& settings, bool 
       live = ancestors_gathered[j] + gathered[j] + (prefetch ? gathered[j - 1] : 0);
     }
     // Ignored parameters' gradients are whole and counted from the start of backward.
+    const int64_t grads = ignored + sharded_grads_done;
+    const int64_t outer = late_after(plan.units[j].parent, static_cast<int>(j));
+    // Its backward: the activations' peak, while few of its own parameters' gradients exist yet.
     act = acts.backward_enter(static_cast<int>(j));
-    record("backward", j, live, ancestors_grad[j] + flat_grad(j) + view_grads[j], ignored + sharded_grads_done);
+    record("backward", j, live, outer, grads);
     act = acts.held();
+    // Its end: every view's gradient and the flat gradient concatenated from them
+    // (flat_param.py: FlatParamHandle._use_unsharded_views makes the views,
+    // autograd's SplitWithSizesBackward the flat gradient).
+    record("backward", j, live, outer + view_grads[j] + cat_grad[j], grads);
+    // The post-backward hook: the views' gradients freed, the unit's unsharded
+    // parameter freed first under a sharded strategy (_post_backward_reshard),
+    // then the reduce-scatter's tensors beside the flat gradient.
+    record("backward", j, sharded ? live - gathered[j] : live, outer + cat_grad[j] + post_grad[j], grads);
     sharded_grads_done += grad_sharded[j];
   }
   act = 0;
-  MemoryStep step;  // the optimizer step: the steady state, nothing gathered
+  // The optimizer step: the steady state, nothing gathered. Adam
+  // (foreach=False, optim/adam.py: _single_tensor_adam) computes each
+  // parameter's denom = (exp_avg_sq.sqrt() / c).add_(eps): two temporaries of
+  // its state's size while the previous parameter's denom is still referenced.
+  int64_t optimizer_temp = 0;
+  if (settings.optimizer == Optimizer::Adam)
+    for (size_t k = 0; k < optim_params.size(); ++k)
+      optimizer_temp = std::max(optimizer_temp, (k > 0 ? optim_params[k - 1] : 0) + 2 * optim_params[k]);
+  MemoryStep step;
   step.phase = "optimizer step";
   step.params_bytes = r.params_bytes;
-  step.optimizer_bytes = r.optimizer_bytes;
+  step.optimizer_bytes = r.optimizer_bytes + optimizer_temp;
   step.buffers_bytes = r.buffers_bytes;
   step.grads_bytes = r.grads_bytes;
+  if (step.total_bytes() > r.peak_bytes) {
+    r.peak_bytes = step.total_bytes();
+    r.peak_phase = "optimizer step";
+    r.peak_unit = -1;
+    r.activation_bytes = 0;
+  }
   if (timeline) mem.timeline.push_back(std::move(step));
   if (r.peak_unit >= 0) {
     const size_t j = static_cast<size_t>(r.peak_unit);

@@ -60,6 +60,9 @@ Fsdp2Memory::Fsdp2Memory(const Plan& plan) : activations_(plan.activations) {
   for (const auto& u : plan.units) total += u.params.size();
   params_.reserve(total);
   std::vector<bool> owned(tree.num_tensors(), false);
+  std::vector<std::vector<std::pair<TensorId, int64_t>>> grad_params(plan.units.size());
+  std::vector<std::pair<TensorId, size_t>> trainable_order;
+  std::vector<ModuleId> unit_module;
   for (size_t i = 0; i < plan.units.size(); ++i) {
     const Unit& u = plan.units[i];
     UnitParams& up = units_[i];
@@ -83,13 +86,34 @@ Fsdp2Memory::Fsdp2Memory(const Plan& plan) : activations_(plan.activations) {
       up.compute_itemsize = pe;
       if (t.requires_grad) {
         up.grads_unsharded += numel * pe;
+        grad_params[i].emplace_back(o.tensor, numel * pe);
+        trainable_order.emplace_back(o.tensor, params_.size());
         up.rs_output_is_grad = up.rs_output_is_grad && rd == orig;
       }
       params_.push_back({d0, d0 == 0 ? 0 : numel / d0, static_cast<int32_t>(orig), static_cast<int32_t>(pe),
                          static_cast<int32_t>(rd), t.requires_grad});
     }
     up.end = params_.size();
+    unit_module.push_back(u.module);
     for (const auto& o : u.buffers) buffers_bytes_ += tree.bytes(o.tensor);
+  }
+  std::sort(trainable_order.begin(), trainable_order.end());
+  for (const auto& [t, k] : trainable_order) optim_order_.push_back(k);
+  {
+    const size_t n = plan.units.size();
+    const LateGradients late(tree, parents_, unit_module, grad_params);
+    std::vector<int> last(n);  // the last unit of each unit's subtree (units are in pre-order)
+    for (size_t j = 0; j < n; ++j) last[j] = static_cast<int>(j);
+    for (size_t j = n; j-- > 1;) {
+      const auto p = static_cast<size_t>(parents_[j]);
+      last[p] = std::max(last[p], last[j]);
+    }
+    late_outer_.resize(n);
+    late_in_.resize(n);
+    for (size_t j = 0; j < n; ++j) {
+      late_outer_[j] = late.after(parents_[j], static_cast<int>(j));
+      late_in_[j] = last[j] == static_cast<int>(j) ? late_outer_[j] : late.after(static_cast<int>(j), last[j]);
+    }
   }
   // fully_shard's mesh is the (dp_replicate,) dp_shard sub-mesh.
   if (plan.tensor_parallel) tp_mesh_ = Fsdp2Mesh{plan.tensor_parallel->mesh.dp_replicate, plan.tensor_parallel->mesh.dp_shard};
@@ -153,7 +177,6 @@ MemoryPlan Fsdp2Memory::estimate(const FsdpSettings& settings, bool timeline) co
   // Per group, from its parameters' padded shards at this shard size.
   std::vector<Group> groups(n);
   mem.units.reserve(n);
-  int64_t largest_trainable = unowned_largest_trainable_;  // bytes of the largest trainable shard (or ignored parameter)
   RankMemory& r = mem.per_rank;
   for (size_t i = 0; i < n; ++i) {
     const UnitParams& up = units_[i];
@@ -169,7 +192,6 @@ MemoryPlan Fsdp2Memory::estimate(const FsdpSettings& settings, bool timeline) co
       if (!p.trainable) continue;
       reduced += padded * p.rd;
       trainable_sharded += padded * p.orig;
-      largest_trainable = std::max(largest_trainable, padded * p.orig);
       ++trainable;
     }
     g.unsharded = gathered * S;
@@ -191,7 +213,10 @@ MemoryPlan Fsdp2Memory::estimate(const FsdpSettings& settings, bool timeline) co
                            : raf.kind == ReshardAfterForward::Kind::Ranks && raf.ranks < S
                                ? (raf.ranks == 1 ? g.unsharded : g.unsharded / raf.ranks)
                                : 0;
-    if (S == 1) g.kept_after_forward = g.unsharded;
+    // At world size 1 too: wait_for_unshard copies the sharded parameters into
+    // unsharded ones and post_forward frees them (_fsdp_param_group.py:
+    // FSDPParamGroup.unshard / wait_for_unshard, world_size == 1); FSDPMemTracker
+    // shows no unsharded parameter after the forward (refs/peak_small.json, w1).
     r.params_bytes += g.sharded;
     r.grads_bytes += g.grads_sharded;
     r.optimizer_bytes += g.optimizer;
@@ -242,6 +267,8 @@ MemoryPlan Fsdp2Memory::estimate(const FsdpSettings& settings, bool timeline) co
   ActivationSchedule acts(activations_, parents_);
   const bool acts_known = acts.known();
   int64_t act = 0;
+  // Enclosing groups' gradients already made at this point of the backward (late_outer_, late_in_).
+  int64_t late = 0;
   // Each event is a point of the timeline; consecutive events of one phase
   // and unit make one step, holding its largest point (so the peak is a step).
   // A step is only built when the timeline or a new peak needs it.
@@ -249,6 +276,8 @@ MemoryPlan Fsdp2Memory::estimate(const FsdpSettings& settings, bool timeline) co
     const int64_t grads = settings.cpu_offload ? 0 : live.grads_sharded;
     const int64_t opt = resident_opt + (settings.cpu_offload ? 0 : live.optimizer_temp);
     const int unit_index = unit < n ? static_cast<int>(unit) : -1;
+    Live l = live;
+    l.grads_unsharded += late;
     auto step = [&] {
       MemoryStep s;
       s.phase = phase;
@@ -256,16 +285,16 @@ MemoryPlan Fsdp2Memory::estimate(const FsdpSettings& settings, bool timeline) co
       s.params_bytes = resident_params;
       s.optimizer_bytes = opt;
       s.buffers_bytes = r.buffers_bytes;
-      s.gathered_bytes = live.unsharded + live.all_gather;
-      s.unsharded_grads_bytes = live.grads_unsharded + live.reduce_scatter;
+      s.gathered_bytes = l.unsharded + l.all_gather;
+      s.unsharded_grads_bytes = l.grads_unsharded + l.reduce_scatter;
       s.grads_bytes = grads;
       s.activation_bytes = act;
-      s.categories = categories(live, grads, opt);
+      s.categories = categories(l, grads, opt);
       if (acts_known) s.categories.emplace_back("activations", act);
       return s;
     };
-    const int64_t total = resident_params + opt + r.buffers_bytes + live.unsharded + live.all_gather +
-                          live.grads_unsharded + live.reduce_scatter + grads + act;  // step().total_bytes()
+    const int64_t total = resident_params + opt + r.buffers_bytes + l.unsharded + l.all_gather +
+                          l.grads_unsharded + l.reduce_scatter + grads + act;  // step().total_bytes()
     if (timeline) {
       auto& tl = mem.timeline;
       if (tl.empty() || tl.back().phase != phase || tl.back().unit != unit_index)
@@ -277,7 +306,7 @@ MemoryPlan Fsdp2Memory::estimate(const FsdpSettings& settings, bool timeline) co
     r.peak_bytes = total;
     r.peak_phase = phase;
     r.peak_unit = unit_index;
-    peak_live = live;
+    peak_live = l;
     peak_grads = grads;
     peak_opt = opt;
     peak_act = act;
@@ -343,6 +372,7 @@ MemoryPlan Fsdp2Memory::estimate(const FsdpSettings& settings, bool timeline) co
   std::vector<size_t> open;
   auto post_backward = [&](size_t j) {
     const Group& g = groups[j];
+    late = late_outer_[j];
     live.grads_unsharded += g.grads_unsharded;
     consider("backward", j);
     live.unsharded -= held[j];
@@ -365,6 +395,7 @@ MemoryPlan Fsdp2Memory::estimate(const FsdpSettings& settings, bool timeline) co
   };
   auto resume_backward = [&](int next) {
     if (open.empty()) return;
+    late = next >= 0 ? late_outer_[static_cast<size_t>(next)] : late_in_[open.back()];
     if (auto peak = acts.backward_resume(static_cast<int>(open.back()), next)) {
       act = *peak;
       consider("backward", open.back());
@@ -378,6 +409,7 @@ MemoryPlan Fsdp2Memory::estimate(const FsdpSettings& settings, bool timeline) co
       open.pop_back();
       resume_backward(static_cast<int>(j));
     }
+    late = late_outer_[j];
     if (prefetched[j] > 0) {  // copy out the prefetched all-gather, then free it
       gather(j);
       consider("backward", j);
@@ -408,13 +440,25 @@ MemoryPlan Fsdp2Memory::estimate(const FsdpSettings& settings, bool timeline) co
     resume_backward(-1);
   }
   act = 0;  // the backward freed every saved tensor
+  late = 0;
   // The optimizer step: sharded gradients and state, nothing gathered. Adam
   // (foreach=False) computes each parameter's denominator in two temporaries
   // of its shard's size: sqrt(exp_avg_sq), then its quotient.
   live.reduce_scatter = 0;
   live.grads_unsharded = 0;
   live.grads_sharded += ignored_grads;
-  if (settings.optimizer == Optimizer::Adam) live.optimizer_temp = 2 * largest_trainable;
+  // (optim/adam.py: _single_tensor_adam): the previous parameter's denom is
+  // still referenced while the next one's two are made.
+  if (settings.optimizer == Optimizer::Adam) {
+    live.optimizer_temp = 2 * unowned_largest_trainable_;
+    int64_t prev = 0;
+    for (size_t k : optim_order_) {
+      const Param& p = params_[k];
+      const int64_t bytes = ceil_div(p.dim0, S) * p.row * p.orig;
+      live.optimizer_temp = std::max(live.optimizer_temp, prev + 2 * bytes);
+      prev = bytes;
+    }
+  }
   consider("optimizer step", n);
   r.peak_categories = categories(peak_live, peak_grads, peak_opt);
   if (acts_known) r.peak_categories.emplace_back("activations", peak_act);

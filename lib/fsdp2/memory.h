@@ -67,6 +67,13 @@ class Fsdp2Memory {
   // The plan's activations (plan/activations.h) and the units' parents, for activations/schedule.h.
   ActivationPlan activations_;
   std::vector<int> parents_;
+  // Gradients of enclosing groups' parameters used after a group in the
+  // forward, live during its backward (activations/schedule.h: LateGradients):
+  // per unit j, of j's enclosing groups; and of j and its enclosing groups
+  // after j's last descendant (j's own backward after its children's).
+  std::vector<int64_t> late_outer_, late_in_;
+  // The trainable parameters as the optimizer steps them (module registration order): indices into params_.
+  std::vector<size_t> optim_order_;
   // Parameters in no unit (ignored): whole on every rank.
   int64_t unowned_bytes_ = 0, unowned_trainable_bytes_ = 0, unowned_largest_trainable_ = 0;
 };

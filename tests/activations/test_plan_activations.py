@@ -18,10 +18,9 @@ Two checks, each on the corpus exports of the `act_exports` fixture (make_export
     always) and 32 layers with and without AC (refs/headline_8b_{noac,ac}.json, when make_exports.py
     --full made llama3_8b_b1s4096_fp32_plain.pt2): within TOLERANCE_PEAK (issue 30: 5%);
   - the corpus cases of refs/peak_small.json (tiny models, world 1 and 8, FSDP1 and FSDP2, fp32 and
-    bf16, AC on and off) on the fp32 exports: within TOLERANCE_SMALL only, a regression bound. On
-    models of a few hundred KB the peak is set by what the memory model approximates per unit
-    (autograd's gradient temporaries, the optimizer step's), not by activations
-    (docs/memory-model.md); the summary prints their spread.
+    bf16, AC on and off) on the fp32 exports: each within TOLERANCE_SMALL, and per FSDP version the
+    median within MEDIAN_SMALL and at least WITHIN_5_SMALL of the cases within 5% (README.md, "The
+    small-model peak": what is left over 5% and why). peak_probe.py KEY shows one case in detail.
 
     python tests/activations/test_plan_activations.py BINARY EXPORTS_DIR [--saved] [--peak]
         [-k SUBSTRING] [--summary FILE] [--jobs N]
@@ -40,7 +39,9 @@ from typing import Any, Dict, List, Optional, Tuple
 HERE = os.path.dirname(os.path.abspath(__file__))
 TOLERANCE_SAVED = 0.02
 TOLERANCE_PEAK = 0.05
-TOLERANCE_SMALL = 0.35
+TOLERANCE_SMALL = 0.15  # per case (measured: max 10.1%, README "The small-model peak")
+MEDIAN_SMALL = 0.05     # per FSDP version (measured: 0.0% FSDP1, 1.3% FSDP2)
+WITHIN_5_SMALL = 0.85   # share of each version's cases within 5% (measured: 92/96, 91/96)
 HEADLINES = [("headline_8b_4layers.json", "llama3_8b_4l_b1s4096_fp32_plain.pt2", True),
              ("headline_8b_noac.json", "llama3_8b_b1s4096_fp32_plain.pt2", False),
              ("headline_8b_ac.json", "llama3_8b_b1s4096_fp32_plain.pt2", False)]
@@ -166,7 +167,7 @@ def check_peak(binary: str, exports: str, manifest: List[Dict[str, Any]], path: 
             json.dump(policy_for(c), f)
         return item, plan_json(binary, os.path.join(exports, e["file"]), ["--policy", pol])
 
-    small: List[float] = []
+    small: List[Tuple[str, float]] = []
     with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
         for (key, c, e), plan in pool.map(one, work):
             pr = plan["memory"]["per_rank"]
@@ -178,14 +179,24 @@ def check_peak(binary: str, exports: str, manifest: List[Dict[str, Any]], path: 
                             "plan_peak_phase": plan["memory"].get("peak", {}).get("phase"),
                             "tracker_peak": c["peak"]}
             if not c.get("headline"):
-                small.append(r)
+                small.append((key, r))
             print(f"{key:44s} plan {got:>12d}  tracker {want:>12d}  ({r:+.2%}; bound {tol:.0%})")
             if abs(r) > tol:
                 failures.append(f"{key}: plan peak {got}, tracker {want} ({r:+.2%}, bound {tol:.0%})")
-    if small:
-        a = sorted(abs(x) for x in small)
-        print(f"corpus cases: {len(a)}, |plan - tracker| / tracker median {a[len(a) // 2]:.1%}, "
+    for version in (1, 2):
+        a = sorted(abs(x) for key, x in small if f"/fsdp{version}/" in key)
+        if not a:
+            continue
+        med = a[len(a) // 2]
+        within = sum(x <= 0.05 for x in a) / len(a)
+        print(f"corpus cases FSDP{version}: {len(a)}, |plan - tracker| / tracker median {med:.1%}, "
               f"within 5%: {sum(x <= 0.05 for x in a)}, within 10%: {sum(x <= 0.10 for x in a)}, max {a[-1]:.1%}")
+        # The whole distribution is gated, not only each case: a regression that
+        # moves many cases a little fails here (ctest runs every case; -k does not gate).
+        if not k and med > MEDIAN_SMALL:
+            failures.append(f"FSDP{version} corpus cases: median error {med:.1%} above {MEDIAN_SMALL:.0%}")
+        if not k and within < WITHIN_5_SMALL:
+            failures.append(f"FSDP{version} corpus cases: {within:.0%} within 5%, below {WITHIN_5_SMALL:.0%}")
     return failures
 
 

@@ -503,7 +503,11 @@ TEST_CASE("memory: an allowance is held through forward and backward") {
     CHECK(st.activation_bytes == (st.phase == "optimizer step" ? 0 : 1000));
     CHECK(st.total_bytes() == without.memory.timeline[k].total_bytes() + st.activation_bytes);
   }
-  CHECK(with.memory.per_rank.peak_bytes == without.memory.per_rank.peak_bytes + 1000);
+  // The peak is the largest step (without the allowance it may be the optimizer step).
+  int64_t largest = 0;
+  for (const auto& st : with.memory.timeline) largest = std::max(largest, st.total_bytes());
+  CHECK(with.memory.per_rank.peak_bytes == largest);
+  CHECK(with.memory.per_rank.peak_bytes > without.memory.per_rank.peak_bytes);
   CHECK(with.memory.per_rank.activation_bytes == 1000);
 }
 

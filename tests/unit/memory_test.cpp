@@ -51,12 +51,13 @@ TEST_CASE("FULL_SHARD: shards padded to the world size, peak in backward") {
   const RankMemory& r = m.per_rank;
   CHECK(r.params_bytes == 68);
   CHECK(r.grads_bytes == 68);
-  CHECK(r.optimizer_bytes == 136);  // adam: two states
-  CHECK(r.steady_bytes == 272);
-  // Backward at b: root (48) + b (96) + prefetched a (128) gathered, unsharded grads of root
-  // and b (48 + 96), and b's parameters' own gradients before autograd concatenates them
-  // into b's flat one (21 x 4), over params + optimizer (204).
-  CHECK(r.peak_bytes == 204 + 48 + 96 + 128 + 48 + 96 + 84);
+  CHECK(r.optimizer_bytes == 136 + 12);  // adam: two states, and a 4-byte step per flat parameter
+  CHECK(r.steady_bytes == 284);
+  // Backward at b, its end: root (48) + b (96) + prefetched a (128) gathered; b's
+  // parameters' own gradients (21 x 4) and the flat gradient autograd concatenates
+  // from them (84), over params + optimizer (216). The root's gradient comes later
+  // (p is used before the blocks).
+  CHECK(r.peak_bytes == 216 + 48 + 96 + 128 + 84 + 84);
   CHECK(r.peak_phase == "backward");
   CHECK(r.peak_unit == 2);
   CHECK(r.peak_gathered == std::vector<int>{0, 1, 2});
@@ -66,12 +67,12 @@ TEST_CASE("SHARD_GRAD_OP keeps units gathered after forward") {
   auto b = blocks(true);
   auto full = memory_of(b, R"({"module_classes": ["Block"]})", ranks(4));
   auto grad_op = memory_of(b, R"({"module_classes": ["Block"]})", ranks(4, ShardingStrategy::ShardGradOp));
-  // c: ceil(40/4)=10 per rank, 160 B gathered. base = params 108 + adam 216 = 324.
-  // FULL_SHARD, backward at c: root 48 + c 160 + prefetched b 96; grads root 48 + c 160,
-  // c's parameters' own gradients 160.
-  CHECK(full.per_rank.peak_bytes == 324 + 48 + 160 + 96 + 48 + 160 + 160);
+  // c: ceil(40/4)=10 per rank, 160 B gathered. base = params 108 + adam 216 + 4 steps 16 = 340.
+  // FULL_SHARD, backward at c: root 48 + c 160 + prefetched b 96; c's parameters' own
+  // gradients 160 and its flat gradient 160.
+  CHECK(full.per_rank.peak_bytes == 340 + 48 + 160 + 96 + 160 + 160);
   // SHARD_GRAD_OP, backward at c: root, a, b, c all still gathered (48+128+96+160).
-  CHECK(grad_op.per_rank.peak_bytes == 324 + 432 + 48 + 160 + 160);
+  CHECK(grad_op.per_rank.peak_bytes == 340 + 432 + 160 + 160);
   CHECK(grad_op.per_rank.steady_bytes == full.per_rank.steady_bytes);
 }
 
@@ -80,10 +81,10 @@ TEST_CASE("mixed precision gathers in the low precision dtype, shards stay full 
   auto m = memory_of(b, R"({"module_classes": ["Block"], "mixed_precision": {"param_dtype": "bfloat16"}})", ranks(4));
   CHECK(m.units[1].sharded_bytes == 32);
   CHECK(m.units[1].unsharded_bytes == 8 * 4 * 2);
-  CHECK(m.per_rank.steady_bytes == 272);
-  // Backward at a: root 24 + a 64 gathered in bf16; unsharded grads root 24 + a 64 and a's
-  // parameters' own 30 x 2; b's sharded fp32 grad 24 already left.
-  CHECK(m.per_rank.peak_bytes == 204 + (24 + 64) + (24 + 64 + 60) + 24);
+  CHECK(m.per_rank.steady_bytes == 284);
+  // Backward at a, its end: root 24 + a 64 gathered in bf16; a's parameters' own
+  // gradients 30 x 2 and its flat one 60; b's sharded fp32 grad 24 already left.
+  CHECK(m.per_rank.peak_bytes == 216 + (24 + 64) + (60 + 60) + 24);
   CHECK(m.per_rank.peak_unit == 1);
 }
 
@@ -118,17 +119,26 @@ TEST_CASE("world size 1 is NO_SHARD, as FSDP switches it") {
   CHECK(m.effective_strategy == ShardingStrategy::NoShard);
   CHECK(m.units[1].sharded_numel == 30);
   CHECK(m.per_rank.params_bytes == 244);
-  // Nothing to gather without mixed precision, but in a's backward its gradient (120, which
-  // it keeps) and its parameters' own (120) exist together, b's (84) already made.
-  CHECK(m.per_rank.peak_bytes == 732 + 120 + 120 + 84);
-  CHECK(m.per_rank.peak_phase == "backward");
-  CHECK(m.per_rank.peak_unit == 1);
+  // The peak is AdamW's step: steady 988, and while a's denom (120) is referenced b's
+  // two temporaries (2 x 84) are made (optim/adam.py: _single_tensor_adam).
+  CHECK(m.per_rank.peak_bytes == 988 + 120 + 2 * 84);
+  CHECK(m.per_rank.peak_phase == "optimizer step");
+  CHECK(m.per_rank.peak_unit == -1);
+  auto backward_of = [](const MemoryPlan& mem, int unit) {
+    for (const auto& st : mem.timeline)
+      if (st.phase == "backward" && st.unit == unit) return st.total_bytes();
+    return int64_t{-1};
+  };
+  // Nothing to gather without mixed precision, but at the end of a's backward its flat
+  // gradient (120, which it keeps) and its parameters' own (120) exist together, b's (84)
+  // already made; params + Adam 744.
+  CHECK(backward_of(m, 1) == 744 + 120 + 120 + 84);
   auto mp = memory_of(b, R"({"module_classes": ["Block"], "mixed_precision": {"param_dtype": "bfloat16"}})", ranks(1));
   // With mixed precision NO_SHARD makes a low-precision copy to compute in (a: 30 x 2 B).
   CHECK(mp.units[1].unsharded_bytes == 60);
-  // Backward at a: base 732 + root and a copies (20 + 60) + their bf16 grads (20 + 60) + a's
-  // parameters' own bf16 grads 60 + b's fp32 grad 84.
-  CHECK(mp.per_rank.peak_bytes == 732 + (20 + 60) + (20 + 60 + 60) + 84);
+  // Backward at a: base 744 + root and a copies (20 + 60) + a's parameters' own bf16
+  // grads 60 and its flat bf16 gradient 60 + b's fp32 grad 84.
+  CHECK(backward_of(mp, 1) == 744 + (20 + 60) + (60 + 60) + 84);
 }
 
 TEST_CASE("HYBRID_SHARD shards within groups and replicates across them") {
@@ -174,7 +184,7 @@ TEST_CASE("optimizers hold different state; ignored parameters stay whole on eve
   auto ignored = memory_of(b, R"({"module_classes": ["Block"], "ignored_modules": ["a"]})", s);
   // a's 30 params (120 B) are not sharded: params 12 + 24 + 120.
   CHECK(ignored.per_rank.params_bytes == 156);
-  CHECK(ignored.per_rank.optimizer_bytes == 2 * 156);
+  CHECK(ignored.per_rank.optimizer_bytes == 2 * 156 + 4 * 2);  // Adam's steps: root and b
 }
 
 TEST_CASE("buffers are replicated, cast to buffer_dtype under mixed precision") {
@@ -198,19 +208,20 @@ TEST_CASE("the timeline walks forward, backward in reverse, then the optimizer s
     CHECK(t[i].phase == phases[i]);
     CHECK(t[i].unit == units[i]);
     CHECK(t[i].params_bytes == 68);
-    CHECK(t[i].optimizer_bytes == 136);
+    // The optimizer step adds AdamW's temporaries: a's denom (32) while b's two (2 x 24) are made.
+    CHECK(t[i].optimizer_bytes == 148 + (i == 6 ? 32 + 48 : 0));
   }
   // Forward at root: root (48) and the prefetched a (128) gathered, no gradient yet.
   CHECK(t[0].gathered_bytes == 48 + 128);
   CHECK(t[0].grads_bytes + t[0].unsharded_grads_bytes == 0);
-  // Backward at b (the peak): root + b + prefetched a; unsharded grads of root and b, and
-  // b's parameters' own.
+  // Backward at b (the peak, its end): root + b + prefetched a; b's parameters' own
+  // gradients and its flat one.
   CHECK(t[3].gathered_bytes == 48 + 96 + 128);
-  CHECK(t[3].unsharded_grads_bytes == 48 + 96 + 84);
+  CHECK(t[3].unsharded_grads_bytes == 84 + 84);
   CHECK(t[3].total_bytes() == m.per_rank.peak_bytes);
   // Backward at root: b (24) and a (32) have left their sharded gradients.
   CHECK(t[5].grads_bytes == 24 + 32);
-  CHECK(t[6].total_bytes() == m.per_rank.steady_bytes);
+  CHECK(t[6].total_bytes() == m.per_rank.steady_bytes + 32 + 48);
   CHECK(t[6].gathered_bytes == 0);
   int64_t largest = 0;
   for (const auto& s : t) largest = std::max(largest, s.total_bytes());

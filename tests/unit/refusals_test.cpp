@@ -88,7 +88,8 @@ TEST_CASE("frozen units carry no gradient and no optimizer state") {
   CHECK(trainable_shards == 4 * 8 * 4);  // four LoRA Linears of 16 elements, 8 per rank
   CHECK(fixed.memory.per_rank.params_bytes == all_shards);
   CHECK(fixed.memory.per_rank.grads_bytes == trainable_shards);
-  CHECK(fixed.memory.per_rank.optimizer_bytes == 2 * trainable_shards);
+  // Adam: two states, and a 4-byte step per trainable flat parameter.
+  CHECK(fixed.memory.per_rank.optimizer_bytes == 2 * trainable_shards + 4 * 4);
   // Ignored frozen parameters: whole on each rank, without gradient or state.
   auto ignored = plan_of(b, R"({"module_classes": ["Block", "Linear"], "ignored_params": ["embed.*"],
                                 "fsdp": {"world_size": 2}})");
