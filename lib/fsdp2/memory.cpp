@@ -267,8 +267,12 @@ MemoryPlan Fsdp2Memory::estimate(const FsdpSettings& settings, bool timeline) co
   ActivationSchedule acts(activations_, parents_);
   const bool acts_known = acts.known();
   int64_t act = 0;
-  // Enclosing groups' gradients already made at this point of the backward (late_outer_, late_in_).
+  // Enclosing groups' gradients already made at this point of the backward
+  // (late_outer_, late_in_). Counted with activations only: FSDPMemTracker
+  // files autograd's gradients as Temp until post_backward, so a plan without
+  // activations stays the tracker's non-activation peak (tests/differential/test_fsdp2.py).
   int64_t late = 0;
+  const bool count_late = acts_known;
   // Each event is a point of the timeline; consecutive events of one phase
   // and unit make one step, holding its largest point (so the peak is a step).
   // A step is only built when the timeline or a new peak needs it.
@@ -277,7 +281,7 @@ MemoryPlan Fsdp2Memory::estimate(const FsdpSettings& settings, bool timeline) co
     const int64_t opt = resident_opt + (settings.cpu_offload ? 0 : live.optimizer_temp);
     const int unit_index = unit < n ? static_cast<int>(unit) : -1;
     Live l = live;
-    l.grads_unsharded += late;
+    if (count_late) l.grads_unsharded += late;
     auto step = [&] {
       MemoryStep s;
       s.phase = phase;
