@@ -259,8 +259,9 @@ class Refusals(unittest.TestCase):
         self.assertEqual(len(handles), len(p["units"]))
         grads = sum(h.flat_param.grad.numel() * h.flat_param.grad.element_size()
                     for h in handles if h.flat_param.grad is not None)
+        # Adam's state: exp_avg, exp_avg_sq and the 4-byte step tensor of each parameter.
         state = sum(t.numel() * t.element_size() for s in optim.state.values()
-                    for k, t in s.items() if k in ("exp_avg", "exp_avg_sq"))
+                    for k, t in s.items() if k in ("exp_avg", "exp_avg_sq", "step"))
         per_rank = p["memory"]["per_rank"]
         self.assertEqual(per_rank["grads_bytes"], grads)
         self.assertEqual(per_rank["optimizer_bytes"], state)
