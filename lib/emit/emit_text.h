@@ -77,4 +77,17 @@ inline constexpr char kCheckpointImport[] =
     "    checkpoint_wrapper,\n"
     ")\n";
 
+// The body of apply_fsdp's loop over the groups (`modules`, `reshard_after_forward` bound) and the
+// check after it, as the 1-D and 2-D FSDP2 forms write them.
+inline constexpr char kFullyShardCallsAndCheck[] =
+    "        call = dict(kwargs)\n"
+    "        if reshard_after_forward is not None:\n"
+    "            call[\"reshard_after_forward\"] = reshard_after_forward\n"
+    "        call.update(fully_shard_kwargs)\n"
+    "        fully_shard(modules if len(modules) > 1 else modules[0], **call)\n"
+    "    want = sorted(path for paths, _ in CALLS for path in paths)\n"
+    "    if built_groups(model) != want:\n"
+    "        raise RuntimeError(f\"fully_shard was applied to {built_groups(model)}, the plan has {want}\")\n"
+    "    return model\n";
+
 }  // namespace fsdp_plan

@@ -168,15 +168,7 @@ std::string plan_to_torch_fsdp2_tp(const Plan& plan) {
        "        kwargs[\"ignored_params\"] = {model.get_parameter(name) for name in IGNORED_PARAMS}\n"
        "    for paths, reshard_after_forward in CALLS:\n"
        "        modules = [model.get_submodule(path) for path in paths]\n"
-       "        call = dict(kwargs)\n"
-       "        if reshard_after_forward is not None:\n"
-       "            call[\"reshard_after_forward\"] = reshard_after_forward\n"
-       "        call.update(fully_shard_kwargs)\n"
-       "        fully_shard(modules if len(modules) > 1 else modules[0], **call)\n"
-       "    want = sorted(path for paths, _ in CALLS for path in paths)\n"
-       "    if built_groups(model) != want:\n"
-       "        raise RuntimeError(f\"fully_shard was applied to {built_groups(model)}, the plan has {want}\")\n"
-       "    return model\n";
+    << kFullyShardCallsAndCheck;
   return o.str();
 }
 
