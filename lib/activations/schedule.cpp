@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <stdexcept>
 
 #include "util/strings.h"
 
@@ -106,8 +107,7 @@ std::optional<int64_t> ActivationSchedule::backward_resume(int unit, int next) {
 
 LateGradients::LateGradients(const ModuleTree& tree, const std::vector<int>& parents,
                              const std::vector<ModuleId>& unit_module,
-                             const std::vector<std::vector<std::pair<TensorId, int64_t>>>& params)
-    : parents_(parents) {
+                             const std::vector<std::vector<std::pair<TensorId, int64_t>>>& params) {
   const std::vector<ModuleId> order = tree.preorder(0);
   std::vector<int64_t> pos(tree.num_modules(), 0), end(tree.num_modules(), 0);
   for (size_t i = 0; i < order.size(); ++i) pos[static_cast<size_t>(order[i])] = end[static_cast<size_t>(order[i])] =
@@ -123,32 +123,58 @@ LateGradients::LateGradients(const ModuleTree& tree, const std::vector<int>& par
       auto& tp = tensor_pos[static_cast<size_t>(slot.tensor)];
       tp = std::max(tp, pos[m]);
     }
+  positions_ = static_cast<int64_t>(std::max<size_t>(order.size(), 1));
   const size_t n = parents.size();
   end_.resize(n);
-  pos_.resize(n);
-  prefix_.resize(n);
+  root_.assign(n, 0);
+  nodes_.assign(1, Node{});
+  // Units are in pre-order: a parent's tree is built before its children's.
   for (size_t u = 0; u < n; ++u) {
     end_[u] = end[static_cast<size_t>(unit_module[u])];
-    std::vector<std::pair<int64_t, int64_t>> ps;
-    for (const auto& [t, bytes] : params[u]) ps.emplace_back(tensor_pos[static_cast<size_t>(t)], bytes);
-    std::sort(ps.begin(), ps.end());
-    pos_[u].resize(ps.size());
-    prefix_[u].assign(ps.size() + 1, 0);
-    for (size_t k = ps.size(); k-- > 0;) {
-      pos_[u][k] = ps[k].first;
-      prefix_[u][k] = prefix_[u][k + 1] + ps[k].second;
-    }
+    const int p = parents[u];
+    if (p >= 0 && static_cast<size_t>(p) >= u) throw std::logic_error("LateGradients: units not in pre-order");
+    int32_t root = p >= 0 ? root_[static_cast<size_t>(p)] : 0;
+    for (const auto& [t, bytes] : params[u])
+      if (bytes != 0) root = insert(root, 0, positions_, tensor_pos[static_cast<size_t>(t)], bytes);
+    root_[u] = root;
   }
 }
 
+// A copy of the path to `pos` with `bytes` added; every other node is shared.
+int32_t LateGradients::insert(int32_t tree, int64_t lo, int64_t hi, int64_t pos, int64_t bytes) {
+  const auto made = static_cast<int32_t>(nodes_.size());
+  Node node = nodes_[static_cast<size_t>(tree)];
+  node.bytes += bytes;
+  nodes_.push_back(node);
+  if (hi - lo > 1) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    // Depth is log2(positions): the recursion is shallow.
+    if (pos < mid)
+      nodes_[static_cast<size_t>(made)].left = insert(node.left, lo, mid, pos, bytes);
+    else
+      nodes_[static_cast<size_t>(made)].right = insert(node.right, mid, hi, pos, bytes);
+  }
+  return made;
+}
+
 int64_t LateGradients::after(int unit, int after) const {
-  if (after < 0 || static_cast<size_t>(after) >= end_.size()) return 0;
+  if (after < 0 || static_cast<size_t>(after) >= end_.size() || unit < 0 || static_cast<size_t>(unit) >= root_.size())
+    return 0;
+  // Bytes at positions past `end`: down the tree, the right halves wholly past it.
   const int64_t end = end_[static_cast<size_t>(after)];
-  int64_t total = 0;
-  for (int u = unit; u >= 0; u = parents_[static_cast<size_t>(u)]) {
-    const auto& pos = pos_[static_cast<size_t>(u)];
-    const auto k = static_cast<size_t>(std::upper_bound(pos.begin(), pos.end(), end) - pos.begin());
-    total += prefix_[static_cast<size_t>(u)][k];
+  int64_t total = 0, lo = 0, hi = positions_;
+  int32_t node = root_[static_cast<size_t>(unit)];
+  while (node != 0 && end < hi - 1) {
+    const Node& n = nodes_[static_cast<size_t>(node)];
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (end < mid) {
+      total += nodes_[static_cast<size_t>(n.right)].bytes;
+      node = n.left;
+      hi = mid;
+    } else {
+      node = n.right;
+      lo = mid;
+    }
   }
   return total;
 }

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <map>
+#include <random>
 
 #include "activations/activations.h"
 #include "activations/saved_ops.h"
@@ -558,4 +559,67 @@ TEST_CASE("policy: activation_checkpointing is read, written back and refused wh
                        doctest::Contains("did you mean \"module_classes\""), InputError);
   CHECK_THROWS_WITH_AS(policy(R"({"activation_checkpointing": ["Block"]})"), doctest::Contains("must be an object"),
                        InputError);
+}
+
+TEST_CASE("late gradients: equal to summing each enclosing unit's parameters used later, on random trees") {
+  // The definition, walked unit by unit up the enclosing chain; LateGradients
+  // answers from one tree in O(log modules).
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 40; ++trial) {
+    ModuleTree tree;
+    const int modules = 2 + static_cast<int>(rng() % 60);
+    for (int m = 1; m < modules; ++m)
+      tree.add_module(static_cast<ModuleId>(rng() % static_cast<unsigned>(m)), "m" + std::to_string(m), "M");
+    // Tensors, some shared by two modules (tied): their last use is the later one.
+    std::vector<TensorId> tensors;
+    for (int m = 0; m < modules; ++m)
+      for (unsigned k = rng() % 3; k-- > 0;) {
+        const TensorId t = tree.add_tensor({{4}, "float32", 4});
+        tree.add_param(static_cast<ModuleId>(m), "p" + std::to_string(k), t);
+        tensors.push_back(t);
+        if (rng() % 5 == 0) tree.add_param(static_cast<ModuleId>(rng() % static_cast<unsigned>(modules)), "tied" + std::to_string(t), t);
+      }
+    // Units: the root and a random subset, in pre-order, each parent the nearest enclosing unit.
+    const std::vector<ModuleId> order = tree.preorder(0);
+    std::vector<ModuleId> unit_module;
+    std::vector<int> parents, unit_of(static_cast<size_t>(modules), -1);
+    for (ModuleId m : order) {
+      if (m != 0 && rng() % 3 != 0) continue;
+      int p = -1;  // the root is a unit: the walk up ends there at the latest
+      if (m != 0) {
+        ModuleId a = tree.module(m).parent;
+        while (unit_of[static_cast<size_t>(a)] < 0) a = tree.module(a).parent;
+        p = unit_of[static_cast<size_t>(a)];
+      }
+      unit_of[static_cast<size_t>(m)] = static_cast<int>(unit_module.size());
+      unit_module.push_back(m);
+      parents.push_back(p);
+    }
+    std::vector<std::vector<std::pair<TensorId, int64_t>>> params(unit_module.size());
+    for (TensorId t : tensors)
+      params[rng() % params.size()].emplace_back(t, 1 + static_cast<int64_t>(rng() % 1000));
+    // Positions by the definition.
+    std::vector<int64_t> pos(static_cast<size_t>(modules)), end(static_cast<size_t>(modules));
+    for (size_t i = 0; i < order.size(); ++i) pos[static_cast<size_t>(order[i])] = static_cast<int64_t>(i);
+    for (ModuleId m : order) {
+      int64_t last = pos[static_cast<size_t>(m)];
+      for (ModuleId d : tree.preorder(m)) last = std::max(last, pos[static_cast<size_t>(d)]);
+      end[static_cast<size_t>(m)] = last;
+    }
+    std::vector<int64_t> last_use(tree.num_tensors(), -1);
+    for (int m = 0; m < modules; ++m)
+      for (const auto& slot : tree.module(static_cast<ModuleId>(m)).params)
+        last_use[static_cast<size_t>(slot.tensor)] = std::max(last_use[static_cast<size_t>(slot.tensor)], pos[static_cast<size_t>(m)]);
+
+    const LateGradients late(tree, parents, unit_module, params);
+    for (size_t u = 0; u < unit_module.size(); ++u)
+      for (size_t j = 0; j < unit_module.size(); ++j) {
+        const int64_t e = end[static_cast<size_t>(unit_module[j])];
+        int64_t expected = 0;
+        for (int a = static_cast<int>(u); a >= 0; a = parents[static_cast<size_t>(a)])
+          for (const auto& [t, bytes] : params[static_cast<size_t>(a)])
+            if (last_use[static_cast<size_t>(t)] > e) expected += bytes;
+        CHECK(late.after(static_cast<int>(u), static_cast<int>(j)) == expected);
+      }
+  }
 }
