@@ -69,25 +69,60 @@ ojson unit_memory(const UnitMemory& m) {
           {"unsharded_bytes", m.unsharded_bytes}};
 }
 
-// Bytes by category at each step of a training step (MemoryStep).
-ojson timeline_json(const MemoryPlan& m, bool known_activations) {
-  ojson out = ojson::array();
-  for (const MemoryStep& s : m.timeline) {
-    out.push_back({{"phase", s.phase},
-                   {"unit", s.unit < 0 ? ojson(nullptr) : ojson(s.unit)},
-                   {"params_bytes", s.params_bytes},
-                   {"optimizer_bytes", s.optimizer_bytes},
-                   {"buffers_bytes", s.buffers_bytes},
-                   {"gathered_bytes", s.gathered_bytes},
-                   {"unsharded_grads_bytes", s.unsharded_grads_bytes},
-                   {"grads_bytes", s.grads_bytes},
-                   {"total_bytes", s.total_bytes()}});
-    if (known_activations) out.back()["activation_bytes"] = s.activation_bytes;
-    if (!s.categories.empty()) {
-      ojson categories = ojson::object();
-      for (const auto& [name, bytes] : s.categories) categories[name] = bytes;
-      out.back()["categories"] = std::move(categories);
-    }
+// units[i]: what the unit owns, its shards, and (when computed) its
+// activations, communication and time.
+ojson unit_json(const Plan& plan, size_t i) {
+  const ModuleTree& tree = *plan.tree;
+  const Unit& u = plan.units[i];
+  const std::string qualified = demangle(tree.module(u.module).type_name);
+  ojson out = {{"index", i},
+               {"path", tree.path(u.module)},
+               {"class", std::string(short_name(qualified))},
+               {"qualified_class", qualified},
+               {"depth", u.depth},
+               {"parent", u.parent < 0 ? ojson(nullptr) : ojson(u.parent)},
+               {"param_numel", u.param_numel},
+               {"param_bytes", u.param_bytes},
+               {"params", tensor_list(plan, u.params, true)},
+               {"trainable_numel", u.trainable_numel},
+               {"frozen_numel", u.frozen_numel},
+               {"buffer_numel", u.buffer_numel},
+               {"buffer_bytes", u.buffer_bytes},
+               {"buffers", tensor_list(plan, u.buffers, false)},
+               {"mixed_precision", optional_bool(u.mixed_precision)},
+               {"memory", unit_memory(plan.memory.units[i])}};
+  // Saved by the unit's own modules, held from its forward to its backward (graph only).
+  out["activation_bytes"] = plan.activations.source == ActivationSource::Graph && i < plan.activations.unit_bytes.size()
+                                ? ojson(plan.activations.unit_bytes[i])
+                                : ojson(nullptr);
+  if (plan.v2()) {
+    ojson modules = ojson::array();
+    for (ModuleId mod : u.modules) modules.push_back(tree.path(mod));
+    out["modules"] = std::move(modules);
+    out["call"] = u.call;
+    out["reshard_after_forward"] = reshard_to_json(*u.reshard_after_forward);
+  }
+  if (plan.comm.computed) out["comm"] = unit_comm_json(plan, i);
+  if (plan.time.computed) out["time"] = unit_time_json(plan, i);
+  return out;
+}
+
+// Bytes by category at one step of a training step (MemoryStep): memory.timeline[i].
+ojson timeline_step_json(const MemoryStep& s, bool known_activations) {
+  ojson out = {{"phase", s.phase},
+               {"unit", s.unit < 0 ? ojson(nullptr) : ojson(s.unit)},
+               {"params_bytes", s.params_bytes},
+               {"optimizer_bytes", s.optimizer_bytes},
+               {"buffers_bytes", s.buffers_bytes},
+               {"gathered_bytes", s.gathered_bytes},
+               {"unsharded_grads_bytes", s.unsharded_grads_bytes},
+               {"grads_bytes", s.grads_bytes},
+               {"total_bytes", s.total_bytes()}};
+  if (known_activations) out["activation_bytes"] = s.activation_bytes;
+  if (!s.categories.empty()) {
+    ojson categories = ojson::object();
+    for (const auto& [name, bytes] : s.categories) categories[name] = bytes;
+    out["categories"] = std::move(categories);
   }
   return out;
 }
@@ -128,10 +163,7 @@ ojson activations_json(const Plan& plan) {
       ojson missing = ojson::object();
       for (const auto& [op, count] : a.missing_ops) missing[op] = count;
       out["missing_ops"] = std::move(missing);
-      ojson modules = ojson::array();
-      for (const auto& m : a.modules)
-        modules.push_back({{"path", plan.tree->path(m.module)}, {"self_bytes", m.self_bytes}, {"total_bytes", m.total_bytes}});
-      out["modules"] = std::move(modules);
+      out["modules"] = ojson::array();  // streamed: activation_module_json
       break;
     }
   }
@@ -168,7 +200,7 @@ ojson memory_json(const Plan& plan) {
                         {"peak_bytes", r.peak_bytes}}},
           {"peak", std::move(peak)},
           {"notes", m.notes},
-          {"timeline", timeline_json(m, plan.activations.known())}};
+          {"timeline", ojson::array()}};  // streamed: timeline_step_json
   const ActivationPlan& acts = plan.activations;
   out["per_rank"]["activation_bytes"] = acts.known() ? ojson(r.activation_bytes) : ojson(nullptr);
   out["activations"] = activations_json(plan);
@@ -183,10 +215,10 @@ ojson memory_json(const Plan& plan) {
 
 }  // namespace
 
-nlohmann::ordered_json plan_to_json(const Plan& plan) {
-  const ModuleTree& tree = *plan.tree;
+JsonDocument plan_json(const Plan& plan) {
   const ModelSummary& m = plan.model;
-  ojson out;
+  JsonDocument doc;
+  ojson& out = doc.skeleton;
   out["schema_version"] = kPlanSchemaVersion;
   out["fsdp_version"] = version_number(plan.version());
   out["model"] = {{"path", m.path},
@@ -204,42 +236,7 @@ nlohmann::ordered_json plan_to_json(const Plan& plan) {
   }
   out["policy"] = policy_to_json(plan.policy);
 
-  ojson units = ojson::array();
-  for (size_t i = 0; i < plan.units.size(); ++i) {
-    const Unit& u = plan.units[i];
-    const std::string qualified = demangle(tree.module(u.module).type_name);
-    units.push_back({{"index", i},
-                     {"path", tree.path(u.module)},
-                     {"class", std::string(short_name(qualified))},
-                     {"qualified_class", qualified},
-                     {"depth", u.depth},
-                     {"parent", u.parent < 0 ? ojson(nullptr) : ojson(u.parent)},
-                     {"param_numel", u.param_numel},
-                     {"param_bytes", u.param_bytes},
-                     {"params", tensor_list(plan, u.params, true)},
-                     {"trainable_numel", u.trainable_numel},
-                     {"frozen_numel", u.frozen_numel},
-                     {"buffer_numel", u.buffer_numel},
-                     {"buffer_bytes", u.buffer_bytes},
-                     {"buffers", tensor_list(plan, u.buffers, false)},
-                     {"mixed_precision", optional_bool(u.mixed_precision)},
-                     {"memory", unit_memory(plan.memory.units[i])}});
-    // Saved by the unit's own modules, held from its forward to its backward (graph only).
-    units.back()["activation_bytes"] = plan.activations.source == ActivationSource::Graph &&
-                                               i < plan.activations.unit_bytes.size()
-                                           ? ojson(plan.activations.unit_bytes[i])
-                                           : ojson(nullptr);
-    if (plan.v2()) {
-      ojson modules = ojson::array();
-      for (ModuleId mod : u.modules) modules.push_back(tree.path(mod));
-      units.back()["modules"] = std::move(modules);
-      units.back()["call"] = u.call;
-      units.back()["reshard_after_forward"] = reshard_to_json(*u.reshard_after_forward);
-    }
-    if (plan.comm.computed) units.back()["comm"] = unit_comm_json(plan, i);
-    if (plan.time.computed) units.back()["time"] = unit_time_json(plan, i);
-  }
-  out["units"] = std::move(units);
+  out["units"] = ojson::array();  // streamed: unit_json
 
   ojson warnings = ojson::array();
   for (const auto& w : plan.warnings) {
@@ -256,7 +253,29 @@ nlohmann::ordered_json plan_to_json(const Plan& plan) {
   if (plan.tensor_parallel) out["tensor_parallel"] = tensor_parallel_json(plan);
   if (plan.comm.computed) out["comm"] = comm_json(plan);
   if (plan.time.computed) out["time"] = time_json(plan);
-  return out;
+
+  // The arrays as long as the model (units, steps, collectives): made one element at a time.
+  auto stream = [&](std::vector<std::string> path, size_t size, std::function<ojson(size_t)> element) {
+    doc.arrays.push_back({std::move(path), size, std::move(element)});
+  };
+  const Plan* p = &plan;
+  stream({"units"}, plan.units.size(), [p](size_t i) { return unit_json(*p, i); });
+  stream({"memory", "timeline"}, plan.memory.timeline.size(),
+         [p](size_t i) { return timeline_step_json(p->memory.timeline[i], p->activations.known()); });
+  if (plan.activations.source == ActivationSource::Graph)
+    stream({"memory", "activations", "modules"}, plan.activations.modules.size(), [p](size_t i) {
+      const auto& m = p->activations.modules[i];
+      return ojson{{"path", p->tree->path(m.module)}, {"self_bytes", m.self_bytes}, {"total_bytes", m.total_bytes}};
+    });
+  if (plan.comm.computed)
+    stream({"comm", "collectives"}, plan.comm.collectives.size(), [p](size_t i) { return comm_collective_json(*p, i); });
+  if (plan.time.computed) {
+    stream({"time", "collectives"}, plan.time.collectives.size(), [p](size_t i) { return time_collective_json(*p, i); });
+    stream({"time", "timeline"}, plan.time.timeline.size(), [p](size_t i) { return time_span_json(*p, i); });
+  }
+  return doc;
 }
+
+nlohmann::ordered_json plan_to_json(const Plan& plan) { return plan_json(plan).filled(); }
 
 }  // namespace fsdp_plan

@@ -43,26 +43,29 @@ ojson unit_time_json(const Plan& plan, size_t i) {
           {"exposed_s", u.exposed_s()}};
 }
 
+ojson comm_collective_json(const Plan& plan, size_t i) {
+  const Collective& x = plan.comm.collectives[i];
+  return {{"unit", x.unit},
+          {"kind", collective_name(x.kind)},
+          {"phase", phase_name(x.phase)},
+          {"cause", x.cause},
+          {"bytes", x.bytes},
+          {"numel", x.numel},
+          {"dtype", x.dtype},
+          {"group_size", x.group.size},
+          {"group_stride", x.group.stride},
+          {"host_copy_bytes", x.host_copy_bytes}};
+}
+
 ojson comm_json(const Plan& plan) {
   const CommPlan& c = plan.comm;
   int64_t ag_f = 0, ag_b = 0, rs = 0, ar = 0, h2d = 0, d2h = 0;
-  ojson list = ojson::array();
   for (const Collective& x : c.collectives) {
     switch (x.kind) {
       case CollectiveKind::AllGather: (x.phase == StepPhase::Forward ? ag_f : ag_b) += x.bytes; h2d += x.host_copy_bytes; break;
       case CollectiveKind::ReduceScatter: rs += x.bytes; d2h += x.host_copy_bytes; break;
       case CollectiveKind::AllReduce: ar += x.bytes; d2h += x.host_copy_bytes; break;
     }
-    list.push_back({{"unit", x.unit},
-                    {"kind", collective_name(x.kind)},
-                    {"phase", phase_name(x.phase)},
-                    {"cause", x.cause},
-                    {"bytes", x.bytes},
-                    {"numel", x.numel},
-                    {"dtype", x.dtype},
-                    {"group_size", x.group.size},
-                    {"group_stride", x.group.stride},
-                    {"host_copy_bytes", x.host_copy_bytes}});
   }
   return {{"per_step", {{"all_gather", {{"forward", ag_f}, {"backward", ag_b}}},
                         {"reduce_scatter", {{"backward", rs}}},
@@ -72,7 +75,29 @@ ojson comm_json(const Plan& plan) {
                         {"calls", c.collectives.size()}}},
           {"rank", 0},
           {"notes", c.notes},
-          {"collectives", std::move(list)}};
+          {"collectives", ojson::array()}};  // comm_collective_json, one per collective
+}
+
+ojson time_collective_json(const Plan& plan, size_t i) {
+  const CollectiveTime& c = plan.time.collectives[i];
+  return {{"seconds", c.seconds},
+          {"latency_s", c.latency_s},
+          {"bandwidth_s", c.bandwidth_s},
+          {"host_copy_s", c.host_copy_s},
+          {"nodes", c.nodes},
+          {"link", link_name(c, plan.comm.collectives[i])},
+          {"start_s", seconds_or_null(plan.time.flops_known, c.start)},
+          {"end_s", seconds_or_null(plan.time.flops_known, c.end)}};
+}
+
+ojson time_span_json(const Plan& plan, size_t i) {
+  const TimeSpan& s = plan.time.timeline[i];
+  return {{"what", s.compute ? "compute" : collective_name(plan.comm.collectives[static_cast<size_t>(s.collective)].kind)},
+          {"unit", s.unit},
+          {"collective", s.compute ? ojson(nullptr) : ojson(s.collective)},
+          {"phase", s.backward ? "backward" : "forward"},
+          {"start_s", s.start},
+          {"end_s", s.end}};
 }
 
 ojson time_json(const Plan& plan) {
@@ -95,26 +120,6 @@ ojson time_json(const Plan& plan) {
               {"intra_step_latency_s", h.intra_step_latency_s},
               {"inter_step_latency_s", h.inter_step_latency_s},
               {"overridden", h.overridden}};
-  ojson colls = ojson::array();
-  for (size_t i = 0; i < t.collectives.size(); ++i) {
-    const CollectiveTime& c = t.collectives[i];
-    colls.push_back({{"seconds", c.seconds},
-                     {"latency_s", c.latency_s},
-                     {"bandwidth_s", c.bandwidth_s},
-                     {"host_copy_s", c.host_copy_s},
-                     {"nodes", c.nodes},
-                     {"link", link_name(c, plan.comm.collectives[i])},
-                     {"start_s", seconds_or_null(f, c.start)},
-                     {"end_s", seconds_or_null(f, c.end)}});
-  }
-  ojson timeline = ojson::array();
-  for (const TimeSpan& s : t.timeline)
-    timeline.push_back({{"what", s.compute ? "compute" : collective_name(plan.comm.collectives[static_cast<size_t>(s.collective)].kind)},
-                        {"unit", s.unit},
-                        {"collective", s.compute ? ojson(nullptr) : ojson(s.collective)},
-                        {"phase", s.backward ? "backward" : "forward"},
-                        {"start_s", s.start},
-                        {"end_s", s.end}});
   return {{"estimate", true},
           {"flops_known", f},
           {"flops_source", f ? ojson(t.flops_source) : ojson(nullptr)},
@@ -132,8 +137,8 @@ ojson time_json(const Plan& plan) {
           {"compute_peak_flops", f ? ojson(t.compute_peak_flops) : ojson(nullptr)},
           {"hardware", std::move(hw)},
           {"assumptions", t.assumptions},
-          {"collectives", std::move(colls)},
-          {"timeline", std::move(timeline)}};
+          {"collectives", ojson::array()},  // time_collective_json, one per collective
+          {"timeline", ojson::array()}};    // time_span_json, one per span
 }
 
 }  // namespace fsdp_plan

@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <stdexcept>
 
 #include "util/errors.h"
@@ -85,37 +86,100 @@ std::string follow_links(std::string path) {
   fail_errno("cannot follow the link");
 }
 
-// Devices and pipes (/dev/stdout, a FIFO) cannot be replaced by a rename, and
-// must not be: write to them in place.
-void write_in_place(const std::string& path, const std::string& data) {
-  int fd = ::open(path.c_str(), O_WRONLY | O_TRUNC | O_CLOEXEC);
-  if (fd < 0) fail_errno("cannot open for writing");
-  size_t done = 0;
-  while (done < data.size()) {
-    ssize_t n = ::write(fd, data.data() + done, data.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      int err = errno;
-      ::close(fd);
-      errno = err;
-      fail_errno("write failed");
-    }
-    done += static_cast<size_t>(n);
-  }
-  if (::close(fd) != 0) fail_errno("close failed");
-}
+// Pieces are gathered to this size before a write(2).
+constexpr size_t kWriteChunk = size_t{1} << 20;
 
 }  // namespace
 
-void write_stdout(const std::string& data, const std::string& what) {
-  // Unbuffered, so the error is this write's errno (ENOSPC, EBADF), not a stream's lost state.
-  size_t done = 0;
-  while (done < data.size()) {
-    ssize_t n = ::write(STDOUT_FILENO, data.data() + done, data.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0)
-      throw InputError("standard output", "cannot write the " + what + ": write failed: " + std::strerror(errno));
-    done += static_cast<size_t>(n);
+OutputWriter::OutputWriter(std::string path, std::string what) : path_(std::move(path)), what_(std::move(what)) {
+  if (path_.empty()) {
+    fd_ = STDOUT_FILENO;
+    return;
+  }
+  guarded([&] {
+    struct stat st {};
+    if (::stat(path_.c_str(), &st) == 0) {
+      if (S_ISDIR(st.st_mode)) throw std::runtime_error("it is a directory");
+      if (!S_ISREG(st.st_mode)) {
+        // Devices and pipes (/dev/stdout, a FIFO) cannot be replaced by a rename, and
+        // must not be: write to them in place.
+        fd_ = ::open(path_.c_str(), O_WRONLY | O_TRUNC | O_CLOEXEC);
+        if (fd_ < 0) fail_errno("cannot open for writing");
+        return;
+      }
+      // A regular file, perhaps behind links: the rename replaces the file itself, and the links stay.
+      target_ = path_;
+      if (char* real = ::realpath(path_.c_str(), nullptr)) {
+        target_ = real;
+        std::free(real);
+      }
+    } else {
+      target_ = follow_links(path_);  // nothing there, or a dangling link: create what it names
+    }
+    tmp_ = target_ + ".tmp-XXXXXX";
+    fd_ = ::mkstemp(tmp_.data());
+    if (fd_ < 0) {
+      tmp_.clear();
+      fail_errno("cannot create a file beside it");
+    }
+  });
+}
+
+OutputWriter::~OutputWriter() {
+  if (fd_ >= 0 && fd_ != STDOUT_FILENO) ::close(fd_);
+  if (!tmp_.empty()) ::unlink(tmp_.c_str());
+}
+
+void OutputWriter::write(std::string_view data) {
+  buffer_.append(data);
+  if (buffer_.size() >= kWriteChunk) flush();
+}
+
+void OutputWriter::flush() {
+  guarded([&] {
+    size_t done = 0;
+    while (done < buffer_.size()) {
+      const ssize_t n = ::write(fd_, buffer_.data() + done, buffer_.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) fail_errno("write failed");
+      done += static_cast<size_t>(n);
+    }
+    buffer_.clear();
+  });
+}
+
+void OutputWriter::commit() {
+  flush();
+  if (path_.empty()) return;
+  guarded([&] {
+    const int fd = fd_;
+    fd_ = -1;
+    if (!tmp_.empty()) {
+      // mkstemp makes the file 0600; give it the permissions a plain create would.
+      const mode_t mask = ::umask(0);
+      ::umask(mask);
+      const char* failed = ::fchmod(fd, 0666 & ~mask) != 0 ? "chmod failed" : ::fsync(fd) != 0 ? "sync failed" : nullptr;
+      if (failed) {
+        const int err = errno;
+        ::close(fd);
+        errno = err;
+        fail_errno(failed);
+      }
+    }
+    if (::close(fd) != 0) fail_errno("close failed");
+    if (!tmp_.empty()) {
+      if (::rename(tmp_.c_str(), target_.c_str()) != 0) fail_errno("rename failed");
+      tmp_.clear();
+    }
+  });
+}
+
+void OutputWriter::guarded(const std::function<void()>& step) const {
+  try {
+    step();
+  } catch (const std::runtime_error& e) {
+    // Unbuffered writes, so the error is this write's errno (ENOSPC, EBADF), not a stream's lost state.
+    throw InputError(path_.empty() ? "standard output" : path_, "cannot write the " + what_ + ": " + e.what());
   }
 }
 
@@ -133,64 +197,9 @@ void refuse_output_over_input(const std::string& output, const std::vector<Named
 }
 
 void write_output(const std::string& path, const std::string& data, const std::string& what) {
-  if (path.empty()) return write_stdout(data, what);
-  try {
-    write_file_atomic(path, data);
-  } catch (const std::runtime_error& e) {
-    throw InputError(path, "cannot write the " + what + ": " + e.what());
-  }
-}
-
-void write_file_atomic(const std::string& named, const std::string& data) {
-  std::string path = named;
-  struct stat st {};
-  if (::stat(named.c_str(), &st) == 0) {
-    if (S_ISDIR(st.st_mode)) throw std::runtime_error("it is a directory");
-    if (!S_ISREG(st.st_mode)) {
-      write_in_place(named, data);
-      return;
-    }
-    // A regular file, perhaps behind links: the rename replaces the file itself, and the links stay.
-    if (char* real = ::realpath(named.c_str(), nullptr)) {
-      path = real;
-      std::free(real);
-    }
-  } else {
-    path = follow_links(named);  // nothing there, or a dangling link: create what it names
-  }
-  std::string tmp = path + ".tmp-XXXXXX";
-  int fd = ::mkstemp(tmp.data());
-  if (fd < 0) throw std::runtime_error(std::string("cannot create a file beside it: ") + std::strerror(errno));
-  auto fail = [&](const char* what) {
-    int err = errno;
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    throw std::runtime_error(std::string(what) + ": " + std::strerror(err));
-  };
-  size_t done = 0;
-  while (done < data.size()) {
-    ssize_t n = ::write(fd, data.data() + done, data.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      fail("write failed");
-    }
-    done += static_cast<size_t>(n);
-  }
-  // mkstemp makes the file 0600; give it the permissions a plain create would.
-  mode_t mask = ::umask(0);
-  ::umask(mask);
-  if (::fchmod(fd, 0666 & ~mask) != 0) fail("chmod failed");
-  if (::fsync(fd) != 0) fail("sync failed");
-  if (::close(fd) != 0) {
-    int err = errno;
-    ::unlink(tmp.c_str());
-    throw std::runtime_error(std::string("close failed: ") + std::strerror(err));
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    int err = errno;
-    ::unlink(tmp.c_str());
-    throw std::runtime_error(std::string("rename failed: ") + std::strerror(err));
-  }
+  OutputWriter out(path, what);
+  out.write(data);
+  out.commit();
 }
 
 }  // namespace fsdp_plan

@@ -2,7 +2,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace fsdp_plan {
@@ -21,17 +23,6 @@ std::string read_text_file(const std::string& path, uint64_t max_bytes, const st
 // Checks that `path` names a readable regular file; InputError otherwise.
 void check_readable_file(const std::string& path);
 
-// Writes `data` to a temporary file beside `path`, flushes it, and renames it
-// over `path`: readers see the old file or the new one, never a partial one.
-// A symbolic link is followed: its target is written, the link stays.
-// Throws std::runtime_error (with the reason) if any step fails.
-void write_file_atomic(const std::string& path, const std::string& data);
-
-// Writes `data` to standard output. A full disk or a closed stdout is an
-// output error: InputError naming "standard output", as -o FILE would be.
-// `what` names the output in the message ("cannot write the plan").
-void write_stdout(const std::string& data, const std::string& what = "plan");
-
 // An input file and what it is to the command ("model file", "policy file").
 struct NamedInput {
   std::string path, role;
@@ -41,8 +32,36 @@ struct NamedInput {
 // inode, however it is spelt): -o must never overwrite what it reads.
 void refuse_output_over_input(const std::string& output, const std::vector<NamedInput>& inputs);
 
+// An output written in pieces, so that a large one (a plan of 100,000 units is
+// 265 MB of JSON) is never whole in memory: to standard output as it comes
+// when `path` is empty; otherwise to a temporary file beside `path` that
+// commit() flushes and renames over it, so readers see the old file or the
+// new one, never a partial one (a symbolic link is followed: its target is
+// written, the link stays; a device or pipe is written in place). Any failure
+// is InputError naming the file (or "standard output"): "cannot write the
+// WHAT: REASON". Destroyed uncommitted, it removes its temporary file.
+class OutputWriter {
+ public:
+  OutputWriter(std::string path, std::string what);
+  ~OutputWriter();
+  OutputWriter(const OutputWriter&) = delete;
+  OutputWriter& operator=(const OutputWriter&) = delete;
+
+  void write(std::string_view data);  // buffered
+  void commit();
+
+ private:
+  void flush();
+  void guarded(const std::function<void()>& step) const;  // runtime_error -> InputError
+
+  std::string path_, what_;
+  std::string target_, tmp_;  // a regular file: the file renamed over, and the temporary one
+  int fd_ = -1;
+  std::string buffer_;
+};
+
 // Writes `data` to `path` atomically, or to standard output when `path` is
-// empty; any failure is InputError naming the file: "cannot write the WHAT: ...".
+// empty, with OutputWriter.
 void write_output(const std::string& path, const std::string& data, const std::string& what);
 
 }  // namespace fsdp_plan
