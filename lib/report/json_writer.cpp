@@ -127,6 +127,12 @@ ojson timeline_step_json(const MemoryStep& s, bool known_activations) {
   return out;
 }
 
+// memory.activations.modules[i]: what one module saves, itself and with its submodules.
+ojson activation_module_json(const Plan& plan, size_t i) {
+  const ModuleActivations& m = plan.activations.modules[i];
+  return {{"path", plan.tree->path(m.module)}, {"self_bytes", m.self_bytes}, {"total_bytes", m.total_bytes}};
+}
+
 // memory.activations: where the activations came from and what the walk found.
 ojson activations_json(const Plan& plan) {
   const ActivationPlan& a = plan.activations;
@@ -263,10 +269,8 @@ JsonDocument plan_json(const Plan& plan) {
   stream({"memory", "timeline"}, plan.memory.timeline.size(),
          [p](size_t i) { return timeline_step_json(p->memory.timeline[i], p->activations.known()); });
   if (plan.activations.source == ActivationSource::Graph)
-    stream({"memory", "activations", "modules"}, plan.activations.modules.size(), [p](size_t i) {
-      const auto& m = p->activations.modules[i];
-      return ojson{{"path", p->tree->path(m.module)}, {"self_bytes", m.self_bytes}, {"total_bytes", m.total_bytes}};
-    });
+    stream({"memory", "activations", "modules"}, plan.activations.modules.size(),
+           [p](size_t i) { return activation_module_json(*p, i); });
   if (plan.comm.computed)
     stream({"comm", "collectives"}, plan.comm.collectives.size(), [p](size_t i) { return comm_collective_json(*p, i); });
   if (plan.time.computed) {

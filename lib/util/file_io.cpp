@@ -178,7 +178,7 @@ void OutputWriter::guarded(const std::function<void()>& step) const {
   try {
     step();
   } catch (const std::runtime_error& e) {
-    // Unbuffered writes, so the error is this write's errno (ENOSPC, EBADF), not a stream's lost state.
+    // write(2) itself, not a stdio stream: the error is this write's errno (ENOSPC, EBADF), not a lost state.
     throw InputError(path_.empty() ? "standard output" : path_, "cannot write the " + what_ + ": " + e.what());
   }
 }
