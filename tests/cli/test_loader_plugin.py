@@ -45,6 +45,11 @@ def main():
     if mode == "with":
         check(rc in (0, 1) and out.startswith("{") and any("fsdp_plan_jit" in l for l in libs) and
               any("libtorch" in l for l in libs), f"--loader jit: plugin and LibTorch mapped (rc={rc})")
+        # scripts/dev torch2 names another build's plugin: that one, not this build's, must be loaded.
+        chosen = os.environ.get("FSDP_PLAN_JIT_PLUGIN")
+        if chosen:
+            check(os.path.realpath(chosen) in {os.path.realpath(l) for l in libs},
+                  f"--loader jit: the plugin $FSDP_PLAN_JIT_PLUGIN names is the one mapped ({chosen})")
     else:
         check(rc == 2 and out == "" and len(messages) == 1 and
               "--loader jit is not available" in messages[0] and
