@@ -77,15 +77,20 @@ class ExportError(Exception):
 # ---------------------------------------------------------------------------
 def export_module(module: Any, args: Sequence[Any], kwargs: Dict[str, Any], path: str,
                   dynamic_shapes: Any = None, metadata: Optional[Dict[str, Any]] = None,
-                  what: str = "the module") -> Dict[str, Any]:
+                  what: str = "the module", fast: bool = True) -> Dict[str, Any]:
     """torch.export.export(module, args, kwargs, strict=False) saved to `path`
     with weight stand-ins and the metadata record. Returns the record as written,
-    with the times taken (`seconds`: export, save). Raises ExportError."""
+    with the times taken (`seconds`: export, save). Raises ExportError.
+    fast=False traces and saves without the two skips below (_no_stack_traces,
+    _no_canonical_form_check), as torch alone would: the tests compare the two
+    archives byte for byte."""
     import torch
 
+    skip_traces = _no_stack_traces if fast else contextlib.nullcontext
+    skip_check = _no_canonical_form_check if fast else contextlib.nullcontext
     t0 = time.perf_counter()
     try:
-        with _quiet(), _hf_training_attention(module) as hf_attention, _no_stack_traces():
+        with _quiet(), _hf_training_attention(module) as hf_attention, skip_traces():
             ep = torch.export.export(module, tuple(args), kwargs=dict(kwargs), dynamic_shapes=dynamic_shapes,
                                      strict=False)
     except Exception as e:  # torch's reasons are many; the first line names it
@@ -102,7 +107,7 @@ def export_module(module: Any, args: Sequence[Any], kwargs: Dict[str, Any], path
     tmp_dir = tempfile.mkdtemp(prefix=".fsdp-plan-export-", dir=directory)
     tmp = os.path.join(tmp_dir, os.path.basename(path))
     try:
-        with _quiet(), _no_canonical_form_check():
+        with _quiet(), skip_check():
             torch.export.save(ep, tmp, extra_files={METADATA_NAME: _dumps(record)})
         os.replace(tmp, path)  # atomically, as fsdp-plan -o: a failed run leaves `path` alone
     except Exception as e:

@@ -699,6 +699,32 @@ def plan_api_cases(run: Runner, work: str) -> None:
     run.report(not m, "plan() / no example_inputs: a base class of the user's own matches its subclasses", m)
 
 
+def identical_case(run: Runner, work: str) -> None:
+    """The exporter's two skips (no stack traces while tracing, no canonical-form self-check
+    in save) leave the archive as torch alone writes it: every member, byte for byte."""
+    label = "skips: the archive is torch's own"
+    if not run.selected("skips"):
+        return
+    live = corpus.build("llama")
+    live.train()
+    ids = torch.randint(3, 200, (1, SEQ))
+    paths = {}
+    for fast in (True, False):
+        paths[fast] = os.path.join(work, f"identical_{'fast' if fast else 'plain'}.pt2")
+        fexport.export_module(live, (), {"input_ids": ids, "labels": ids}, paths[fast], fast=fast)
+    members = []
+    for fast in (True, False):
+        with zipfile.ZipFile(paths[fast]) as z:
+            # The archive's root folder is named after the file: compare what lies below it.
+            members.append({n.split("/", 1)[1]: z.read(n) for n in z.namelist()})
+    fast_m, plain_m = members
+    msgs = [f"member {n}: only in the {'fast' if n in fast_m else 'plain'} archive"
+            for n in sorted(set(fast_m) ^ set(plain_m))]
+    msgs += [f"member {n}: {len(fast_m[n])} bytes fast, {len(plain_m[n])} plain, not the same bytes"
+             for n in sorted(set(fast_m) & set(plain_m)) if fast_m[n] != plain_m[n]]
+    run.report(not msgs and len(fast_m) > 3, f"{label} ({len(fast_m)} members)", msgs)
+
+
 def main(argv: List[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("binary")
@@ -706,7 +732,7 @@ def main(argv: List[str]) -> int:
                                                      "fsdp_plan.export from this checkout)")
     ap.add_argument("-k", dest="only", default=None,
                     help="only the cases whose label contains one of these comma-separated substrings "
-                         "(corpus:NAME, lora:, dynamic:, torch.export.load, walk:NAME, factory, errors, plan())")
+                         "(corpus:NAME, lora:, dynamic:, torch.export.load, skips, walk:NAME, factory, errors, plan())")
     ap.add_argument("--keep", default=None)
     ap.add_argument("-v", dest="verbose", action="store_true")
     ap.add_argument("-j", dest="jobs", type=int, default=2, help="exports running at once (default 2)")
@@ -722,6 +748,7 @@ def main(argv: List[str]) -> int:
     lora_case(run, work, cfg_dir)
     dynamic_case(run, work, cfg_dir)
     load_case(run, work)
+    identical_case(run, work)
     walk_cases(run, work, cfg_dir)
     factory_case(run, work)
     error_cases(run, work, cfg_dir)
