@@ -11,7 +11,7 @@ The config is tests/corpus/corpus.py's FULL["llama3_70b"] (built on the meta
 device here, its config written with save_pretrained). The export runs as
 its own process (`python -m fsdp_plan.export` from this checkout's python/),
 timed from start to exit, import of torch and transformers included; its
-peak RSS is that child's own (os.wait4's rusage, ru_maxrss). With --binary,
+peak RSS is that child's own (GNU time's %M; see timed_child). With --binary,
 the file is then planned with the recorded no_split_modules at world size 64.
 With --wheel, the wheel is installed with --no-index into a fresh venv, timed.
 """
@@ -28,14 +28,27 @@ REPO = os.path.normpath(os.path.join(HERE, ".."))
 
 
 def timed_child(cmd, env=None):
-    """(exit code, wall seconds, peak RSS bytes, stderr) of one child process."""
-    t0 = time.perf_counter()
-    p = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    stderr = p.stderr.read()
-    _, status, usage = os.wait4(p.pid, 0)
-    wall = time.perf_counter() - t0
-    p.returncode = os.waitstatus_to_exitcode(status)
-    return p.returncode, wall, usage.ru_maxrss * 1024, usage.ru_utime + usage.ru_stime, stderr
+    """(exit code, wall seconds, peak RSS bytes, CPU seconds, stderr) of one child process.
+
+    The peak RSS comes from GNU time (/usr/bin/time -f %M), the child's parent: a
+    child forked straight from this process would report this process's own RSS
+    (torch and transformers imported, ~360 MB) as its peak, because Linux keeps the
+    pre-exec memory's high-water mark in ru_maxrss (fs/exec.c: exec_mmap,
+    setmax_mm_hiwater_rss). The times are still os.wait4's."""
+    with tempfile.NamedTemporaryFile(prefix="rss-", suffix=".txt") as rss_file:
+        gnu_time = os.path.exists("/usr/bin/time")
+        argv = ["/usr/bin/time", "-q", "-f", "%M", "-o", rss_file.name, *cmd] if gnu_time else list(cmd)
+        t0 = time.perf_counter()
+        p = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        stderr = p.stderr.read()
+        _, status, usage = os.wait4(p.pid, 0)
+        wall = time.perf_counter() - t0
+        p.returncode = os.waitstatus_to_exitcode(status)
+        rss = usage.ru_maxrss * 1024
+        if gnu_time:
+            lines = open(rss_file.name).read().split()
+            rss = int(lines[-1]) * 1024 if lines and lines[-1].isdigit() else rss
+    return p.returncode, wall, rss, usage.ru_utime + usage.ru_stime, stderr
 
 
 def write_config(out_dir: str) -> str:
