@@ -16,7 +16,8 @@ on the decoder layers (actmodels.decoder_layer_classes: the repeated `_no_split_
   checkpoint_wrapper_fn=partial(checkpoint_wrapper, checkpoint_impl=NO_REENTRANT), check_fn=is a
   layer)` inside the FSDP units (accelerate/accelerator.py: prepare_model, FSDP1 branch);
   MemTracker (torch/distributed/_tools/mem_tracker.py, which knows nothing of FSDP: it files flat
-  parameters as Parameter, their gradients as Gradient).
+  parameters as Parameter, their gradients as Gradient; the inputs given to track_external, as
+  "Other").
 
 Real tiny CPU tensors (FakeTensorMode cannot run HF's grouped_mm experts: aten._grouped_mm's meta
 kernel rejects float32 and its backward's strides), except --headline, which reproduces issue 30's
@@ -260,7 +261,9 @@ def run_case(name: str, batch: int, seq: Optional[int], version: int, world: int
             tracker.track_inputs(tuple(v for v in kwargs.values() if isinstance(v, torch.Tensor)))
         else:
             tracker = FrozenSafeMemTracker()
-            tracker.track_external(wrapped, optim)
+            # The batch is device memory for the whole step, as FSDPMemTracker.track_inputs counts it
+            # above; MemTracker sees tensors made outside it only when given (filed as "Other").
+            tracker.track_external(wrapped, optim, *(v for v in kwargs.values() if isinstance(v, torch.Tensor)))
         res = two_steps(tracker, wrapped, optim, kwargs)
         res["modules"] = module_stats(tracker, keep_module(names, wrapped))
         res = prune(res)
