@@ -114,6 +114,9 @@ void walk_plan(const Plan& plan, const Graph& graph, ActivationPlan& acts, std::
   opt.unit_of_module = unit_of_modules(plan);
   for (const CheckpointedModule& c : acts.checkpointed) opt.checkpointed.push_back(c.module);
   opt.trainable_params = fsdp1_trainable(plan);
+  opt.unit_of_param.assign(plan.tree->num_tensors(), -1);
+  for (size_t u = 0; u < plan.units.size(); ++u)
+    for (const Owned& o : plan.units[u].params) opt.unit_of_param[static_cast<size_t>(o.tensor)] = static_cast<int>(u);
   // Mixed precision: the root casts the floating forward inputs to param_dtype
   // (FSDP2 MixedPrecisionPolicy.cast_forward_inputs, FSDP1 cast_root_forward_inputs).
   if (const auto& mp = plan.policy.mixed_precision; mp && mp->param_dtype &&

@@ -22,6 +22,7 @@ ActivationSchedule::ActivationSchedule(const ActivationPlan& acts, const std::ve
   }
   if (source_ != ActivationSource::Graph) return;
   runs_ = &acts.runs;
+  batch_ = acts.input_bytes;
   for (size_t r = 0; r < acts.runs.size(); ++r) {
     const int u = acts.runs[r].unit;
     if (u < 0 || static_cast<size_t>(u) >= n) continue;
@@ -38,23 +39,23 @@ ActivationSchedule::ActivationSchedule(const ActivationPlan& acts, const std::ve
   if (!acts.runs.empty()) after_forward_ = acts.runs.back().forward_end;
 }
 
-int64_t ActivationSchedule::after_forward() const { return after_forward_; }
+int64_t ActivationSchedule::after_forward() const { return after_forward_ + batch_; }
 
 int64_t ActivationSchedule::forward_before(int unit) const {
   if (source_ != ActivationSource::Graph) return held_;
   const auto& mine = unit_runs_[static_cast<size_t>(unit)];
   const size_t k = fwd_next_[static_cast<size_t>(unit)];
-  return k < mine.size() ? (*runs_)[mine[k]].forward_start : held_;
+  return k < mine.size() ? (*runs_)[mine[k]].forward_start + batch_ : held();
 }
 
 int64_t ActivationSchedule::forward_enter(int unit) {
   if (source_ != ActivationSource::Graph) return held_;
   const auto& mine = unit_runs_[static_cast<size_t>(unit)];
   size_t& k = fwd_next_[static_cast<size_t>(unit)];
-  if (k >= mine.size()) return held_;
+  if (k >= mine.size()) return held();
   const ActivationRun& run = (*runs_)[mine[k++]];
   held_ = run.forward_end;
-  return run.forward_peak;
+  return run.forward_peak + batch_;
 }
 
 std::optional<int64_t> ActivationSchedule::forward_resume(int unit, int next) {
@@ -67,7 +68,7 @@ std::optional<int64_t> ActivationSchedule::forward_resume(int unit, int next) {
   std::optional<int64_t> peak;
   while (k < mine.size() && static_cast<int64_t>(mine[k]) < bound) {
     const ActivationRun& run = (*runs_)[mine[k++]];
-    peak = std::max(peak.value_or(0), run.forward_peak);
+    peak = std::max(peak.value_or(0), run.forward_peak + batch_);
     held_ = run.forward_end;
   }
   return peak;
@@ -77,17 +78,17 @@ int64_t ActivationSchedule::backward_before(int unit) const {
   if (source_ != ActivationSource::Graph) return held_;
   const auto& mine = unit_runs_[static_cast<size_t>(unit)];
   const size_t left = bwd_left_[static_cast<size_t>(unit)];
-  return left > 0 ? (*runs_)[mine[left - 1]].backward_start : held_;
+  return left > 0 ? (*runs_)[mine[left - 1]].backward_start + batch_ : held();
 }
 
 int64_t ActivationSchedule::backward_enter(int unit) {
   if (source_ != ActivationSource::Graph) return held_;
   const auto& mine = unit_runs_[static_cast<size_t>(unit)];
   size_t& left = bwd_left_[static_cast<size_t>(unit)];
-  if (left == 0) return held_;
+  if (left == 0) return held();
   const ActivationRun& run = (*runs_)[mine[--left]];
   held_ = run.backward_end;
-  return run.backward_peak;
+  return run.backward_peak + batch_;
 }
 
 std::optional<int64_t> ActivationSchedule::backward_resume(int unit, int next) {
@@ -95,12 +96,14 @@ std::optional<int64_t> ActivationSchedule::backward_resume(int unit, int next) {
   const auto& mine = unit_runs_[static_cast<size_t>(unit)];
   size_t& left = bwd_left_[static_cast<size_t>(unit)];
   const int64_t bound = next < 0 ? -1 : subtree_last_[static_cast<size_t>(next)];
+  resumed_grads_ = 0;
   if (next >= 0 && bound < 0) return std::nullopt;
   std::optional<int64_t> peak;
   while (left > 0 && static_cast<int64_t>(mine[left - 1]) > bound) {
     const ActivationRun& run = (*runs_)[mine[--left]];
-    peak = std::max(peak.value_or(0), run.backward_peak);
+    peak = std::max(peak.value_or(0), run.backward_peak + batch_);
     held_ = run.backward_end;
+    resumed_grads_ += run.backward_grads;
   }
   return peak;
 }

@@ -38,11 +38,19 @@ class ActivationSchedule {
   int64_t backward_before(int unit) const;
   int64_t backward_enter(int unit);
   std::optional<int64_t> backward_resume(int unit, int next);
+  // The gradients of their own unit's parameters that the runs the last
+  // backward_resume took make (ActivationRun::backward_grads): its peak counts
+  // them, so a model that counts the same parameters as gradients already
+  // made (LateGradients, after `next`) takes them out there.
+  int64_t resumed_grads() const { return resumed_grads_; }
 
+  // Every level above includes the batch (ActivationPlan::input_bytes).
   // The saved bytes held after the last run consumed (forward or backward).
-  int64_t held() const { return held_; }
+  int64_t held() const { return held_ + batch_; }
   // What stays saved between forward and backward.
   int64_t after_forward() const;
+  // What is left after the backward: the batch, held through the optimizer step.
+  int64_t batch() const { return batch_; }
 
  private:
   ActivationSource source_;
@@ -54,6 +62,8 @@ class ActivationSchedule {
   std::vector<int64_t> subtree_first_, subtree_last_;  // run index range of each unit's subtree (-1: none)
   int64_t held_ = 0;
   int64_t after_forward_ = 0;
+  int64_t resumed_grads_ = 0;
+  int64_t batch_ = 0;
 };
 
 // Gradients of enclosing units' parameters that already exist while a unit's

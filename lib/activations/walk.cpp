@@ -22,6 +22,7 @@ struct Storage {
   int32_t region_input = -1;   // the checkpointed call it is an input of (kept), -1: none
   bool output = false;         // a graph output
   bool loss = false;
+  int owner = -1;              // a parameter's unit (WalkOptions::unit_of_param), -1: none known
 };
 
 // One call of a checkpointed module: a maximal run of consecutive nodes in its subtree.
@@ -257,7 +258,10 @@ class Walker {
                                    ? opt_.compute_dtype
                                    : w.dtype;
       const int64_t bytes = span_of(p.tensor, dtype);
+      if (kind == StorageKind::Input) out_.input_bytes += bytes;
       int32_t s = new_storage(bytes, kind, -1);
+      if (p.kind == WalkInput::Parameter && p.param >= 0 && static_cast<size_t>(p.param) < opt_.unit_of_param.size())
+        storages_[static_cast<size_t>(s)].owner = opt_.unit_of_param[static_cast<size_t>(p.param)];
       fill_meta(p.tensor, s, bytes, rg && w.dtype && is_floating_dtype(w.dtype->name), dtype);
       // FSDP's cast of a floating input under mixed precision is a copy made
       // in the forward (the root's pre-forward): an activation where it is saved.
@@ -719,17 +723,29 @@ class Walker {
     auto activation_tensor = [&](int32_t t) {
       return valid(t) && storages_[static_cast<size_t>(meta_[static_cast<size_t>(t)].storage)].kind == StorageKind::Activation;
     };
+    // Parameters' gradients: AccumulateGrad makes one at the first backward
+    // that reaches the parameter (its last use in the forward) and later uses
+    // add into it (torch/csrc/autograd/functions/accumulate_grad.h:
+    // AccumulateGrad::accumulateGrad). FSDP2 keeps them until the group's
+    // post-backward reduce-scatter (_fsdp_param_group.py:
+    // FSDPParamGroup.post_backward), FSDP1 the views' until
+    // SplitWithSizesBackward concatenates them (_flat_param.py:
+    // FlatParamHandle._use_unsharded_views): so inside a unit's backward its
+    // gradients made so far sit beside its activations and their gradients.
+    std::vector<bool> param_grad(storages_.size(), false);
+    int64_t run_grads = 0;  // the current run's own parameters' gradients made so far
     for (int32_t i = n - 1; i >= 0; --i) {
       ActivationRun& run = out_.runs[static_cast<size_t>(run_of[static_cast<size_t>(i)])];
       const bool last_of_run = i == n - 1 || run_of[static_cast<size_t>(i + 1)] != run_of[static_cast<size_t>(i)];
       if (last_of_run) {
         run.backward_start = live;
         run.backward_peak = live;
+        run_grads = 0;
       }
       const WalkNode& node = g_.nodes[static_cast<size_t>(i)];
       // A checkpointed call's backward starts by running it again.
       live += recompute_at[static_cast<size_t>(i)];
-      run.backward_peak = std::max(run.backward_peak, live);
+      run.backward_peak = std::max(run.backward_peak, live + run_grads);
       int32_t out_buf = -1;  // the first output's gradient, which a view hands on
       bool reached = false;
       for (int32_t o : node.outputs)
@@ -739,10 +755,22 @@ class Walker {
         }
       if (reached && recorded_[static_cast<size_t>(i)]) {
         // The gradients this node's backward makes for its inputs that need them.
-        int64_t made = 0;
+        int64_t made = 0, made_params = 0;
         const bool passthrough = node_view_[static_cast<size_t>(i)] || passes_gradient(node.op);
         for (int32_t t : node_diff_[static_cast<size_t>(i)]) {
-          if (!activation_tensor(t) || !meta_[static_cast<size_t>(t)].requires_grad) continue;
+          if (!valid(t) || !meta_[static_cast<size_t>(t)].requires_grad) continue;
+          if (const int32_t sid = meta_[static_cast<size_t>(t)].storage;
+              storages_[static_cast<size_t>(sid)].kind == StorageKind::Param) {
+            // A view of a parameter (t, expand) hands its gradient on to the parameter's.
+            const Storage& st = storages_[static_cast<size_t>(sid)];
+            if (!param_grad[static_cast<size_t>(sid)] && st.owner >= 0 && st.owner == run.unit) {
+              run.backward_grads += st.bytes;
+              made_params += st.bytes;
+            }
+            param_grad[static_cast<size_t>(sid)] = true;
+            continue;
+          }
+          if (!activation_tensor(t)) continue;
           if (grad_of[static_cast<size_t>(t)] >= 0) continue;  // accumulated into the gradient it has
           const int64_t bytes = tensor_bytes(t);
           if (passthrough && out_buf >= 0 && bytes <= bufs[static_cast<size_t>(out_buf)].bytes) {
@@ -754,7 +782,8 @@ class Walker {
           grad_of[static_cast<size_t>(t)] = static_cast<int32_t>(bufs.size()) - 1;
           made += bytes;
         }
-        run.backward_peak = std::max(run.backward_peak, live + made + node_extra_[static_cast<size_t>(i)]);
+        run_grads += made_params;
+        run.backward_peak = std::max(run.backward_peak, live + run_grads + made + node_extra_[static_cast<size_t>(i)]);
         live += made;
         for (int32_t o : node.outputs)
           if (o >= 0 && static_cast<size_t>(o) < grad_of.size()) release(o);

@@ -17,7 +17,9 @@
 //     be used (their last use is later) and the graph's outputs;
 //  5. backward in reverse from the loss: each node's gradients for the inputs
 //     that require grad appear, its outputs' gradients and the saves no
-//     earlier node holds go; parameters' gradients are the memory models';
+//     earlier node holds go; a parameter's gradient appears at the backward
+//     of its last use in the forward and stays (the memory models free it),
+//     counted in the run of the unit that owns it;
 //  6. activation checkpointing: a checkpointed module call keeps only its
 //     inputs made outside it; its backward starts by recomputing it, which
 //     saves again what it saves.
@@ -78,6 +80,10 @@ struct WalkOptions {
   std::vector<int> unit_of_module;      // per ModuleId: the unit its forward runs in
   std::vector<ModuleId> checkpointed;   // outermost checkpointed modules (activations.h)
   std::vector<bool> trainable_params;   // per tree TensorId: requires grad as the plan trains it; empty: as recorded
+  // Per tree TensorId: the unit that owns the parameter (-1: none, ignored).
+  // A run's backward peak counts the gradients its nodes make for its unit's
+  // parameters (ActivationRun::backward_grads); empty: none counted.
+  std::vector<int> unit_of_param;
   // Mixed precision: floating user inputs cast to this dtype in the forward
   // (FSDP's cast_forward_inputs): a copy, an activation where it is saved.
   const DtypeInfo* input_cast = nullptr;

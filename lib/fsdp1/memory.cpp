@@ -306,9 +306,19 @@ MemoryPlan estimate_memory(const Plan& plan, const FsdpSettings& settings, bool 
     if (auto peak = acts.backward_resume(a, next)) {
       act = *peak;
       const size_t k = static_cast<size_t>(a);
-      const int64_t live = keep_after_forward ? prefix + gathered[k] : ancestors_gathered[k] + gathered[k];
-      record("backward", k, live, late_after(a, next >= 0 ? next : static_cast<int>(n) - 1),
-             ignored + sharded_grads_done);
+      // Unit `next`, whose backward follows, is already gathered: the last
+      // pre-backward hook prefetched it (BACKWARD_PRE, _runtime_utils.py:
+      // _pre_backward_hook -> _prefetch_handle), the root's own at the start
+      // of backward (refs/peak_small.json llama_b2s32/fsdp1/w8: the last
+      // layer's parameters beside the loss's backward).
+      const int64_t prefetched = !keep_after_forward && next >= 0 && next != a ? gathered[static_cast<size_t>(next)] : 0;
+      const int64_t live =
+          (keep_after_forward ? prefix + gathered[k] : ancestors_gathered[k] + gathered[k]) + prefetched;
+      // The runs' peak counts the gradients they make themselves (ActivationRun::backward_grads),
+      // which late_after counts too: they are used after `next`.
+      const int64_t made_before = std::max<int64_t>(
+          0, late_after(a, next >= 0 ? next : static_cast<int>(n) - 1) - acts.resumed_grads());
+      record("backward", k, live, made_before, ignored + sharded_grads_done);
       act = acts.held();
     }
   };
@@ -336,12 +346,17 @@ MemoryPlan estimate_memory(const Plan& plan, const FsdpSettings& settings, bool 
     // autograd's SplitWithSizesBackward the flat gradient).
     record("backward", j, live, outer + view_grads[j] + cat_grad[j], grads);
     // The post-backward hook: the views' gradients freed, the unit's unsharded
-    // parameter freed first under a sharded strategy (_post_backward_reshard),
-    // then the reduce-scatter's tensors beside the flat gradient.
-    record("backward", j, sharded ? live - gathered[j] : live, outer + cat_grad[j] + post_grad[j], grads);
+    // parameter freed first (_post_backward_reshard): under a sharded
+    // strategy the padded unsharded flat parameter; under NO_SHARD the
+    // low-precision copy mixed precision made, which is its only gathered
+    // bytes (_flat_param.py: FlatParamHandle.post_reshard frees _mp_shard;
+    // refs/peak_small.json llama_lora_b1s16/fsdp1/w1/bf16: the bf16 copy is
+    // gone when the fp32 gradient is made); then the reduce-scatter's tensors
+    // beside the flat gradient.
+    record("backward", j, live - gathered[j], outer + cat_grad[j] + post_grad[j], grads);
     sharded_grads_done += grad_sharded[j];
   }
-  act = 0;
+  act = acts.batch();  // the backward freed every saved tensor; the batch stays
   // The optimizer step: the steady state, nothing gathered. Adam
   // (foreach=False, optim/adam.py: _single_tensor_adam) computes each
   // parameter's denom = (exp_avg_sq.sqrt() / c).add_(eps): two temporaries of
@@ -356,11 +371,12 @@ MemoryPlan estimate_memory(const Plan& plan, const FsdpSettings& settings, bool 
   step.optimizer_bytes = r.optimizer_bytes + optimizer_temp;
   step.buffers_bytes = r.buffers_bytes;
   step.grads_bytes = r.grads_bytes;
+  step.activation_bytes = act;
   if (step.total_bytes() > r.peak_bytes) {
     r.peak_bytes = step.total_bytes();
     r.peak_phase = "optimizer step";
     r.peak_unit = -1;
-    r.activation_bytes = 0;
+    r.activation_bytes = act;
   }
   if (timeline) mem.timeline.push_back(std::move(step));
   if (r.peak_unit >= 0) {

@@ -323,7 +323,12 @@ MemoryPlan Fsdp2Memory::estimate(const FsdpSettings& settings, bool timeline) co
   };
 
   // Forward, in unit order: the previous group's all-gather output lives
-  // until this group's copy-out (implicit prefetch); at world size 1 there is none.
+  // through this group's copy-out (implicit prefetch): wait_for_unshard drops
+  // comm_ctx.all_gather_state before the copy-out, but its local
+  // `prev_all_gather_state` still holds the result until the function returns
+  // (_fsdp_param_group.py: FSDPParamGroup.wait_for_unshard; FSDPMemTracker
+  // shows both all-gathers beside the first layer's unsharded parameters,
+  // refs/peak_small.json llama_lora_b1s16/fsdp2/w8/fp32/ac). At world size 1 there is none.
   int64_t ag_prev = 0;
   std::vector<size_t> active;
   auto post_forward = [&](size_t j) {
@@ -349,8 +354,9 @@ MemoryPlan Fsdp2Memory::estimate(const FsdpSettings& settings, bool timeline) co
     live.all_gather += ag;
     act = acts.forward_before(static_cast<int>(j));
     consider("forward", j);
-    live.all_gather -= ag_prev;
     gather(j);
+    consider("forward", j);
+    live.all_gather -= ag_prev;
     act = acts.forward_enter(static_cast<int>(j));
     consider("forward", j);
     act = acts.held();
@@ -401,9 +407,14 @@ MemoryPlan Fsdp2Memory::estimate(const FsdpSettings& settings, bool timeline) co
     if (open.empty()) return;
     late = next >= 0 ? late_outer_[static_cast<size_t>(next)] : late_in_[open.back()];
     if (auto peak = acts.backward_resume(static_cast<int>(open.back()), next)) {
+      // The runs' peak counts the gradients they make themselves; after a
+      // child (next >= 0) late_outer_ counts those parameters too.
+      const int64_t all = late;
+      if (next >= 0) late = std::max<int64_t>(0, late - acts.resumed_grads());
       act = *peak;
       consider("backward", open.back());
       act = acts.held();
+      late = all;
     }
   };
   for (size_t k = post_order.size(); k-- > 0;) {
@@ -443,7 +454,7 @@ MemoryPlan Fsdp2Memory::estimate(const FsdpSettings& settings, bool timeline) co
     open.pop_back();
     resume_backward(-1);
   }
-  act = 0;  // the backward freed every saved tensor
+  act = acts.batch();  // the backward freed every saved tensor; the batch stays
   late = 0;
   // The optimizer step: sharded gradients and state, nothing gathered. Adam
   // (foreach=False) computes each parameter's denominator in two temporaries

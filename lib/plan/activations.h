@@ -33,6 +33,12 @@ struct ActivationRun {
   int64_t backward_start = 0;
   int64_t backward_peak = 0;
   int64_t backward_end = 0;
+  // Gradients of the unit's own parameters this run's backward makes (those
+  // whose last use in the forward is in the run). Autograd makes each at that
+  // use's backward and keeps it until the unit's post-backward hook, so
+  // backward_peak counts the ones made by its point; backward_start and
+  // backward_end do not (the memory models count them after the run).
+  int64_t backward_grads = 0;
 };
 
 // A module run under activation checkpointing (checkpoint_wrapper): its
@@ -69,6 +75,12 @@ struct ActivationPlan {
   int64_t held_bytes = 0;
   int64_t param_saved_bytes = 0;  // parameters and buffers saved (held anyway: not activations)
   int64_t input_saved_bytes = 0;  // user inputs saved (held by the caller)
+  // The user inputs themselves (the batch, as the export's user inputs
+  // record them, before any mixed-precision cast): device memory the training
+  // loop holds through the whole step, forward, backward and optimizer step
+  // (FSDPMemTracker.track_inputs files them as "Inputs"). The memory models
+  // count them with the activations.
+  int64_t input_bytes = 0;
   std::vector<int64_t> unit_bytes;  // per unit: saved by its own modules (not nested units'), as held after forward
   std::vector<ModuleActivations> modules;  // modules with saved bytes in their subtree, in pre-order
   std::vector<ActivationRun> runs;          // forward order

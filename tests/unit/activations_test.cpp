@@ -304,10 +304,16 @@ struct TinyNet {
   }
 };
 
-ActivationPlan walk_tiny(TinyNet& net, const Plan& plan, std::vector<ModuleId> checkpointed = {}) {
+ActivationPlan walk_tiny(TinyNet& net, const Plan& plan, std::vector<ModuleId> checkpointed = {},
+                         bool param_grads = false) {
   WalkOptions opt;
   opt.env = env(ComputeDevice::Cuda);
   opt.checkpointed = std::move(checkpointed);
+  if (param_grads) {  // as activations.cpp fills it: each parameter's owning unit
+    opt.unit_of_param.assign(net.b.tree.num_tensors(), -1);
+    for (size_t u = 0; u < plan.units.size(); ++u)
+      for (const Owned& o : plan.units[u].params) opt.unit_of_param[static_cast<size_t>(o.tensor)] = static_cast<int>(u);
+  }
   opt.unit_of_module.assign(net.b.tree.num_modules(), 0);
   for (ModuleId m : net.b.tree.preorder()) {
     const ModuleId parent = net.b.tree.module(m).parent;
@@ -420,11 +426,14 @@ TEST_CASE("memory: both FSDP versions hold the runs' activations at their points
     FsdpSettings s = plan.policy.fsdp;
     s.world_size = 2;
     const MemoryPlan m = plan.v2() ? estimate_memory_fsdp2(plan, s) : estimate_memory(plan, s);
-    // The loss's backward is the activations' high point, and the plan's timeline reaches it.
-    CHECK(max_activation(m) == plan.activations.runs[2].backward_peak);
-    // Forward grows to the held level; the optimizer step holds none.
+    // The loss's backward is the activations' high point, and the plan's timeline reaches it;
+    // the batch (x and y) is held beside them.
+    const int64_t batch = 96 + 48;
+    CHECK(plan.activations.input_bytes == batch);
+    CHECK(max_activation(m) == plan.activations.runs[2].backward_peak + batch);
+    // Forward grows to the held level; the optimizer step holds only the batch.
     CHECK(m.timeline.back().phase == "optimizer step");
-    CHECK(m.timeline.back().activation_bytes == 0);
+    CHECK(m.timeline.back().activation_bytes == batch);
     int64_t last_forward = -1;
     for (const auto& st : m.timeline)
       if (st.phase == "forward") {
@@ -622,4 +631,142 @@ TEST_CASE("late gradients: equal to summing each enclosing unit's parameters use
         CHECK(late.after(static_cast<int>(u), static_cast<int>(j)) == expected);
       }
   }
+}
+
+TEST_CASE("walk: a unit's parameter gradients made so far sit beside its activations in its backward") {
+  // Autograd makes each parameter's gradient at the backward of its last use and FSDP frees it
+  // only at the unit's post-backward (FSDP2: FSDPParamGroup.post_backward; FSDP1: the views'
+  // gradients until SplitWithSizesBackward). layers.1's backward, by hand: fc2's backward makes
+  // fc2's weight and bias gradients (128 + 16 B) beside relu's input gradient (192 B); relu's
+  // backward then makes another 192 B while fc2's gradients still exist: the run's peak is 144 B
+  // above what the activations alone reach. The whole run makes 128 + 16 + 128 + 32 = 304 B.
+  TinyNet net;
+  Plan plan = plan_of(net.b, R"({"module_classes": ["Block"], "fsdp": {"version": 2}})");
+  const ActivationPlan without = walk_tiny(net, plan);
+  const ActivationPlan with = walk_tiny(net, plan, {}, true);
+  REQUIRE(with.runs.size() == 3);
+  CHECK(with.runs[1].backward_grads == 304);
+  CHECK(with.runs[0].backward_grads == 304);  // layers.0: x needs no gradient, its parameters do
+  CHECK(with.runs[2].backward_grads == 160 + 40);  // the head
+  CHECK(without.runs[1].backward_grads == 0);
+  CHECK(with.runs[1].backward_peak == without.runs[1].backward_peak + 144);
+  // The run's start and end are the activations' (the memory models count the unit's gradients after it).
+  for (size_t k = 0; k < 3; ++k) {
+    CHECK(with.runs[k].backward_start == without.runs[k].backward_start);
+    CHECK(with.runs[k].backward_end == without.runs[k].backward_end);
+  }
+  // A frozen unit makes none: layers.1 frozen (its four tensors are 4..7).
+  TinyNet frozen;
+  for (WalkPlaceholder& p : frozen.gb.g.placeholders)
+    if (p.kind == WalkInput::Parameter && p.param >= 4 && p.param < 8)
+      frozen.gb.g.tensors[static_cast<size_t>(p.tensor)].requires_grad = false;
+  const ActivationPlan f = walk_tiny(frozen, plan, {}, true);
+  CHECK(f.runs[1].backward_grads == 0);
+}
+
+TEST_CASE("memory: the root's head gradients are counted once in its backward run, FSDP1") {
+  // FSDP1 resumes the root for its head and loss before the last layer's backward, counting the
+  // head's gradients as made (LateGradients); the run's own peak now counts them as they are
+  // made, so there they are not counted again.
+  TinyNet net;
+  Plan plan = plan_of(net.b, R"({"module_classes": ["Block"]})");
+  plan.activations = walk_tiny(net, plan, {}, true);
+  FsdpSettings s = plan.policy.fsdp;
+  s.world_size = 2;
+  const MemoryPlan m = estimate_memory(plan, s);
+  const MemoryStep* head = nullptr;
+  for (const auto& st : m.timeline)
+    if (st.phase == "backward") {
+      head = &st;
+      break;
+    }
+  REQUIRE(head != nullptr);
+  CHECK(head->unit == 0);
+  CHECK(head->activation_bytes == plan.activations.runs[2].backward_peak + plan.activations.input_bytes);
+  CHECK(head->unsharded_grads_bytes == 0);
+  // The root's pre-backward hook has already prefetched layers.1, whose backward follows
+  // (BACKWARD_PRE: _runtime_utils.py _pre_backward_hook -> _prefetch_handle).
+  CHECK(head->gathered_bytes == m.units[0].unsharded_bytes + m.units[2].unsharded_bytes);
+}
+
+TEST_CASE("memory: FSDP1 NO_SHARD frees a unit's low-precision copy at its post-backward") {
+  // Mixed precision under NO_SHARD (world size 1): the bf16 copy is the unit's only gathered
+  // memory, and _post_backward_reshard frees it (_flat_param.py: FlatParamHandle.post_reshard
+  // frees _mp_shard) before the gradient's fp32 copy is made. By hand, layers.1 (76 parameters):
+  // gathered = the root's copy 100 + its own 152 + layers.0's prefetched 152; the head's bf16
+  // gradient 100 made before it. Its end: + the views' 152 and the flat gradient 152 = 808. The
+  // post-backward: its copy gone (-152), the flat gradient 152 and its fp32 copy 304 = 808, not 960.
+  TinyNet net;
+  Plan plan = plan_of(net.b, R"({"module_classes": ["Block"],
+                                 "mixed_precision": {"param_dtype": "bfloat16", "reduce_dtype": "float32"}})");
+  FsdpSettings s = plan.policy.fsdp;
+  s.world_size = 1;
+  const MemoryPlan m = estimate_memory(plan, s);
+  const MemoryStep* last = nullptr;
+  for (const auto& st : m.timeline)
+    if (st.phase == "backward" && st.unit == 2) {
+      last = &st;
+      break;
+    }
+  REQUIRE(last != nullptr);
+  CHECK(last->gathered_bytes + last->unsharded_grads_bytes + last->grads_bytes == 808);
+}
+
+TEST_CASE("memory: FSDP2's forward keeps the previous all-gather output through the copy-out") {
+  // wait_for_unshard drops comm_ctx.all_gather_state before its copy-out, but its local
+  // prev_all_gather_state holds the previous group's all-gather output until it returns
+  // (_fsdp_param_group.py: FSDPParamGroup.wait_for_unshard): the first layer's unsharded
+  // parameters sit beside both all-gather outputs.
+  TinyNet net;
+  Plan plan = plan_of(net.b, R"({"module_classes": ["Block"], "fsdp": {"version": 2}})");
+  FsdpSettings s = plan.policy.fsdp;
+  s.world_size = 2;
+  const MemoryPlan m = estimate_memory_fsdp2(plan, s, true);
+  REQUIRE(m.units.size() == 3);
+  const int64_t root = m.units[0].unsharded_bytes, layer = m.units[1].unsharded_bytes;
+  CHECK(root == 200);
+  CHECK(layer == 304);
+  bool found = false;
+  for (const auto& st : m.timeline) {
+    if (st.phase != "forward" || st.unit != 1) continue;
+    std::map<std::string, int64_t> c(st.categories.begin(), st.categories.end());
+    CHECK(c["all_gather"] == root + layer);
+    CHECK(c["unsharded_params"] == root + layer);
+    found = true;
+  }
+  CHECK(found);
+}
+
+TEST_CASE("memory: the batch is held through the step, the optimizer step included, in both versions") {
+  for (const char* policy : {R"({"module_classes": ["Block"]})",
+                             R"({"module_classes": ["Block"], "fsdp": {"version": 2}})"}) {
+    CAPTURE(policy);
+    TinyNet net;
+    Plan plan = plan_of(net.b, policy);
+    plan.activations = walk_tiny(net, plan);
+    const int64_t batch = plan.activations.input_bytes;
+    CHECK(batch == 96 + 48);
+    FsdpSettings s = plan.policy.fsdp;
+    s.world_size = 1;
+    const MemoryPlan with = plan.v2() ? estimate_memory_fsdp2(plan, s) : estimate_memory(plan, s);
+    plan.activations.input_bytes = 0;
+    const MemoryPlan without = plan.v2() ? estimate_memory_fsdp2(plan, s) : estimate_memory(plan, s);
+    REQUIRE(with.timeline.size() == without.timeline.size());
+    for (size_t k = 0; k < with.timeline.size(); ++k)
+      CHECK(with.timeline[k].activation_bytes == without.timeline[k].activation_bytes + batch);
+    CHECK(with.per_rank.peak_bytes == without.per_rank.peak_bytes + batch);
+  }
+  // Under mixed precision the batch is what the caller holds (fp32 x), the bf16 copy an activation.
+  TinyNet net;
+  Plan plan = plan_of(net.b, R"({"module_classes": ["Block"]})");
+  WalkOptions opt;
+  opt.env = env(ComputeDevice::Cuda);
+  opt.unit_of_module.assign(net.b.tree.num_modules(), 0);
+  opt.compute_dtype = bf16();
+  opt.export_dtype = f32();
+  opt.input_cast = bf16();
+  ActivationPlan mp;
+  mp.source = ActivationSource::Graph;
+  walk_graph(net.gb.g, net.b.tree, plan.units.size(), opt, mp, nullptr);
+  CHECK(mp.input_bytes == 96 + 48);
 }
