@@ -136,11 +136,8 @@ int run(const Options& opt) {
     plan.warnings.insert(plan.warnings.begin(), read_warnings.begin(), read_warnings.end());
     spdlog::info("planned {} units in {:.1f} ms", plan.units.size(), ms_since(t0));
     log_plan_details(plan);
-    // The JSON plan costs more than planning a big model: made only when written or checked, and written
-    // from a JsonDocument, one unit at a time; the gate's checks and --expect need it whole.
-    const bool json_written = opt.emit.empty() && opt.format != "text";
-    std::optional<JsonDocument> doc;
-    if (json_written) doc = plan_json(plan);
+    // The JSON plan costs more than planning a big model: made whole only when checked (the gate's checks
+    // and --expect need it) or for HTML; -f json writes it as it goes (report/json_sink.h).
     const auto json = Gate::reads_plan(policy.checks, opt.gate) ? plan_to_json(plan) : nlohmann::ordered_json();
     Gate gate(json, policy.checks, opt.gate, opt.model);
     if (plan.has_errors() || !gate.passed()) code = kExitRefused;
@@ -158,18 +155,19 @@ int run(const Options& opt) {
       }
       text = opt.emit == "torch" ? plan_to_torch(plan) : plan_to_accelerate(plan);
     } else {
-      if (doc) doc->skeleton = gate.annotate(std::move(doc->skeleton));
       if (opt.format == "json") {
-        // Here, while the plan the document refers to lives; from it, not from `text`.
+        // Here, while the plan lives; from it, not from `text`. The gate's keys after the plan's.
         OutputWriter out(opt.output, "plan");
-        doc->write([&out](std::string_view piece) { out.write(piece); });
+        JsonTextSink sink([&out](std::string_view piece) { out.write(piece); });
+        plan_json(sink, plan, gate.annotate(nlohmann::ordered_json::object()));
+        sink.flush();
         out.write("\n");
         out.commit();
         for (const auto& line : failures) spdlog::error("{}", line);
         return code;
       }
       if (opt.format == "html")
-        text = plan_to_html(doc->filled());
+        text = plan_to_html(gate.annotate(json.is_null() ? plan_to_json(plan) : json));
       else
         text = plan_to_text(plan, {text_width(), opt.wide}) + gate.text();
     }

@@ -5,16 +5,18 @@
 #include <nlohmann/json.hpp>
 
 #include "plan/plan.h"
-#include "report/json_document.h"
+#include "report/json_sink.h"
 
 namespace fsdp_plan {
 
 constexpr int kPlanSchemaVersion = 1;
 
-// The plan as a document whose long arrays are made as they are written; it
-// refers to `plan`, which must outlive it.
-JsonDocument plan_json(const Plan& plan);
-// The same, as one value (plan_json(plan).filled()).
+// The plan, one object, to `w`: a JsonTextSink writes it as it goes (its
+// bytes those of plan_to_json(plan).dump(1)), a JsonValueSink builds it.
+// `trailing`'s keys (the gate's "checks" and "expect") follow the plan's own.
+void plan_json(JsonSink& w, const Plan& plan,
+               const nlohmann::ordered_json& trailing = nlohmann::ordered_json::object());
+// The same, as one value.
 nlohmann::ordered_json plan_to_json(const Plan& plan);
 
 }  // namespace fsdp_plan

@@ -1,63 +1,105 @@
 #include "report/time_json.h"
 
+#include <optional>
+
 namespace fsdp_plan {
 namespace {
 
-using ojson = nlohmann::ordered_json;
-
-ojson seconds_or_null(bool known, double s) { return known ? ojson(s) : ojson(nullptr); }
+// A figure the estimate has only when it knows the FLOPs: null otherwise.
+template <class T>
+std::optional<T> known_or_null(bool known, T x) {
+  return known ? std::optional<T>(x) : std::nullopt;
+}
 
 const char* link_name(const CollectiveTime& t, const Collective& c) {
   if (c.group.size <= 1) return "none";
   return t.inter_node ? "inter_node" : "intra_node";
 }
 
-}  // namespace
-
-ojson unit_comm_json(const Plan& plan, size_t i) {
-  const UnitComm& u = plan.comm.units[i];
-  return {{"all_gather_forward_bytes", u.all_gather_forward_bytes},
-          {"all_gather_backward_bytes", u.all_gather_backward_bytes},
-          {"reduce_scatter_bytes", u.reduce_scatter_bytes},
-          {"all_reduce_bytes", u.all_reduce_bytes},
-          {"host_to_device_bytes", u.host_to_device_bytes},
-          {"device_to_host_bytes", u.device_to_host_bytes},
-          {"calls", u.calls}};
+// comm.collectives[i]: one collective of the step, in issue order.
+void comm_collective_json(JsonSink& w, const Plan& plan, size_t i) {
+  const Collective& x = plan.comm.collectives[i];
+  w.object([&] {
+    w.field("unit", x.unit);
+    w.field("kind", collective_name(x.kind));
+    w.field("phase", phase_name(x.phase));
+    w.field("cause", x.cause);
+    w.field("bytes", x.bytes);
+    w.field("numel", x.numel);
+    w.field("dtype", x.dtype);
+    w.field("group_size", x.group.size);
+    w.field("group_stride", x.group.stride);
+    w.field("host_copy_bytes", x.host_copy_bytes);
+  });
 }
 
-ojson unit_time_json(const Plan& plan, size_t i) {
+// time.collectives[i]: what the model says collective i costs, and when it runs.
+void time_collective_json(JsonSink& w, const Plan& plan, size_t i) {
+  const CollectiveTime& c = plan.time.collectives[i];
+  const bool f = plan.time.flops_known;
+  w.object([&] {
+    w.field("seconds", c.seconds);
+    w.field("latency_s", c.latency_s);
+    w.field("bandwidth_s", c.bandwidth_s);
+    w.field("host_copy_s", c.host_copy_s);
+    w.field("nodes", c.nodes);
+    w.field("link", link_name(c, plan.comm.collectives[i]));
+    w.field("start_s", known_or_null(f, c.start));
+    w.field("end_s", known_or_null(f, c.end));
+  });
+}
+
+// time.timeline[i]: one span of compute or communication.
+void time_span_json(JsonSink& w, const Plan& plan, size_t i) {
+  const TimeSpan& s = plan.time.timeline[i];
+  w.object([&] {
+    const char* what =
+        s.compute ? "compute" : collective_name(plan.comm.collectives[static_cast<size_t>(s.collective)].kind);
+    w.field("what", what);
+    w.field("unit", s.unit);
+    w.field("collective", s.compute ? std::nullopt : std::optional<int>(s.collective));
+    w.field("phase", s.backward ? "backward" : "forward");
+    w.field("start_s", s.start);
+    w.field("end_s", s.end);
+  });
+}
+
+}  // namespace
+
+void unit_comm_json(JsonSink& w, const Plan& plan, size_t i) {
+  const UnitComm& u = plan.comm.units[i];
+  w.object([&] {
+    w.field("all_gather_forward_bytes", u.all_gather_forward_bytes);
+    w.field("all_gather_backward_bytes", u.all_gather_backward_bytes);
+    w.field("reduce_scatter_bytes", u.reduce_scatter_bytes);
+    w.field("all_reduce_bytes", u.all_reduce_bytes);
+    w.field("host_to_device_bytes", u.host_to_device_bytes);
+    w.field("device_to_host_bytes", u.device_to_host_bytes);
+    w.field("calls", u.calls);
+  });
+}
+
+void unit_time_json(JsonSink& w, const Plan& plan, size_t i) {
   const StepTime& t = plan.time;
   const UnitTime& u = t.units[i];
   const bool f = t.flops_known;
-  return {{"all_gather_s", u.all_gather_s},
-          {"reduce_scatter_s", u.reduce_scatter_s},
-          {"all_reduce_s", u.all_reduce_s},
-          {"host_copy_s", u.host_copy_s},
-          {"forward_flops", f ? ojson(u.forward_flops) : ojson(nullptr)},
-          {"backward_flops", f ? ojson(u.backward_flops) : ojson(nullptr)},
-          {"forward_compute_s", seconds_or_null(f, u.forward_compute_s)},
-          {"backward_compute_s", seconds_or_null(f, u.backward_compute_s)},
-          {"exposed_forward_s", u.exposed_forward_s},
-          {"exposed_backward_s", u.exposed_backward_s},
-          {"exposed_tail_s", u.exposed_tail_s},
-          {"exposed_s", u.exposed_s()}};
+  w.object([&] {
+    w.field("all_gather_s", u.all_gather_s);
+    w.field("reduce_scatter_s", u.reduce_scatter_s);
+    w.field("all_reduce_s", u.all_reduce_s);
+    w.field("host_copy_s", u.host_copy_s);
+    w.field("forward_flops", known_or_null(f, u.forward_flops));
+    w.field("backward_flops", known_or_null(f, u.backward_flops));
+    w.field("forward_compute_s", known_or_null(f, u.forward_compute_s));
+    w.field("backward_compute_s", known_or_null(f, u.backward_compute_s));
+    w.field("exposed_forward_s", u.exposed_forward_s);
+    w.field("exposed_backward_s", u.exposed_backward_s);
+    w.field("exposed_tail_s", u.exposed_tail_s);
+    w.field("exposed_s", u.exposed_s());
+  });
 }
 
-ojson comm_collective_json(const Plan& plan, size_t i) {
-  const Collective& x = plan.comm.collectives[i];
-  return {{"unit", x.unit},
-          {"kind", collective_name(x.kind)},
-          {"phase", phase_name(x.phase)},
-          {"cause", x.cause},
-          {"bytes", x.bytes},
-          {"numel", x.numel},
-          {"dtype", x.dtype},
-          {"group_size", x.group.size},
-          {"group_stride", x.group.stride},
-          {"host_copy_bytes", x.host_copy_bytes}};
-}
-
-ojson comm_json(const Plan& plan) {
+void comm_json(JsonSink& w, const Plan& plan) {
   const CommPlan& c = plan.comm;
   int64_t ag_f = 0, ag_b = 0, rs = 0, ar = 0, h2d = 0, d2h = 0;
   for (const Collective& x : c.collectives) {
@@ -67,78 +109,72 @@ ojson comm_json(const Plan& plan) {
       case CollectiveKind::AllReduce: ar += x.bytes; d2h += x.host_copy_bytes; break;
     }
   }
-  return {{"per_step", {{"all_gather", {{"forward", ag_f}, {"backward", ag_b}}},
-                        {"reduce_scatter", {{"backward", rs}}},
-                        {"all_reduce", {{"backward", ar}}},
-                        {"host_to_device", h2d},
-                        {"device_to_host", d2h},
-                        {"calls", c.collectives.size()}}},
-          {"rank", 0},
-          {"notes", c.notes},
-          {"collectives", ojson::array()}};  // comm_collective_json, one per collective
+  w.object([&] {
+    w.object_field("per_step", [&] {
+      w.object_field("all_gather", [&] {
+        w.field("forward", ag_f);
+        w.field("backward", ag_b);
+      });
+      w.object_field("reduce_scatter", [&] { w.field("backward", rs); });
+      w.object_field("all_reduce", [&] { w.field("backward", ar); });
+      w.field("host_to_device", h2d);
+      w.field("device_to_host", d2h);
+      w.field("calls", c.collectives.size());
+    });
+    w.field("rank", 0);
+    w.field("notes", c.notes);
+    w.array_field("collectives", [&] {
+      for (size_t i = 0; i < c.collectives.size(); ++i) comm_collective_json(w, plan, i);
+    });
+  });
 }
 
-ojson time_collective_json(const Plan& plan, size_t i) {
-  const CollectiveTime& c = plan.time.collectives[i];
-  return {{"seconds", c.seconds},
-          {"latency_s", c.latency_s},
-          {"bandwidth_s", c.bandwidth_s},
-          {"host_copy_s", c.host_copy_s},
-          {"nodes", c.nodes},
-          {"link", link_name(c, plan.comm.collectives[i])},
-          {"start_s", seconds_or_null(plan.time.flops_known, c.start)},
-          {"end_s", seconds_or_null(plan.time.flops_known, c.end)}};
-}
-
-ojson time_span_json(const Plan& plan, size_t i) {
-  const TimeSpan& s = plan.time.timeline[i];
-  return {{"what", s.compute ? "compute" : collective_name(plan.comm.collectives[static_cast<size_t>(s.collective)].kind)},
-          {"unit", s.unit},
-          {"collective", s.compute ? ojson(nullptr) : ojson(s.collective)},
-          {"phase", s.backward ? "backward" : "forward"},
-          {"start_s", s.start},
-          {"end_s", s.end}};
-}
-
-ojson time_json(const Plan& plan) {
+void time_json(JsonSink& w, const Plan& plan) {
   const StepTime& t = plan.time;
   const HardwareFigures& h = t.hardware;
   const bool f = t.flops_known;
-  ojson hw = {{"preset", h.preset},
-              {"name", h.name},
-              {"bf16_flops", h.bf16_flops},
-              {"tf32_flops", h.tf32_flops},
-              {"hbm_bytes_per_s", h.hbm_bytes_per_s},
-              {"intra_node_bytes_per_s", h.intra_node_bytes_per_s},
-              {"inter_node_bytes_per_s", h.inter_node_bytes_per_s},
-              {"host_bytes_per_s", h.host_bytes_per_s},
-              {"gpus_per_node", h.gpus_per_node},
-              {"compute_efficiency", h.compute_efficiency},
-              {"comm_efficiency", h.comm_efficiency},
-              {"memory_efficiency", h.memory_efficiency},
-              {"base_latency_s", h.base_latency_s},
-              {"intra_step_latency_s", h.intra_step_latency_s},
-              {"inter_step_latency_s", h.inter_step_latency_s},
-              {"overridden", h.overridden}};
-  return {{"estimate", true},
-          {"flops_known", f},
-          {"flops_source", f ? ojson(t.flops_source) : ojson(nullptr)},
-          {"step_s", seconds_or_null(f, t.step_s)},
-          {"compute_s", seconds_or_null(f, t.compute_s)},
-          {"exposed_comm_s", t.exposed_comm_s},
-          {"optimizer_s", seconds_or_null(f, t.optimizer_s)},
-          {"comm_s", t.comm_s},
-          {"channel_s", t.channel_s},
-          {"forward_end_s", seconds_or_null(f, t.forward_end_s)},
-          {"backward_compute_end_s", seconds_or_null(f, t.backward_compute_end_s)},
-          {"backward_end_s", seconds_or_null(f, t.backward_end_s)},
-          {"optimizer_trainable_shard_numel", f ? ojson(t.optimizer_trainable_shard_numel) : ojson(nullptr)},
-          {"compute_dtype", f ? ojson(t.compute_dtype) : ojson(nullptr)},
-          {"compute_peak_flops", f ? ojson(t.compute_peak_flops) : ojson(nullptr)},
-          {"hardware", std::move(hw)},
-          {"assumptions", t.assumptions},
-          {"collectives", ojson::array()},  // time_collective_json, one per collective
-          {"timeline", ojson::array()}};    // time_span_json, one per span
+  w.object([&] {
+    w.field("estimate", true);
+    w.field("flops_known", f);
+    w.field("flops_source", known_or_null(f, t.flops_source));
+    w.field("step_s", known_or_null(f, t.step_s));
+    w.field("compute_s", known_or_null(f, t.compute_s));
+    w.field("exposed_comm_s", t.exposed_comm_s);
+    w.field("optimizer_s", known_or_null(f, t.optimizer_s));
+    w.field("comm_s", t.comm_s);
+    w.field("channel_s", t.channel_s);
+    w.field("forward_end_s", known_or_null(f, t.forward_end_s));
+    w.field("backward_compute_end_s", known_or_null(f, t.backward_compute_end_s));
+    w.field("backward_end_s", known_or_null(f, t.backward_end_s));
+    w.field("optimizer_trainable_shard_numel", known_or_null(f, t.optimizer_trainable_shard_numel));
+    w.field("compute_dtype", known_or_null(f, t.compute_dtype));
+    w.field("compute_peak_flops", known_or_null(f, t.compute_peak_flops));
+    w.object_field("hardware", [&] {
+      w.field("preset", h.preset);
+      w.field("name", h.name);
+      w.field("bf16_flops", h.bf16_flops);
+      w.field("tf32_flops", h.tf32_flops);
+      w.field("hbm_bytes_per_s", h.hbm_bytes_per_s);
+      w.field("intra_node_bytes_per_s", h.intra_node_bytes_per_s);
+      w.field("inter_node_bytes_per_s", h.inter_node_bytes_per_s);
+      w.field("host_bytes_per_s", h.host_bytes_per_s);
+      w.field("gpus_per_node", h.gpus_per_node);
+      w.field("compute_efficiency", h.compute_efficiency);
+      w.field("comm_efficiency", h.comm_efficiency);
+      w.field("memory_efficiency", h.memory_efficiency);
+      w.field("base_latency_s", h.base_latency_s);
+      w.field("intra_step_latency_s", h.intra_step_latency_s);
+      w.field("inter_step_latency_s", h.inter_step_latency_s);
+      w.field("overridden", h.overridden);
+    });
+    w.field("assumptions", t.assumptions);
+    w.array_field("collectives", [&] {
+      for (size_t i = 0; i < t.collectives.size(); ++i) time_collective_json(w, plan, i);
+    });
+    w.array_field("timeline", [&] {
+      for (size_t i = 0; i < t.timeline.size(); ++i) time_span_json(w, plan, i);
+    });
+  });
 }
 
 }  // namespace fsdp_plan
