@@ -269,14 +269,18 @@ int64_t DimValues::eval(ExprId e) const {
 int64_t DimValues::eval(const SymInt& s) const { return s.constant() ? s.value : eval(s.expr); }
 
 std::vector<int64_t> DimValues::sizes(ValueId v) const {
+  const Span<SymInt> in = g_->sizes(v);
   std::vector<int64_t> out;
-  for (const SymInt& s : g_->sizes(v)) out.push_back(eval(s));
+  out.reserve(in.size());
+  for (const SymInt& s : in) out.push_back(eval(s));
   return out;
 }
 
 std::vector<int64_t> DimValues::strides(ValueId v) const {
+  const Span<SymInt> in = g_->strides(v);
   std::vector<int64_t> out;
-  for (const SymInt& s : g_->strides(v)) out.push_back(eval(s));
+  out.reserve(in.size());
+  for (const SymInt& s : in) out.push_back(eval(s));
   return out;
 }
 

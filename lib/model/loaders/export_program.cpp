@@ -1,5 +1,6 @@
 #include "model/loaders/export_program.h"
 
+#include <algorithm>
 #include <limits>
 #include <unordered_map>
 #include <unordered_set>
@@ -218,6 +219,39 @@ void for_elements(dom::element v, F&& f) {
   for (dom::element e : arr) f(e);
 }
 
+// Where a value sits, for a damage message: its text is made only when damage
+// is recorded. Built eagerly ("node 1234: an argument", "tensor x's size")
+// it cost a heap string or two per argument, output and dimension read (an
+// estimate: some 100,000 for a 70B graph), for messages a sound file never gives.
+class What {
+ public:
+  What(const char* text) : head_(text) {}  // a fixed text
+  What(const char* head, size_t number, const char* tail) : head_(head), tail_(tail), number_(number), numbered_(true) {}
+  What(const char* head, std::string_view name) : head_(head), name_(name) {}
+  // This one with more words after it ("'s size").
+  What with(const char* more) const {
+    What w = *this;
+    w.more_ = more;
+    return w;
+  }
+  std::string str() const {
+    std::string out = head_;
+    if (numbered_) out += std::to_string(number_);
+    out.append(name_.data(), name_.size());
+    return out + tail_ + more_;
+  }
+  friend std::string operator+(const What& w, const char* s) { return w.str() + s; }
+  friend std::string operator+(const What& w, const std::string& s) { return w.str() + s; }
+
+ private:
+  const char* head_;
+  const char* tail_ = "";
+  const char* more_ = "";
+  std::string_view name_;
+  size_t number_ = 0;
+  bool numbered_ = false;
+};
+
 // What the module tree reads of an input_specs entry.
 struct RawSpec {
   bool parameter = false, buffer = false;
@@ -374,7 +408,7 @@ class ProgramWalk {
 
   // The single key of an Argument union object and its value.
   template <typename F>
-  bool union_of(dom::element v, const std::string& what, F&& f) {
+  bool union_of(dom::element v, const What& what, F&& f) {
     if (!v.is_object()) {
       g_.damage(what + " is not an object");
       return false;
@@ -388,7 +422,7 @@ class ProgramWalk {
   }
 
   // {"name": "x"} of a TensorArgument.
-  ValueId tensor_name(dom::element v, const std::string& what) {
+  ValueId tensor_name(dom::element v, const What& what) {
     ValueId out = kNone;
     if (!v.is_object()) {
       g_.damage(what + ": a tensor argument that is not an object");
@@ -403,7 +437,7 @@ class ProgramWalk {
   }
 
   // {"as_tensor": {...}} or {"as_none": ...} of an OptionalTensorArgument.
-  ValueId optional_tensor(dom::element v, const std::string& what) {
+  ValueId optional_tensor(dom::element v, const What& what) {
     ValueId out = kNone;
     union_of(v, what, [&](std::string_view k, dom::element x) {
       if (k == "as_tensor") out = tensor_name(x, what);
@@ -413,7 +447,7 @@ class ProgramWalk {
   }
 
   // {"as_name": "sym_size_int_3"} or {"as_int": 4} of a SymIntArgument.
-  void sym_int_argument(dom::element v, const std::string& what) {
+  void sym_int_argument(dom::element v, const What& what) {
     union_of(v, what, [&](std::string_view k, dom::element x) {
       std::string_view s;
       int64_t i = 0;
@@ -430,7 +464,7 @@ class ProgramWalk {
 
   // Reads one Argument into a new argument of the current node; returns its index.
   size_t argument(dom::element v) {
-    const std::string what = node_where() + ": an argument";
+    const What what("node ", raw_.node_stacks.size() - 1, ": an argument");
     size_t index = 0;
     bool added = false;
     auto add = [&](ArgKind kind) -> GraphArg& {
@@ -523,7 +557,7 @@ class ProgramWalk {
     return index;
   }
 
-  std::string device(dom::element v, const std::string& what) {
+  std::string device(dom::element v, const What& what) {
     std::string type;
     int64_t index = -1;
     bool has_index = false;
@@ -540,7 +574,7 @@ class ProgramWalk {
   }
 
   void output(dom::element v) {
-    const std::string what = node_where() + ": an output";
+    const What what("node ", raw_.node_stacks.size() - 1, ": an output");
     union_of(v, what, [&](std::string_view k, dom::element x) {
       if (k == "as_tensor") {
         g_.add_output(tensor_name(x, what));
@@ -600,8 +634,10 @@ class ProgramWalk {
   }
 
   void dims(dom::element v, bool& is_list, std::vector<RawDim>& out) {
-    if (!v.is_array()) return;
+    dom::array arr;
+    if (v.get_array().get(arr)) return;
     is_list = true;
+    out.reserve(std::min<size_t>(arr.size(), kMaxTensorRank + 1));  // a tensor's rank; more is damage
     for_elements(v, [&](dom::element e) {
       g_.count_element();
       out.push_back(sym_int(e));
@@ -613,6 +649,7 @@ class ProgramWalk {
     raw_.tensor_values = true;
     dom::object obj;
     if (v.get_object().get(obj)) return;
+    raw_.metas.reserve(obj.size());
     for (dom::key_value_pair field : obj) {
       const std::string_view name = field.key;
       dom::element x = field.value;
@@ -649,15 +686,15 @@ class ProgramWalk {
     }
   }
 
-  SymInt graph_dim(const RawDim& d, const std::string& what) {
+  SymInt graph_dim(const RawDim& d, const What& what) {
     if (d.kind == RawDim::Int) return SymInt{d.value, kNone};
-    if (d.kind == RawDim::Expr) return g_.expr(d.expr, d.hint, what);
+    if (d.kind == RawDim::Expr) return g_.expr(d.expr, d.hint, what.str());
     g_.damage(what + " is neither an integer nor an expression");
     return SymInt{};
   }
 
   void to_graph(std::string_view name, const RawMeta& m, bool object) {
-    const std::string what = "tensor " + std::string(name);
+    const What what("tensor ", name);
     if (!object) return g_.damage(what + ": its metadata is not an object");
     TensorMeta t;
     const DtypeInfo* dt = m.has_dtype && m.dtype > 0 && m.dtype <= 255 ? dtype_from_export_code(static_cast<int>(m.dtype)) : nullptr;
@@ -671,13 +708,17 @@ class ProgramWalk {
       return g_.damage(what + " has " + std::to_string(m.strides.size()) + " strides for " +
                        std::to_string(m.sizes.size()) + " sizes");
     }
-    std::vector<SymInt> sizes, strides;
+    // Scratch lists, kept between tensors (set_tensor copies them).
+    std::vector<SymInt>& sizes = sizes_;
+    std::vector<SymInt>& strides = strides_;
+    sizes.clear();
+    strides.clear();
     for (const RawDim& d : m.sizes) {
-      sizes.push_back(graph_dim(d, what + "'s size"));
+      sizes.push_back(graph_dim(d, what.with("'s size")));
       if (sizes.back().constant() && sizes.back().value < 0) return g_.damage(what + " has a negative size");
     }
-    for (const RawDim& d : m.strides) strides.push_back(graph_dim(d, what + "'s stride"));
-    if (m.has_offset) t.storage_offset = graph_dim(m.offset, what + "'s storage offset");
+    for (const RawDim& d : m.strides) strides.push_back(graph_dim(d, what.with("'s stride")));
+    if (m.has_offset) t.storage_offset = graph_dim(m.offset, what.with("'s storage offset"));
     t.requires_grad = m.requires_grad.value_or(false);
     t.layout = static_cast<uint8_t>(m.layout >= 0 && m.layout < 256 ? m.layout : 0);
     std::string dev = m.device_type;
@@ -693,7 +734,7 @@ class ProgramWalk {
     for (dom::key_value_pair field : obj) {
       const std::string_view name = field.key;
       const RawDim d = sym_int(field.value);
-      g_.set_sym_int(g_.value(name), graph_dim(d, "symbolic int " + std::string(name)));
+      g_.set_sym_int(g_.value(name), graph_dim(d, What("symbolic int ", name)));
     }
   }
 
@@ -741,7 +782,7 @@ class ProgramWalk {
   }
 
   // The value an Argument union names (as_tensor, as_sym_int), or kNone.
-  ValueId argument_value(dom::element v, const std::string& what) {
+  ValueId argument_value(dom::element v, const What& what) {
     ValueId out = kNone;
     union_of(v, what, [&](std::string_view k, dom::element x) {
       if (k == "as_tensor") {
@@ -758,7 +799,7 @@ class ProgramWalk {
 
   void input_spec(dom::element v) {
     RawSpec spec;
-    const std::string what = "input spec " + std::to_string(raw_.input_specs.size());
+    const What what("input spec ", raw_.input_specs.size(), "");
     if (v.is_object()) {
       for_fields(v, {"user_input", "parameter", "buffer", "tensor_constant", "custom_obj", "token", "constant_input"},
                  [&](std::string_view kind, dom::element body) {
@@ -822,7 +863,7 @@ class ProgramWalk {
   }
 
   void output_spec(dom::element v) {
-    const std::string what = "output spec";
+    const What what = "output spec";
     union_of(v, what, [&](std::string_view kind, dom::element body) {
       static const std::pair<std::string_view, OutputKind> kKinds[] = {
           {"user_output", OutputKind::UserOutput},
@@ -889,6 +930,7 @@ class ProgramWalk {
 
   RawProgram& raw_;
   GraphBuilder& g_;
+  std::vector<SymInt> sizes_, strides_;  // to_graph's
 };
 
 // ---------------------------------------------------------------------------- the tree
