@@ -1,6 +1,7 @@
 #include "activations/activations.h"
 
 #include <algorithm>
+#include <memory>
 
 #include "activations/graph_input.h"
 #include "activations/walk.h"
@@ -104,10 +105,13 @@ std::vector<bool> fsdp1_trainable(const Plan& plan) {
   return out;
 }
 
-void walk_plan(const Plan& plan, const Graph& graph, ActivationPlan& acts, std::vector<Warning>* warnings) {
+void walk_plan(const Plan& plan, const std::shared_ptr<const Graph>& shared, ActivationPlan& acts,
+               std::vector<Warning>* warnings) {
+  const Graph& graph = *shared;
   const ActivationSettings& settings = plan.policy.activations;
   const DimValues dims = DimValues::hints(graph, settings.dims);
-  const WalkGraph input = walk_input(graph, dims);
+  const std::shared_ptr<const WalkGraph> walked = shared_walk_input(shared, settings.dims, dims);
+  const WalkGraph& input = *walked;
   WalkOptions opt;
   opt.env.device = settings.device;
   opt.env.sdpa = settings.sdpa;
@@ -160,7 +164,7 @@ ActivationPlan plan_activations(const Plan& plan, const ClassMatcher& matcher, s
     return acts;
   }
   if (const auto& graph = plan.tree->graph()) {
-    walk_plan(plan, *graph, acts, warnings);
+    walk_plan(plan, graph, acts, warnings);
     return acts;
   }
   if (!settings.dims.empty()) {

@@ -103,4 +103,20 @@ WalkGraph walk_input(const Graph& g, const DimValues& dims) {
   return w;
 }
 
+std::shared_ptr<const WalkGraph> shared_walk_input(const std::shared_ptr<const Graph>& graph,
+                                                   const std::vector<std::pair<std::string, int64_t>>& given,
+                                                   const DimValues& dims) {
+  // The entry holds its graph, so a graph freed and another made at its address cannot match.
+  struct Entry {
+    std::shared_ptr<const Graph> graph;
+    std::vector<std::pair<std::string, int64_t>> given;
+    std::shared_ptr<const WalkGraph> walk;
+  };
+  static thread_local Entry last;
+  if (last.walk && last.graph == graph && last.given == given) return last.walk;
+  auto walk = std::make_shared<const WalkGraph>(walk_input(*graph, dims));
+  last = Entry{graph, given, walk};
+  return walk;
+}
+
 }  // namespace fsdp_plan

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <map>
+#include <memory>
+#include <optional>
 #include <string_view>
 #include <unordered_map>
 #include <unordered_set>
@@ -309,7 +311,13 @@ FlopProfile count_graph_flops(const WalkGraph& g, const ModuleTree& tree, const 
 FlopProfile plan_graph_flops(const Plan& plan, const Graph& graph) {
   const ActivationSettings& settings = plan.policy.activations;
   const DimValues dims = DimValues::hints(graph, settings.dims);
-  const WalkGraph input = walk_input(graph, dims);
+  // The activations' walk input, when the plan's graph is this one (planner.cpp: after plan_activations).
+  const std::shared_ptr<const Graph>& shared = plan.tree->graph();
+  std::optional<WalkGraph> own;
+  std::shared_ptr<const WalkGraph> walked;
+  if (shared.get() == &graph) walked = shared_walk_input(shared, settings.dims, dims);
+  else own.emplace(walk_input(graph, dims));
+  const WalkGraph& input = walked ? *walked : *own;
   GraphFlopOptions opt;
   for (const CheckpointedModule& c : plan.activations.checkpointed) opt.checkpointed.push_back(c.module);
   opt.trainable_params = plan_trainable_params(plan);
