@@ -9,8 +9,12 @@ namespace fsdp_plan {
 CommPlan fsdp2_comm(const Plan& plan) {
   const ModuleTree& tree = *plan.tree;
   const FsdpSettings& s = plan.memory.settings;
-  const Fsdp2Mesh mesh = fsdp2_mesh(s);
+  // A 2-D / 3-D mesh: fully_shard on the dp sub-mesh, whose groups stride over
+  // the tp ranks (init_device_mesh's row-major layout puts tp innermost).
+  const TensorParallelPlan* tp = plan.tensor_parallel ? &*plan.tensor_parallel : nullptr;
+  const Fsdp2Mesh mesh = tp ? Fsdp2Mesh{tp->mesh.dp_replicate, tp->mesh.dp_shard} : fsdp2_mesh(s);
   const int64_t S = mesh.shard;
+  const int64_t T = tp ? tp->mesh.tp : 1;
   const auto& mp = plan.policy.mixed_precision;
   const size_t n = plan.units.size();
 
@@ -35,7 +39,13 @@ CommPlan fsdp2_comm(const Plan& plan) {
     bool mixed = false, trainable = false;
     for (const auto& o : u.params) {
       const TensorInfo& t = tree.tensor(o.tensor);
-      const int64_t d0 = tree.dim0(o.tensor), numel = tree.numel(o.tensor);
+      int64_t d0 = tree.dim0(o.tensor), numel = tree.numel(o.tensor);
+      if (tp) {  // FSDPParam._init_sharding_spec_tp: the TP-local tensor is what FSDP shards
+        const auto& local = tp->local_shape[static_cast<size_t>(o.tensor)];
+        numel = 1;
+        for (int64_t d : local) numel *= d;
+        d0 = local.empty() ? 1 : local[0];
+      }
       // _init_sharded_param: ceil(d0 / S) rows on every rank, padded.
       const int64_t padded = d0 == 0 ? 0 : ceil_div(d0, S) * (numel / d0);
       // MixedPrecisionPolicy.param_dtype applies to floating parameters of another dtype.
@@ -69,7 +79,7 @@ CommPlan fsdp2_comm(const Plan& plan) {
     if (S > 1) {
       g.gathers = true;
       g.gather = {CollectiveKind::AllGather, StepPhase::Forward, idx, gathered_numel * S, gathered * S,
-                  gather_dtype, RankGroup{S, 1}, "unshard", offload_in};
+                  gather_dtype, RankGroup{S, T}, "unshard", offload_in};
       // reshard_after_forward (the root's None is False): True gathers again
       // over the shard group, k < S over k ranks (_fsdp_param_group.py
       // post_forward_mesh_info); k = 1 keeps the whole, like False.
@@ -77,7 +87,7 @@ CommPlan fsdp2_comm(const Plan& plan) {
       if (raf.kind == ReshardAfterForward::Kind::True ||
           (raf.kind == ReshardAfterForward::Kind::Ranks && raf.ranks > 1)) {
         regathered[i] = true;
-        g.backward_group = RankGroup{raf.kind == ReshardAfterForward::Kind::Ranks && raf.ranks < S ? raf.ranks : S, 1};
+        g.backward_group = RankGroup{raf.kind == ReshardAfterForward::Kind::Ranks && raf.ranks < S ? raf.ranks : S, T};
       }
     }
     if (!trainable) continue;  // foreach_reduce returns before any collective
@@ -85,14 +95,14 @@ CommPlan fsdp2_comm(const Plan& plan) {
     if (S > 1) {
       g.reduces = true;
       g.reduce = {CollectiveKind::ReduceScatter, StepPhase::Backward, idx, reduced_numel * S, reduced * S,
-                  reduce_dtype, RankGroup{S, 1}, "reduce", mesh.replicate > 1 ? 0 : offload_out};
+                  reduce_dtype, RankGroup{S, T}, "reduce", mesh.replicate > 1 ? 0 : offload_out};
     }
     // HSDP: the reduce-scatter's output (or, on a 1-rank shard group, the
     // whole gradient) all-reduced over the replicate group.
     if (mesh.replicate > 1) {
       g.all_reduces = true;
       g.all_reduce = {CollectiveKind::AllReduce, StepPhase::Backward, idx, reduced_numel, reduced,
-                      reduce_dtype, RankGroup{mesh.replicate, S}, "reduce", offload_out};
+                      reduce_dtype, RankGroup{mesh.replicate, S * T}, "reduce", offload_out};
     }
   }
   // Forward: each group's pre-forward unshards it, in forward order.

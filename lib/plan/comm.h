@@ -49,6 +49,9 @@ struct Collective {
   // all-gather, the device-to-host copy of the sharded gradient after the
   // reduction; bytes in the parameters' own dtype.
   int64_t host_copy_bytes = 0;
+  // Tensor parallelism's collectives only (CommPlan::tp): the module whose
+  // input or output DTensor redistributes (-1 for FSDP's).
+  int module = -1;
 };
 
 // A unit's collectives per step, summed by kind and phase.
@@ -69,11 +72,24 @@ struct UnitComm {
   }
 };
 
+// Tensor parallelism's collectives of one step (tp/comm.h): the activations'
+// redistributions at the styled modules' inputs and outputs, on the tp group.
+// Their sizes follow from activation shapes, known only from a .pt2 graph.
+struct TpComm {
+  bool planned = false;      // the plan has a tensor_parallel section
+  bool sizes_known = false;  // with the graph: `collectives` is the step's
+  std::string unknown_reason;
+  RankGroup group;                       // the tp group (contiguous ranks)
+  std::vector<Collective> collectives;   // in issue order; cause "output", "input", "input_grad", "output_grad"
+  std::vector<std::string> not_modelled;  // styled modules whose activations' collectives are not counted
+};
+
 struct CommPlan {
   bool computed = false;
   std::vector<Collective> collectives;  // in issue order
   std::vector<UnitComm> units;          // parallel to Plan::units
   std::vector<std::string> notes;       // what the counts assume
+  TpComm tp;
 };
 
 // Fills `comm.units`' byte counts from `comm.collectives` (their

@@ -48,6 +48,9 @@ struct UnitTime {  // parallel to Plan::units
   int64_t forward_flops = 0, backward_flops = 0;
   double forward_compute_s = 0, backward_compute_s = 0;
   double exposed_forward_s = 0, exposed_backward_s = 0, exposed_tail_s = 0;
+  // Tensor parallelism's collectives of the unit's modules: blocking, on the
+  // compute stream's path (not in comm_s() or exposed_s()).
+  double tp_forward_s = 0, tp_backward_s = 0;
   double comm_s() const { return all_gather_s + reduce_scatter_s + all_reduce_s + host_copy_s; }
   double exposed_s() const { return exposed_forward_s + exposed_backward_s + exposed_tail_s; }
 };
@@ -83,6 +86,11 @@ struct StepTime {
   int64_t optimizer_trainable_shard_numel = 0;
   double forward_end_s = 0, backward_compute_end_s = 0, backward_end_s = 0;
   double step_s = 0;
+  // Tensor parallelism (CommPlan::tp): each collective alone on the tp group,
+  // and their sum; with FLOPs the step waits for every one of them (a TP
+  // collective's output is the next op's input: nothing overlaps it).
+  std::vector<CollectiveTime> tp_collectives;  // parallel to CommPlan::tp.collectives
+  double tp_comm_s = 0;
   std::vector<TimeSpan> timeline;
   std::vector<std::string> assumptions;  // every one, as the outputs print them
 };

@@ -22,6 +22,7 @@
 #include "time/flops.h"
 #include "time/hardware.h"
 #include "time/step_time.h"
+#include "tp/comm.h"
 #include "tp/model_plan.h"
 #include "tp/placements.h"
 
@@ -43,6 +44,7 @@ void add_comm_and_time(Plan& plan, const FlopProfile* flops) {
   }();
   if (skip) return;
   plan.comm = plan.v2() ? fsdp2_comm(plan) : fsdp1_comm(plan);
+  plan.comm.tp = tp_comm(plan);  // on the tp group, blocking (time/step_time.h)
   std::optional<FlopProfile> from_graph;
   if (!flops && plan.tree->graph()) flops = &from_graph.emplace(plan_graph_flops(plan, *plan.tree->graph()));
   plan.time = estimate_step_time(plan, resolve_hardware(plan.policy.hardware), flops);

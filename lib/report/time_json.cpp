@@ -2,6 +2,8 @@
 
 #include <optional>
 
+#include "util/strings.h"
+
 namespace fsdp_plan {
 namespace {
 
@@ -64,6 +66,61 @@ void time_span_json(JsonSink& w, const Plan& plan, size_t i) {
   });
 }
 
+// comm.tensor_parallel: tensor parallelism's collectives (CommPlan::tp), each
+// with the module whose activations it moves and the mesh dimension it runs on.
+void tp_comm_json(JsonSink& w, const Plan& plan) {
+  const TpComm& tp = plan.comm.tp;
+  int64_t bytes = 0;
+  for (const Collective& x : tp.collectives) bytes += x.bytes;
+  w.object([&] {
+    w.field("sizes_known", tp.sizes_known);
+    w.field("unknown_reason", tp.sizes_known ? std::nullopt : std::optional<std::string>(tp.unknown_reason));
+    w.field("mesh_dim", "tp");
+    w.field("group_size", tp.group.size);
+    w.field("group_stride", tp.group.stride);
+    w.field("calls", known_or_null(tp.sizes_known, tp.collectives.size()));
+    w.field("bytes", known_or_null(tp.sizes_known, bytes));
+    w.field("not_modelled", tp.not_modelled);
+    w.array_field("collectives", [&] {
+      for (const Collective& x : tp.collectives)
+        w.object([&] {
+          w.field("unit", x.unit);
+          w.field("module", path_or_root(plan.tree->path(x.module)));
+          w.field("kind", collective_name(x.kind));
+          w.field("phase", phase_name(x.phase));
+          w.field("cause", x.cause);
+          w.field("bytes", x.bytes);
+          w.field("numel", x.numel);
+          w.field("dtype", x.dtype);
+          w.field("mesh_dim", "tp");
+          w.field("group_size", x.group.size);
+          w.field("group_stride", x.group.stride);
+        });
+    });
+  });
+}
+
+// time.tensor_parallel: their times, parallel to comm.tensor_parallel.collectives.
+void tp_time_json(JsonSink& w, const Plan& plan) {
+  const StepTime& t = plan.time;
+  w.object([&] {
+    w.field("blocking", true);
+    w.field("comm_s", t.tp_comm_s);
+    w.array_field("collectives", [&] {
+      for (size_t i = 0; i < t.tp_collectives.size(); ++i) {
+        const CollectiveTime& c = t.tp_collectives[i];
+        w.object([&] {
+          w.field("seconds", c.seconds);
+          w.field("latency_s", c.latency_s);
+          w.field("bandwidth_s", c.bandwidth_s);
+          w.field("nodes", c.nodes);
+          w.field("link", link_name(c, plan.comm.tp.collectives[i]));
+        });
+      }
+    });
+  });
+}
+
 }  // namespace
 
 void unit_comm_json(JsonSink& w, const Plan& plan, size_t i) {
@@ -96,6 +153,10 @@ void unit_time_json(JsonSink& w, const Plan& plan, size_t i) {
     w.field("exposed_backward_s", u.exposed_backward_s);
     w.field("exposed_tail_s", u.exposed_tail_s);
     w.field("exposed_s", u.exposed_s());
+    if (plan.comm.tp.planned) {  // 2-D plans only: the unit's blocking TP collectives
+      w.field("tp_forward_s", known_or_null(f, u.tp_forward_s));
+      w.field("tp_backward_s", known_or_null(f, u.tp_backward_s));
+    }
   });
 }
 
@@ -126,6 +187,10 @@ void comm_json(JsonSink& w, const Plan& plan) {
     w.array_field("collectives", [&] {
       for (size_t i = 0; i < c.collectives.size(); ++i) comm_collective_json(w, plan, i);
     });
+    if (c.tp.planned) {
+      w.key("tensor_parallel");
+      tp_comm_json(w, plan);
+    }
   });
 }
 
@@ -174,6 +239,10 @@ void time_json(JsonSink& w, const Plan& plan) {
     w.array_field("timeline", [&] {
       for (size_t i = 0; i < t.timeline.size(); ++i) time_span_json(w, plan, i);
     });
+    if (plan.comm.tp.planned) {
+      w.key("tensor_parallel");
+      tp_time_json(w, plan);
+    }
   });
 }
 

@@ -69,6 +69,31 @@ std::string format_seconds(double s) {
   return buf;
 }
 
+// Tensor parallelism's collectives (lib/tp/comm.h): exact bytes where the
+// graph gives the activations' shapes, else unknown; their time is blocking.
+static std::string tp_comm_line(const Plan& plan) {
+  const TpComm& tp = plan.comm.tp;
+  std::string line = "tp comm on the tp group (" + std::to_string(tp.group.size) + " ranks): ";
+  if (!tp.sizes_known) return line + "unknown: " + tp.unknown_reason;
+  int64_t by[3][2] = {{0, 0}, {0, 0}, {0, 0}};
+  for (const Collective& c : tp.collectives)
+    by[static_cast<int>(c.kind)][c.phase == StepPhase::Forward ? 0 : 1] += c.bytes;
+  std::vector<std::string> kinds;
+  const char* names[3] = {"all-gather ", "reduce-scatter ", "all-reduce "};
+  for (int k = 0; k < 3; ++k)
+    if (by[k][0] + by[k][1] > 0)
+      kinds.push_back(names[k] + bytes(by[k][0] + by[k][1]) + " (forward " + bytes(by[k][0]) + ", backward " +
+                      bytes(by[k][1]) + ")");
+  line += "exact bytes per rank per step: " + (kinds.empty() ? std::string("none") : join(kinds)) + "; " +
+          std::to_string(tp.collectives.size()) + " collectives";
+  if (plan.time.computed && !tp.collectives.empty())
+    line += ", ESTIMATE " + secs(plan.time.tp_comm_s) + " blocking (in the step, not overlapped)";
+  if (!tp.not_modelled.empty())
+    line += "; not counted: " + std::to_string(tp.not_modelled.size()) + " module(s) whose styles' activation "
+            "collectives are not modelled, such as " + tp.not_modelled.front();
+  return line;
+}
+
 std::string comm_time_text(const Plan& plan) {
   std::string out;
   if (plan.comm.computed) {
@@ -101,6 +126,7 @@ std::string comm_time_text(const Plan& plan) {
       line += "; " + std::to_string(n) + " collective" + (n == 1 ? "" : "s") +
               (one_rank ? ", each in a one-rank group (it moves nothing)" : "");
     out += wrap_line(line);
+    if (plan.comm.tp.planned) out += wrap_line(tp_comm_line(plan));
   }
   if (plan.time.computed) {
     const StepTime& t = plan.time;

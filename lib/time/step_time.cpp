@@ -19,7 +19,9 @@ namespace {
 struct Segment {
   int unit;
   int64_t flops;
-  double seconds;
+  double seconds;  // compute, plus tp_s
+  double tp_s = 0;           // of `seconds`: tensor parallelism's blocking collectives
+  double tp_backward_s = 0;  // forward segments: the TP collectives their backward will add
 };
 
 // The unit each module's ops belong to: the innermost unit whose modules'
@@ -37,12 +39,15 @@ std::vector<int> module_owners(const Plan& plan) {
   return owner;
 }
 
-void push_merged(std::vector<Segment>& segs, int unit, int64_t flops, double seconds) {
+void push_merged(std::vector<Segment>& segs, int unit, int64_t flops, double seconds, double tp_s = 0,
+                 double tp_backward_s = 0) {
   if (!segs.empty() && segs.back().unit == unit) {
     segs.back().flops += flops;
-    segs.back().seconds += seconds;
+    segs.back().seconds += seconds + tp_s;
+    segs.back().tp_s += tp_s;
+    segs.back().tp_backward_s += tp_backward_s;
   } else {
-    segs.push_back({unit, flops, seconds});
+    segs.push_back({unit, flops, seconds + tp_s, tp_s, tp_backward_s});
   }
 }
 
@@ -175,6 +180,20 @@ std::vector<std::string> assumptions(const Plan& plan, const StepTime& t) {
                   "hide its neighbours' collectives, so only what nothing can hide counts (docs/time-model.md "
                   "section 6)");
   }
+  const TpComm& tp = plan.comm.tp;
+  if (tp.planned) {
+    if (!tp.sizes_known)
+      out.push_back("tensor parallelism's collectives not counted: " + tp.unknown_reason);
+    else
+      out.push_back("tensor parallelism: " + std::to_string(tp.collectives.size()) + " collectives on the tp group (" +
+                    std::to_string(tp.group.size) + " ranks, " + fmt("%.3g", t.tp_comm_s * 1e3) +
+                    " ms), blocking: each runs on the compute stream's path, nothing overlaps it" +
+                    (t.flops_known ? "" : " (no step to add them to without FLOPs)") +
+                    (tp.not_modelled.empty() ? std::string()
+                                             : "; not counted, the activations' redistributions of " +
+                                                   std::to_string(tp.not_modelled.size()) + " module(s) such as " +
+                                                   tp.not_modelled.front()));
+  }
   out.push_back("not modelled: activation memory traffic, elementwise kernels, kernel launch and CPU overhead, NCCL "
                 "algorithms other than ring, contention between process groups on shared links, stragglers, the "
                 "data loader");
@@ -215,6 +234,18 @@ StepTime estimate_step_time(const Plan& plan, const HardwareFigures& hw, const F
     channel_total[c.group] += ct.seconds;
   }
   for (const auto& [group, s] : channel_total) t.channel_s = std::max(t.channel_s, s);
+  // Tensor parallelism's collectives, per module and phase: they join the
+  // compute of the segment their module runs in (style.py's redistributions
+  // run inside the module's forward, and their backward inside its backward).
+  const std::vector<Collective>& tpc = comm.tp.collectives;
+  t.tp_collectives.resize(tpc.size());
+  std::vector<double> tp_fwd(tree.num_modules(), 0.0), tp_bwd(tree.num_modules(), 0.0);
+  for (size_t i = 0; i < tpc.size(); ++i) {
+    t.tp_collectives[i] = collective_time(tpc[i].kind, tpc[i].bytes, tpc[i].group, hw);
+    t.tp_comm_s += t.tp_collectives[i].seconds;
+    (tpc[i].phase == StepPhase::Forward ? tp_fwd : tp_bwd)[static_cast<size_t>(tpc[i].module)] +=
+        t.tp_collectives[i].seconds;
+  }
 
   // ---- compute segments (execution order), forward then backward.
   const std::vector<int> owner = module_owners(plan);
@@ -231,8 +262,15 @@ StepTime estimate_step_time(const Plan& plan, const HardwareFigures& hw, const F
     t.compute_dtype = any && low ? "bf16" : "tf32";
     t.compute_peak_flops = t.compute_dtype == "bf16" ? hw.bf16_flops : hw.tf32_flops;
     flop_rate = t.compute_peak_flops * hw.compute_efficiency;
-    for (const auto& [module, f] : flops->forward_order)
-      push_merged(fwd, owner[static_cast<size_t>(module)], f, static_cast<double>(f) / flop_rate);
+    for (const auto& [module, f] : flops->forward_order) {
+      // A module's TP collectives go with its first forward segment.
+      const auto m = static_cast<size_t>(module);
+      push_merged(fwd, owner[m], f, static_cast<double>(f) / flop_rate, tp_fwd[m], tp_bwd[m]);
+      tp_fwd[m] = tp_bwd[m] = 0;
+    }
+    // A module with TP collectives but no FLOPs of its own: its unit's last segment so far.
+    for (size_t m = 0; m < tp_fwd.size(); ++m)
+      if (tp_fwd[m] > 0 || tp_bwd[m] > 0) push_merged(fwd, owner[m], 0, 0.0, tp_fwd[m], tp_bwd[m]);
   } else {
     // Section 6: long enough to hide any neighbour: every collective's time.
     const double enough = t.comm_s > 0 ? t.comm_s : 1.0;
@@ -267,7 +305,8 @@ StepTime estimate_step_time(const Plan& plan, const HardwareFigures& hw, const F
         f = placed[u] ? 0 : unit_backward[u];  // no forward FLOPs to divide by: its first backward segment
       }
       placed[u] = true;
-      bwd.push_back({fwd[k].unit, f, static_cast<double>(f) / flop_rate});
+      bwd.push_back({fwd[k].unit, f, static_cast<double>(f) / flop_rate + fwd[k].tp_backward_s,
+                     fwd[k].tp_backward_s});
     }
   } else {
     for (size_t k = fwd.size(); k-- > 0;) bwd.push_back(fwd[k]);
@@ -339,7 +378,8 @@ StepTime estimate_step_time(const Plan& plan, const HardwareFigures& hw, const F
     ended[u] = true;
     compute_free = end;
     t.units[u].forward_flops += s.flops;
-    t.units[u].forward_compute_s += s.seconds;
+    t.units[u].forward_compute_s += s.seconds - s.tp_s;
+    t.units[u].tp_forward_s += s.tp_s;
     t.timeline.push_back({true, -1, s.unit, false, start, end});
   }
   schedule_forward(f_ag.size());
@@ -393,7 +433,8 @@ StepTime estimate_step_time(const Plan& plan, const HardwareFigures& hw, const F
       bended[u] = true;
       compute_free = end;
       t.units[u].backward_flops += s.flops;
-      t.units[u].backward_compute_s += s.seconds;
+      t.units[u].backward_compute_s += s.seconds - s.tp_s;
+      t.units[u].tp_backward_s += s.tp_s;
       t.timeline.push_back({true, -1, s.unit, true, start, end});
       ++done_seg;
     }

@@ -1,0 +1,181 @@
+"""Tensor parallelism's collectives against torch 2.13: the plan's comm.tensor_parallel vs tests/tensor_parallel/comm_reference.json.
+
+comm_reference.json is what CommDebugMode counted around one real forward and backward of the
+2-D model (parallelize_module with Hugging Face's plan, fully_shard on each decoder layer and the
+root) under the fake backend (tp_comm_reference.py writes it). For each case this test exports the
+same small model to a .pt2 (fsdp-plan-export, at the reference's batch and sequence length),
+plans it with the same tensor_parallel section, and checks:
+
+- every TP collective, in issue order: module, phase, kind, message numel and bytes, dtype, and
+  the tp group's size and rank stride equal torch's; the counts per module, phase and kind equal
+  CommDebugMode's (and the recorder the reference used saw exactly what CommDebugMode counted);
+- every FSDP collective of the 2-D plan, in issue order: phase, kind, numel, dtype, and the
+  dp_shard group's size and stride (the dp ranks are tp apart) equal torch's;
+- the step-time model charges them: each has a time on the tp group, intra-node, and the units'
+  blocking TP seconds add up to time.tensor_parallel.comm_s;
+- from the TorchScript file (no activation shapes) the sizes are unknown, not guessed.
+
+    /work/main/.venv/bin/python tests/tensor_parallel/test_tp_comm.py BINARY [-k SUBSTRING] [-v]
+
+Exits 1 on any failure. About three minutes (two exports).
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import warnings
+from collections import Counter
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import test_tp_plan  # noqa: E402  (save_model, LAYER_CLASS)
+import tp_comm_reference  # noqa: E402
+import tp_reference  # noqa: E402
+
+TP_FIELDS = ("module", "phase", "kind", "numel", "dtype", "group_size", "group_stride")
+FSDP_FIELDS = ("phase", "kind", "numel", "dtype", "group_size", "group_stride")
+
+
+def policy_for(case: dict) -> dict:
+    mesh = case["mesh"]
+    world = mesh["dp_shard"] * mesh["tp"]
+    return {"module_classes": [test_tp_plan.LAYER_CLASS[case["model"]]],
+            "fsdp": {"version": 2, "world_size": world, "optimizer": "adamw"},
+            "tensor_parallel": {"degree": mesh["tp"], "plan": case["plan"], "mesh": {"dp_shard": mesh["dp_shard"]}}}
+
+
+def export_pt2(name: str, tmp: str) -> str:
+    """The small model exported by fsdp-plan-export (this checkout's python/) at the reference's batch and length."""
+    config_dir = os.path.join(tmp, name + "_config")
+    tp_reference.MODELS[name]("meta").config.save_pretrained(config_dir)
+    out = os.path.join(tmp, name + ".pt2")
+    env = dict(os.environ, PYTHONPATH=os.path.join(HERE, "..", "..", "python") + os.pathsep +
+               os.environ.get("PYTHONPATH", ""))
+    r = subprocess.run([sys.executable, "-m", "fsdp_plan.export", config_dir, "-o", out, "--batch",
+                        str(tp_comm_reference.BATCH), "--seq", str(tp_comm_reference.SEQ), "--task", "causal-lm", "-q"],
+                       capture_output=True, text=True, env=env)
+    if r.returncode != 0:
+        raise RuntimeError(f"fsdp-plan-export {name}: {r.stderr.strip()[-600:]}")
+    return out
+
+
+def run_plan(binary: str, model_file: str, pfile: str, dims: list) -> dict:
+    args = [binary, model_file, "--policy", pfile, "--format", "json"]
+    for d in dims:
+        args += ["--dim", d]
+    r = subprocess.run(args, capture_output=True, text=True)
+    if r.returncode not in (0, 1):
+        raise RuntimeError(f"exit {r.returncode}: {r.stderr.strip()}")
+    return json.loads(r.stdout)
+
+
+def subtree_counts(calls: list) -> dict:
+    """Each call counted at its module and every module above it, as CommDebugMode counts."""
+    out: dict = {}
+    for c in calls:
+        # "Global", CommDebugMode's outermost entry, counts every call; one outside every module only there.
+        parts = c["module"].split(".") if c["module"] else []
+        paths = [tp_comm_reference.GLOBAL]
+        if c["module"] != tp_comm_reference.GLOBAL:
+            paths += [".".join(parts[:i]) for i in range(len(parts) + 1)]
+        for m in paths:
+            per = out.setdefault(m, {"forward": {}, "backward": {}})[c["phase"]]
+            per[c["kind"]] = per.get(c["kind"], 0) + 1
+    return out
+
+
+def check_case(binary: str, name: str, case: dict, pt2: str, ts: str, tmp: str, verbose: bool) -> list:
+    fails = []
+    # The oracle's own consistency: its recorder saw every call CommDebugMode counted, at the same module.
+    rolled = subtree_counts(case["collectives"])
+    for m, per in case["comm_counts"].items():
+        if rolled.get(m, {"forward": {}, "backward": {}}) != per:
+            fails.append(f"reference: recorder {rolled.get(m)} at {m!r}, CommDebugMode {per}")
+    pfile = os.path.join(tmp, name + ".policy.json")
+    with open(pfile, "w") as f:
+        json.dump(policy_for(case), f)
+    plan = run_plan(binary, pt2, pfile, [])  # exported at the reference's (batch, seq)
+    if [w["kind"] for w in plan["warnings"] if w["severity"] == "error"]:
+        fails.append(f"the plan refuses: {[w['message'] for w in plan['warnings'] if w['severity'] == 'error']}")
+    tp = plan["comm"]["tensor_parallel"]
+    if not tp["sizes_known"]:
+        return fails + [f"the .pt2 plan does not know the TP sizes: {tp['unknown_reason']}"]
+    want = [{k: c[k] for k in TP_FIELDS} for c in case["collectives"] if c["mesh_dim"] == "tp"]
+    have = [{k: c[k] for k in TP_FIELDS} for c in tp["collectives"]]
+    if have != want:
+        for i in range(max(len(have), len(want))):
+            h, w = (have[i] if i < len(have) else None), (want[i] if i < len(want) else None)
+            if h != w:
+                fails.append(f"TP collective {i}: torch {w}, plan {h}")
+                break
+        fails.append(f"TP collectives: torch {len(want)}, plan {len(have)}")
+    key = lambda c: (c["module"], c["phase"], c["kind"])  # noqa: E731
+    count_t, count_p = Counter(map(key, want)), Counter(map(key, have))
+    for k in sorted(set(count_t) | set(count_p)):
+        if count_t[k] != count_p[k]:
+            fails.append(f"{k}: CommDebugMode counts {count_t[k]}, plan {count_p[k]}")
+    for c in tp["collectives"]:
+        itemsize = {"float32": 4, "bfloat16": 2, "float16": 2}[c["dtype"]]
+        if c["bytes"] != c["numel"] * itemsize or c["mesh_dim"] != "tp":
+            fails.append(f"TP collective {c}: bytes or mesh_dim off")
+    if tp["calls"] != len(have) or tp["bytes"] != sum(c["bytes"] for c in tp["collectives"]):
+        fails.append(f"comm.tensor_parallel totals {tp['calls']} calls, {tp['bytes']} bytes")
+    want_f = [{k: c[k] for k in FSDP_FIELDS} for c in case["collectives"] if c["mesh_dim"] == "dp_shard"]
+    have_f = [{k: c[k] for k in FSDP_FIELDS} for c in plan["comm"]["collectives"]]
+    if have_f != want_f:
+        fails.append(f"FSDP collectives on the 2-D mesh: torch {want_f}, plan {have_f}")
+    t = plan["time"]["tensor_parallel"]
+    if len(t["collectives"]) != len(have) or any(x["link"] != "intra_node" or x["seconds"] <= 0
+                                                 for x in t["collectives"]):
+        fails.append(f"time.tensor_parallel.collectives: {t['collectives'][:2]}...")
+    charged = sum(u["time"]["tp_forward_s"] + u["time"]["tp_backward_s"] for u in plan["units"])
+    if abs(charged - t["comm_s"]) > 1e-12 + 1e-9 * t["comm_s"]:
+        fails.append(f"units' blocking TP seconds {charged}, time.tensor_parallel.comm_s {t['comm_s']}")
+    if abs(t["comm_s"] - sum(x["seconds"] for x in t["collectives"])) > 1e-12:
+        fails.append("time.tensor_parallel.comm_s is not the sum of its collectives")
+    # A TorchScript file of the same model: no activation shapes, so no sizes.
+    ts_plan = run_plan(binary, ts, pfile, [])
+    ts_tp = ts_plan["comm"]["tensor_parallel"]
+    if ts_tp["sizes_known"] or ts_tp["collectives"] or ts_tp["calls"] is not None or not ts_tp["unknown_reason"]:
+        fails.append(f"TorchScript: the TP sizes should be unknown, plan says {ts_tp}")
+    if verbose:
+        kinds = Counter((c["phase"], c["kind"]) for c in have)
+        print(f"  {name}: {len(have)} TP collectives {dict(kinds)}, {tp['bytes']} bytes; {len(have_f)} FSDP; "
+              f"TP {t['comm_s'] * 1e6:.1f} us blocking")
+    return fails
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("binary")
+    ap.add_argument("-k", default="", help="only the cases whose name contains this")
+    ap.add_argument("-v", action="store_true")
+    ap.add_argument("--pt2-dir", help="reuse NAME.pt2 files exported there before (default: export them)")
+    args = ap.parse_args()
+    warnings.filterwarnings("ignore")
+    with open(tp_comm_reference.REFERENCE) as f:
+        ref = json.load(f)
+    failed = passed = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        cache: dict = {}
+        for name, case in sorted(ref["cases"].items()):
+            if args.k not in name:
+                continue
+            pt2 = os.path.join(args.pt2_dir, case["model"] + ".pt2") if args.pt2_dir else ""
+            if not os.path.exists(pt2):
+                pt2 = export_pt2(case["model"], tmp)
+            ts = test_tp_plan.save_model(case["model"], tmp, cache)
+            fails = check_case(args.binary, name, case, pt2, ts, tmp, args.v)
+            for line in fails:
+                print(f"FAIL {name}: {line}")
+            failed += bool(fails)
+            passed += not fails
+    print(f"{passed} passed, {failed} failed")
+    return 1 if failed or not passed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

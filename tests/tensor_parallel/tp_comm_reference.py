@@ -1,0 +1,177 @@
+"""Ground truth for tensor parallelism's collectives: CommDebugMode around one real training step of the 2-D model.
+
+For each case (a corpus decoder, a (dp_shard, tp) mesh, Hugging Face's own tensor-parallel plan),
+this script builds the small model on the CPU, rank 0 of a single-process "fake" process group,
+runs torch 2.13's parallelize_module on the "tp" sub-mesh and fully_shard on each decoder layer and
+the root on the "dp_shard" sub-mesh (as tp_reference.py does), then one forward and backward of a
+(BATCH, SEQ) batch of token ids under torch.distributed.tensor.debug.CommDebugMode, and records:
+
+- `comm_counts`: CommDebugMode's own count per module, phase and collective (its
+  comm_module_counts, the module's own calls: the counts it adds to the parents are left out);
+- `collectives`: every collective in issue order as the dispatcher sees it (a CommDebugMode
+  subclass records each call's tensors and process group): the module CommDebugMode attributes it
+  to, phase, kind, message numel (nccl-tests' sense: an all-gather's output, a reduce-scatter's
+  input, an all-reduce's tensor), dtype, and the group's size and rank stride, with `mesh_dim`
+  "tp" or "dp_shard" by the group it ran on.
+
+Real CPU tensors (the small models are a few hundred KB; the fake backend's collectives move no
+data), not FakeTensorMode: Hugging Face's mask code calls .item(), which fake tensors refuse.
+
+    /work/main/.venv/bin/python tests/tensor_parallel/tp_comm_reference.py [--out FILE] [--check]
+
+With --check, compares against the stored reference instead of writing it (exit 1 on a
+difference). About half a minute.
+"""
+import argparse
+import json
+import os
+import sys
+import warnings
+from typing import Any, Dict, List, Optional
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
+from torch.distributed.fsdp import fully_shard  # noqa: E402
+from torch.distributed.tensor.debug import CommDebugMode  # noqa: E402
+from torch.distributed.tensor.debug._comm_mode import c10d_collective_ops  # noqa: E402
+from torch.distributed.tensor.parallel import parallelize_module  # noqa: E402
+from torch.testing._internal.distributed.fake_pg import FakeStore  # noqa: E402
+from torch.utils._pytree import tree_leaves  # noqa: E402
+
+import tp_reference  # noqa: E402  (its models, HF's plan and the style translation)
+
+REFERENCE = os.path.join(HERE, "comm_reference.json")
+BATCH, SEQ = 2, 16
+# The corpus Llama at tp 2 and (with as many key-value heads as heads, which tp 4 divides) at tp 4.
+CASES: Dict[str, Dict[str, Any]] = {
+    "llama_hf_4x2": dict(model="llama", mesh={"dp_shard": 4, "tp": 2}),
+    "llama_kv4_hf_2x4": dict(model="llama_kv4", mesh={"dp_shard": 2, "tp": 4}),
+}
+KIND = {"all_reduce": "all_reduce", "allreduce_": "all_reduce", "all_gather_into_tensor": "all_gather",
+        "_allgather_base_": "all_gather", "allgather_": "all_gather", "reduce_scatter_tensor": "reduce_scatter",
+        "_reduce_scatter_base_": "reduce_scatter"}
+
+
+def group_ranks(group) -> List[int]:
+    return dist.get_process_group_ranks(group)
+
+
+class RecordingCommMode(CommDebugMode):
+    """CommDebugMode, also keeping each collective's tensors and group (it counts, but keeps no sizes)."""
+
+    def __init__(self, group_names: Dict[str, str]):
+        super().__init__()
+        self.calls: List[Dict[str, Any]] = []
+        self.group_names = group_names
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        if out is NotImplemented:
+            return out
+        packet = func._overloadpacket
+        if packet not in self.comm_registry and packet not in c10d_collective_ops:
+            return out
+        op = packet.__name__
+        leaves = tree_leaves((args, kwargs or {}))
+        tensors = [a for a in leaves if isinstance(a, torch.Tensor)]
+        name = next((a for a in leaves if isinstance(a, str) and a in self.group_names), None)
+        if name is None:  # a c10d op: its ProcessGroup argument
+            for a in leaves:
+                if isinstance(a, torch.ScriptObject) and "ProcessGroup" in str(a._type()):
+                    name = dist.ProcessGroup.unbox(a).group_name
+        dim = self.group_names[name]
+        ranks = self.ranks[dim]
+        kind = KIND[op]
+        if op in ("_allgather_base_", "_reduce_scatter_base_"):  # (output, input)
+            numel = tensors[0].numel() if kind == "all_gather" else tensors[1].numel()
+        elif kind == "all_gather":  # funcol: the local input, gathered over the group
+            numel = tensors[0].numel() * len(ranks)
+        else:
+            numel = tensors[0].numel()
+        self.calls.append({"module": strip(self.advanced_module_tracker.name),
+                           "phase": "backward" if self.advanced_module_tracker.is_bw else "forward",
+                           "kind": kind, "numel": numel, "dtype": str(tensors[0].dtype).replace("torch.", ""),
+                           "mesh_dim": dim, "group_size": len(ranks),
+                           "group_stride": ranks[1] - ranks[0] if len(ranks) > 1 else 1})
+        return out
+
+
+GLOBAL = "(global)"
+
+
+def strip(fqn: str) -> str:
+    """CommDebugMode's module names start with the root's class ("FSDPLlamaForCausalLM.model..."), the
+    root is "" here; "Global" (outside every module: FSDP's backward hooks before the root's) is GLOBAL."""
+    if fqn == "Global":
+        return GLOBAL
+    return fqn.split(".", 1)[1] if "." in fqn else ""
+
+
+def run_case(case: Dict[str, Any]) -> Dict[str, Any]:
+    sizes = [case["mesh"]["dp_shard"], case["mesh"]["tp"]]
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    dist.init_process_group("fake", rank=0, world_size=sizes[0] * sizes[1], store=FakeStore())
+    mesh = init_device_mesh("cpu", tuple(sizes), mesh_dim_names=("dp_shard", "tp"))
+    plan = tp_reference.hf_plan(case["model"])
+    model = tp_reference.MODELS[case["model"]]("cpu")
+    parallelize_module(model, mesh["tp"], {k: tp_reference.torch_style(v) for k, v in plan.items()})
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh["dp_shard"])
+    fully_shard(model, mesh=mesh["dp_shard"])
+    names = {mesh[d].get_group().group_name: d for d in ("dp_shard", "tp")}
+    mode = RecordingCommMode(names)
+    mode.ranks = {d: group_ranks(mesh[d].get_group()) for d in ("dp_shard", "tp")}
+    ids = torch.randint(3, 200, (BATCH, SEQ), generator=torch.Generator().manual_seed(0))
+    with mode:
+        model(input_ids=ids).logits.float().sum().backward()
+    counts: Dict[str, Dict[str, Dict[str, int]]] = {}
+    own: Dict[str, Dict[str, Dict[str, int]]] = {}
+    for c in mode.calls:  # each call once, at the module that issued it
+        own.setdefault(c["module"], {}).setdefault(c["phase"], {}).setdefault(c["kind"], 0)
+        own[c["module"]][c["phase"]][c["kind"]] += 1
+    # CommDebugMode's counts add each call to the module and every parent: a module's own calls
+    # are its count less its children's. Kept as CommDebugMode reports them, for the check below.
+    for fqn, per in mode.comm_module_counts.items():
+        counts[strip(fqn)] = {ph: by_kind(per[ph]) for ph in ("forward", "backward")}
+    return {"model": case["model"], "mesh": case["mesh"], "batch": BATCH, "seq": SEQ, "plan": plan,
+            "collectives": mode.calls, "comm_counts": counts, "own_counts": own,
+            "total_counts": by_kind(mode.get_comm_counts())}
+
+
+def by_kind(per_op) -> Dict[str, int]:
+    """CommDebugMode's counts by op (c10d and functional ops apart) summed by kind."""
+    out: Dict[str, int] = {}
+    for op, n in per_op.items():
+        if n:
+            out[KIND[op.__name__]] = out.get(KIND[op.__name__], 0) + n
+    return out
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default=REFERENCE, help="where to write the reference (default: %(default)s)")
+    ap.add_argument("--check", action="store_true", help="compare with --out instead of writing it")
+    args = ap.parse_args(argv)
+    warnings.filterwarnings("ignore")
+    result = {"torch": torch.__version__.split("+")[0], "cases": {n: run_case(c) for n, c in CASES.items()}}
+    if args.check:
+        with open(args.out) as f:
+            stored = json.load(f)
+        bad = [n for n, c in result["cases"].items() if stored["cases"].get(n) != json.loads(json.dumps(c))]
+        for n in bad:
+            print(f"FAIL {n}: torch's collectives differ from {args.out}")
+        print(f"{len(result['cases']) - len(bad)} passed, {len(bad)} failed")
+        return 1 if bad else 0
+    with open(args.out, "w") as f:
+        f.write(json.dumps(result, indent=1, sort_keys=True) + "\n")
+    print(f"wrote {args.out}: {len(result['cases'])} cases")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
