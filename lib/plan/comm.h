@@ -80,7 +80,8 @@ struct TpComm {
   bool sizes_known = false;  // with the graph: `collectives` is the step's
   std::string unknown_reason;
   RankGroup group;                       // the tp group (contiguous ranks)
-  std::vector<Collective> collectives;   // in issue order; cause "output", "input", "input_grad", "output_grad"
+  std::vector<Collective> collectives;   // in issue order; cause "output", "input", "input_grad", "output_grad",
+                                         // "recompute" (activation checkpointing's forward again)
   std::vector<std::string> not_modelled;  // styled modules whose activations' collectives are not counted
 };
 

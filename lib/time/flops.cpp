@@ -13,6 +13,7 @@
 #include "model/dtype.h"
 #include "model/graph.h"
 #include "plan/plan.h"
+#include "tp/local.h"
 #include "util/errors.h"
 
 namespace fsdp_plan {
@@ -226,7 +227,15 @@ FlopProfile count_graph_flops(const WalkGraph& g, const ModuleTree& tree, const 
   };
   for (size_t i = 0; i < nn; ++i) {
     const WalkNode& n = g.nodes[i];
-    const NodeFlops f = node_flops(g, n, grad);
+    NodeFlops f = node_flops(g, n, grad);
+    if (opt.tp > 1 && f.counted) {  // a tensor-parallel rank's share of the op
+      bool share = false;
+      for (const WalkArg& a : n.args)
+        for (int32_t t : a.tensors)
+          if (t >= 0 && static_cast<size_t>(t) < opt.tp_local.size() && opt.tp_local[static_cast<size_t>(t)])
+            share = true;
+      if (share) f.forward /= opt.tp, f.backward /= opt.tp;
+    }
     if (!f.counted && looks_like_matmul(n.op)) ++unknown[n.op];
     ModuleFlops& m = out.own[static_cast<size_t>(module_of(n))];
     m.forward = add(m.forward, f.forward);
@@ -321,6 +330,8 @@ FlopProfile plan_graph_flops(const Plan& plan, const Graph& graph) {
   GraphFlopOptions opt;
   for (const CheckpointedModule& c : plan.activations.checkpointed) opt.checkpointed.push_back(c.module);
   opt.trainable_params = plan_trainable_params(plan);
+  opt.tp_local = tp_local_tensors(input, plan);
+  if (!opt.tp_local.empty()) opt.tp = plan.tensor_parallel->mesh.tp;
   FlopProfile out;
   try {
     out = count_graph_flops(input, *plan.tree, opt);

@@ -44,6 +44,10 @@ NodeFlops node_flops(const WalkGraph& graph, const WalkNode& node, const std::ve
 struct GraphFlopOptions {
   std::vector<ModuleId> checkpointed;  // outermost checkpointed modules (activations.h)
   std::vector<bool> trainable_params;  // per tree TensorId; empty: requires_grad as recorded
+  // Tensor parallelism (tp/local.h): per graph tensor, whether a rank holds a
+  // 1/tp share; an op with such an argument counts 1/tp of its FLOPs.
+  std::vector<bool> tp_local;
+  int64_t tp = 1;
 };
 
 // Per module its own FLOPs (not its submodules'), the forward's execution

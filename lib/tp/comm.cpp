@@ -79,6 +79,20 @@ TpComm tp_comm(const Plan& plan) {
   std::vector<bool> seen(tree.num_modules(), false);
 
   std::vector<Collective> backward;  // in forward order; issued reversed
+  // Activation checkpointing: each call's outermost checkpointed module (-1: none).
+  std::vector<int> region(tree.num_modules(), -1);
+  for (const CheckpointedModule& c : plan.activations.checkpointed)
+    for (ModuleId m : tree.preorder(c.module)) region[static_cast<size_t>(m)] = c.module;
+  struct Forward {
+    NodeId node;
+    Collective c;
+  };
+  std::vector<std::vector<Forward>> region_forward(tree.num_modules());  // a region's forward TP collectives
+  std::vector<NodeId> last_linear(tree.num_modules(), -1);
+  for (NodeId n = 0; n < graph->num_nodes(); ++n) {
+    const ModuleId r = region[static_cast<size_t>(graph->node(n).module)];
+    if (r >= 0 && graph->op_name(graph->node(n).op) == "aten.linear.default") last_linear[static_cast<size_t>(r)] = n;
+  }
   const std::string linear = "aten.linear.default", embedding = "aten.embedding.default";
   for (NodeId n = 0; n < graph->num_nodes(); ++n) {
     const GraphNode& node = graph->node(n);
@@ -122,6 +136,7 @@ TpComm tp_comm(const Plan& plan) {
     const int64_t in_numel = tokens * in_features, out_numel = tokens * out_features;
     const bool input_grad = is_linear && grad[static_cast<size_t>(x)];
     std::vector<Collective> bwd_here;  // this call's backward collectives, in the order backward issues them
+    const size_t first_forward = out.collectives.size();
     if (spec.style == TpStyle::Colwise) {
       // _prepare_input_fn: the input made Replicate (default input_layouts
       // Replicate: a no-op; Shard(1) under sequence parallelism: all-gathered).
@@ -150,8 +165,35 @@ TpComm tp_comm(const Plan& plan) {
     }
     // Backward runs the calls in reverse: keep each call's own order by pushing it reversed.
     for (size_t k = bwd_here.size(); k-- > 0;) backward.push_back(bwd_here[k]);
+    if (const ModuleId r = region[static_cast<size_t>(node.module)]; r >= 0) {
+      auto& f = region_forward[static_cast<size_t>(r)];
+      for (size_t k = first_forward; k < out.collectives.size(); ++k) f.push_back({n, out.collectives[k]});
+    }
   }
-  for (size_t k = backward.size(); k-- > 0;) out.collectives.push_back(backward[k]);
+  // Backward, with each checkpointed region's recompute first when backward
+  // reaches it: its forward runs again, collectives included, but
+  // non-reentrant checkpointing stops at the last op that saves a tensor
+  // (torch/utils/checkpoint.py: _StopRecomputationError); the region's last
+  // linear stands for that op here (counted on HF's Llama: o_proj's
+  // all-reduce recurs, down_proj's, after the last matmul, does not).
+  std::vector<bool> recomputed(tree.num_modules(), false);
+  auto recompute = [&](ModuleId r) {
+    if (r < 0 || recomputed[static_cast<size_t>(r)]) return;
+    recomputed[static_cast<size_t>(r)] = true;
+    for (const Forward& f : region_forward[static_cast<size_t>(r)]) {
+      const NodeId stop = last_linear[static_cast<size_t>(r)];
+      if (f.node > stop || (f.node == stop && std::string(f.c.cause) != "input")) continue;
+      Collective c = f.c;
+      c.phase = StepPhase::Backward;
+      c.cause = "recompute";
+      out.collectives.push_back(c);
+    }
+  };
+  for (size_t k = backward.size(); k-- > 0;) {
+    recompute(region[static_cast<size_t>(backward[k].module)]);
+    out.collectives.push_back(backward[k]);
+  }
+  for (const CheckpointedModule& c : plan.activations.checkpointed) recompute(c.module);
   // Styles this count does not follow: sequence_parallel's norms and the
   // Prepare* hooks redistribute activations too, and a styled module the
   // graph shows no linear / embedding call for.

@@ -13,6 +13,9 @@ plans it with the same tensor_parallel section, and checks:
   dp_shard group's size and stride (the dp ranks are tp apart) equal torch's;
 - the step-time model charges them: each has a time on the tp group, intra-node, and the units'
   blocking TP seconds add up to time.tensor_parallel.comm_s;
+- the step's FLOPs per rank equal those of the local ops a rank runs (matmuls on a split weight or
+  a TP-local activation count 1/tp: lib/tp/local.h): forward exactly, backward as the same share
+  of the unsplit model's;
 - from the TorchScript file (no activation shapes) the sizes are unknown, not guessed.
 
     /work/main/.venv/bin/python tests/tensor_parallel/test_tp_comm.py BINARY [-k SUBSTRING] [-v]
@@ -44,7 +47,9 @@ def policy_for(case: dict) -> dict:
     world = mesh["dp_shard"] * mesh["tp"]
     return {"module_classes": [test_tp_plan.LAYER_CLASS[case["model"]]],
             "fsdp": {"version": 2, "world_size": world, "optimizer": "adamw"},
-            "tensor_parallel": {"degree": mesh["tp"], "plan": case["plan"], "mesh": {"dp_shard": mesh["dp_shard"]}}}
+            "tensor_parallel": {"degree": mesh["tp"], "plan": case["plan"], "mesh": {"dp_shard": mesh["dp_shard"]}},
+            **({"activation_checkpointing": {"module_classes": [test_tp_plan.LAYER_CLASS[case["model"]]]}}
+               if case["activation_checkpointing"] else {})}
 
 
 def export_pt2(name: str, tmp: str) -> str:
@@ -136,6 +141,25 @@ def check_case(binary: str, name: str, case: dict, pt2: str, ts: str, tmp: str, 
         fails.append(f"units' blocking TP seconds {charged}, time.tensor_parallel.comm_s {t['comm_s']}")
     if abs(t["comm_s"] - sum(x["seconds"] for x in t["collectives"])) > 1e-12:
         fails.append("time.tensor_parallel.comm_s is not the sum of its collectives")
+    # Each rank computes its share: the plan's FLOPs are the local ops' (LocalFlops in the reference).
+    # Forward exactly; backward as a share of the unsplit model's, since the plan's backward of the
+    # exported graph and eager autograd's differ by a constant without TP too (tests/timing/FLOPS.md).
+    flops = {ph: sum(u["time"][ph + "_flops"] for u in plan["units"]) for ph in ("forward", "backward")}
+    whole_policy = {k: v for k, v in policy_for(case).items() if k != "tensor_parallel"}
+    wfile = os.path.join(tmp, name + ".unsplit.json")
+    with open(wfile, "w") as f:
+        json.dump(whole_policy, f)
+    whole = run_plan(binary, pt2, wfile, [])
+    whole_flops = {ph: sum(u["time"][ph + "_flops"] for u in whole["units"]) for ph in ("forward", "backward")}
+    local, unsplit = case["local_flops"], case["unsplit_flops"]
+    if flops["forward"] != local["forward"]:
+        fails.append(f"forward FLOPs per rank: torch's local ops {local['forward']}, plan {flops['forward']}")
+    # Under activation checkpointing the unsplit export's recompute already differs from eager's
+    # (plan 1,048,576, torch 524,288 on this Llama: not a TP question), so the share is not compared.
+    if not case["activation_checkpointing"] and \
+            flops["backward"] * unsplit["backward"] != local["backward"] * whole_flops["backward"]:
+        fails.append(f"backward FLOPs per rank: torch's local share {local['backward']} / {unsplit['backward']}, "
+                     f"plan's {flops['backward']} / {whole_flops['backward']}")
     # A TorchScript file of the same model: no activation shapes, so no sizes.
     ts_plan = run_plan(binary, ts, pfile, [])
     ts_tp = ts_plan["comm"]["tensor_parallel"]
@@ -144,7 +168,7 @@ def check_case(binary: str, name: str, case: dict, pt2: str, ts: str, tmp: str, 
     if verbose:
         kinds = Counter((c["phase"], c["kind"]) for c in have)
         print(f"  {name}: {len(have)} TP collectives {dict(kinds)}, {tp['bytes']} bytes; {len(have_f)} FSDP; "
-              f"TP {t['comm_s'] * 1e6:.1f} us blocking")
+              f"TP {t['comm_s'] * 1e6:.1f} us blocking; FLOPs {flops}")
     return fails
 
 

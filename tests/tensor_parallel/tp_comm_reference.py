@@ -12,7 +12,10 @@ the root on the "dp_shard" sub-mesh (as tp_reference.py does), then one forward 
   subclass records each call's tensors and process group): the module CommDebugMode attributes it
   to, phase, kind, message numel (nccl-tests' sense: an all-gather's output, a reduce-scatter's
   input, an all-reduce's tensor), dtype, and the group's size and rank stride, with `mesh_dim`
-  "tp" or "dp_shard" by the group it ran on.
+  "tp" or "dp_shard" by the group it ran on;
+- `local_flops`: the FLOPs rank 0 computes in a second step (forward, backward), FlopCounterMode's
+  formulas on the local ops DTensor runs (LocalFlops); `unsplit_flops` the same of the model without
+  tensor parallelism.
 
 Real CPU tensors (the small models are a few hundred KB; the fake backend's collectives move no
 data), not FakeTensorMode: Hugging Face's mask code calls .item(), which fake tensors refuse.
@@ -34,15 +37,21 @@ sys.path.insert(0, HERE)
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
+import tp_reference  # noqa: E402  (its models, HF's plan and the style translation)
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (  # noqa: E402
+    apply_activation_checkpointing,
+    checkpoint_wrapper,
+)
 from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
 from torch.distributed.fsdp import fully_shard  # noqa: E402
+from torch.distributed.tensor import DTensor  # noqa: E402
 from torch.distributed.tensor.debug import CommDebugMode  # noqa: E402
 from torch.distributed.tensor.debug._comm_mode import c10d_collective_ops  # noqa: E402
 from torch.distributed.tensor.parallel import parallelize_module  # noqa: E402
 from torch.testing._internal.distributed.fake_pg import FakeStore  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from torch.utils._pytree import tree_leaves  # noqa: E402
-
-import tp_reference  # noqa: E402  (its models, HF's plan and the style translation)
+from torch.utils.flop_counter import flop_registry  # noqa: E402
 
 REFERENCE = os.path.join(HERE, "comm_reference.json")
 BATCH, SEQ = 2, 16
@@ -50,6 +59,11 @@ BATCH, SEQ = 2, 16
 CASES: Dict[str, Dict[str, Any]] = {
     "llama_hf_4x2": dict(model="llama", mesh={"dp_shard": 4, "tp": 2}),
     "llama_kv4_hf_2x4": dict(model="llama_kv4", mesh={"dp_shard": 2, "tp": 4}),
+    # Activation checkpointing on each decoder layer (apply_activation_checkpointing, non-reentrant
+    # checkpoint_wrapper, applied after parallelize_module and before fully_shard, as torchtitan
+    # does): the recompute in backward issues the layer's forward collectives again, up to where
+    # checkpointing stops.
+    "llama_hf_4x2_ac": dict(model="llama", mesh={"dp_shard": 4, "tp": 2}, ac=True),
 }
 KIND = {"all_reduce": "all_reduce", "allreduce_": "all_reduce", "all_gather_into_tensor": "all_gather",
         "_allgather_base_": "all_gather", "allgather_": "all_gather", "reduce_scatter_tensor": "reduce_scatter",
@@ -103,11 +117,38 @@ class RecordingCommMode(CommDebugMode):
 GLOBAL = "(global)"
 
 
+class LocalFlops(TorchDispatchMode):
+    """FlopCounterMode's formulas (torch.utils.flop_counter.flop_registry) on the ops a rank runs:
+    a DTensor call is passed on to DTensor (NotImplemented, as CommDebugMode does), which runs the
+    local op, counted then; the meta-tensor calls DTensor's sharding propagation makes are not
+    computed on the rank and not counted. (FlopCounterMode itself counts a DTensor matmul at its
+    global shape.) Forward and backward apart (inside autograd's graph task: backward)."""
+
+    def __init__(self):
+        super().__init__()
+        self.forward = self.backward = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if any(t == DTensor for t in types):
+            return NotImplemented
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        packet = func._overloadpacket
+        if packet in flop_registry and not any(isinstance(a, torch.Tensor) and a.is_meta for a in args):
+            n = flop_registry[packet](*args, **kwargs, out_val=out)
+            if torch._C._current_graph_task_id() != -1:
+                self.backward += n
+            else:
+                self.forward += n
+        return out
+
+
 def strip(fqn: str) -> str:
     """CommDebugMode's module names start with the root's class ("FSDPLlamaForCausalLM.model..."), the
     root is "" here; "Global" (outside every module: FSDP's backward hooks before the root's) is GLOBAL."""
     if fqn == "Global":
         return GLOBAL
+    fqn = fqn.replace("._checkpoint_wrapped_module", "")  # checkpoint_wrapper's inner module: the plan's path
     return fqn.split(".", 1)[1] if "." in fqn else ""
 
 
@@ -120,6 +161,10 @@ def run_case(case: Dict[str, Any]) -> Dict[str, Any]:
     plan = tp_reference.hf_plan(case["model"])
     model = tp_reference.MODELS[case["model"]]("cpu")
     parallelize_module(model, mesh["tp"], {k: tp_reference.torch_style(v) for k, v in plan.items()})
+    if case.get("ac"):
+        layer_class = type(model.model.layers[0])
+        apply_activation_checkpointing(model, checkpoint_wrapper_fn=checkpoint_wrapper,
+                                       check_fn=lambda m: isinstance(m, layer_class))
     for layer in model.model.layers:
         fully_shard(layer, mesh=mesh["dp_shard"])
     fully_shard(model, mesh=mesh["dp_shard"])
@@ -129,6 +174,16 @@ def run_case(case: Dict[str, Any]) -> Dict[str, Any]:
     ids = torch.randint(3, 200, (BATCH, SEQ), generator=torch.Generator().manual_seed(0))
     with mode:
         model(input_ids=ids).logits.float().sum().backward()
+    flops = LocalFlops()
+    with flops:  # a second step: what each rank computes
+        model(input_ids=ids).logits.float().sum().backward()
+    whole = tp_reference.MODELS[case["model"]]("cpu")  # the unsplit model's step, for the ratio
+    if case.get("ac"):
+        apply_activation_checkpointing(whole, checkpoint_wrapper_fn=checkpoint_wrapper,
+                                       check_fn=lambda m: isinstance(m, type(whole.model.layers[0])))
+    unsplit = LocalFlops()
+    with unsplit:
+        whole(input_ids=ids).logits.float().sum().backward()
     counts: Dict[str, Dict[str, Dict[str, int]]] = {}
     own: Dict[str, Dict[str, Dict[str, int]]] = {}
     for c in mode.calls:  # each call once, at the module that issued it
@@ -137,10 +192,15 @@ def run_case(case: Dict[str, Any]) -> Dict[str, Any]:
     # CommDebugMode's counts add each call to the module and every parent: a module's own calls
     # are its count less its children's. Kept as CommDebugMode reports them, for the check below.
     for fqn, per in mode.comm_module_counts.items():
+        if fqn.endswith("._checkpoint_wrapped_module"):
+            continue  # the same module as its checkpoint_wrapper (whose count holds it), by the plan's path
         counts[strip(fqn)] = {ph: by_kind(per[ph]) for ph in ("forward", "backward")}
     return {"model": case["model"], "mesh": case["mesh"], "batch": BATCH, "seq": SEQ, "plan": plan,
+            "activation_checkpointing": bool(case.get("ac")),
             "collectives": mode.calls, "comm_counts": counts, "own_counts": own,
-            "total_counts": by_kind(mode.get_comm_counts())}
+            "total_counts": by_kind(mode.get_comm_counts()),
+            "local_flops": {"forward": flops.forward, "backward": flops.backward},
+            "unsplit_flops": {"forward": unsplit.forward, "backward": unsplit.backward}}
 
 
 def by_kind(per_op) -> Dict[str, int]:

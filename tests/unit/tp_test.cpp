@@ -98,6 +98,30 @@ TEST_CASE("styles place parameters as torch's ParallelStyles do, and FSDP2 shard
   CHECK(plan.memory.per_rank.params_bytes == 4 * (16 + 2 * (8 + 1 + 8 + 2) + 16));
 }
 
+TEST_CASE("a 2-D plan's FSDP collectives run on the strided dp group; TP's sizes need a graph") {
+  TreeBuilder b = tiny_lm();
+  const Plan plan = make_plan(b.tree, tp_policy(R"J({"emb": "rowwise", "layers.*.attn.q": "colwise",
+      "layers.*.attn.o": "rowwise", "head": {"style": "colwise", "output_layouts": "replicate"}})J"), "m.pt");
+  REQUIRE(plan.comm.computed);
+  // (dp_shard 4, tp 2): rank 0's dp group is ranks 0, 2, 4, 6 (tp innermost).
+  REQUIRE_FALSE(plan.comm.collectives.empty());
+  for (const Collective& c : plan.comm.collectives) CHECK(c.group == RankGroup{4, 2});
+  // The root's all-gather: emb 16x8 and head 16x8, each TP-local 8x8, each rank's padded
+  // shard 2x8, gathered over 4 ranks: 128 float32 elements.
+  const Collective& root = plan.comm.collectives.front();
+  CHECK(root.unit == 0);
+  CHECK(root.numel == 128);
+  CHECK(root.bytes == 512);
+  // A TorchScript-like tree has no activation shapes: TP's collectives are not guessed.
+  const TpComm& tp = plan.comm.tp;
+  CHECK(tp.planned);
+  CHECK_FALSE(tp.sizes_known);
+  CHECK(tp.collectives.empty());
+  CHECK(tp.group == RankGroup{2, 1});
+  CHECK(tp.unknown_reason.find("unknown") != std::string::npos);
+  CHECK(plan.time.tp_comm_s == 0);
+}
+
 TEST_CASE("the plan refuses what parallelize_module refuses") {
   TreeBuilder b = tiny_lm();
   CHECK(has_kind(make_plan(b.tree, tp_policy(R"J({"layers.*.attn.k": "colwise"})J"), "m.pt"), "tp_unmatched_pattern"));
