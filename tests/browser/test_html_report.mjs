@@ -6,7 +6,7 @@
 // the plan's order (FSDP2: each call's reshard_after_forward); sibling units of
 // one size in the treemap in natural path order (layers 2 before 10); memory
 // colours apart from the warning and error colours; FSDP2 pages without
-// FSDP1-only settings; tooltip text inside its box.
+// FSDP1-only settings; tooltip text inside its box. Issue 26: a 2-D plan shows its mesh.
 //
 // Usage: node test_html_report.mjs FSDP_PLAN_BINARY NODE_PREFIX OUT_DIR   (run by ctest;
 //        NODE_PREFIX holds node_modules/playwright-core, installed from this
@@ -157,6 +157,17 @@ async function checkPage(page, name, plan) {
     }
   // FSDP2 has no use_orig_params or force_leaf_modules; every group says its reshard_after_forward.
   const settings = await page.locator("#memory-settings").textContent();
+  // Issue 26: a 2-D plan's page shows its device mesh, and TP's communication as the JSON has it.
+  if (plan.tensor_parallel) {
+    const text = await page.locator("#memory-settings").textContent();
+    const m = plan.tensor_parallel.mesh;
+    const mesh = "(" + m.dim_names.map((d, i) => d + " " + m.shape[i]).join(", ") + ")";
+    check(await page.locator("#memory-settings").isVisible() && text.includes("device mesh" + mesh),
+          `${name}: the page does not show the device mesh ${mesh}: ${text.slice(0, 300)}`);
+    const tc = plan.comm.tensor_parallel;
+    check(text.includes("tp communication" + (tc.sizes_known ? fmtBytes(tc.bytes) : "sizes unknown")),
+          `${name}: the page's tp communication is not the plan's (${tc.sizes_known ? tc.bytes + " bytes" : "unknown"})`);
+  }
   const policy = JSON.parse(await page.locator("#policy").textContent());
   if (plan.fsdp_version === 2) {
     check(!settings.includes("use_orig_params"), `${name}: an FSDP2 page shows use_orig_params`);
@@ -300,6 +311,15 @@ async function main() {
     // FSDP2: several timeline steps per unit in backward; the label must still find the peak's.
     await checkModel(browser.context, binary, outDir, "tiny_gpt_fsdp2",
       [path.join(models, "tiny_gpt.pt"), "--policy", path.join(policies, "fsdp2.json"), "--world-size", "8"]);
+    // A 2-D plan (FSDP2 with tensor parallelism): the mesh, and TP's sizes unknown from TorchScript.
+    const tp = path.join(outDir, "tiny_gpt_tp.json");
+    fs.writeFileSync(tp, JSON.stringify({
+      module_classes: ["Block"], fsdp: { version: 2, world_size: 8 },
+      tensor_parallel: { degree: 2, mesh: { dp_shard: 4 }, plan: {
+        "blocks.*.attn.qkv": "colwise", "blocks.*.attn.proj": "rowwise",
+        "blocks.*.mlp.fc": "colwise", "blocks.*.mlp.out": "rowwise" } } }));
+    await checkModel(browser.context, binary, outDir, "tiny_gpt_tp",
+      [path.join(models, "tiny_gpt.pt"), "--policy", tp]);
     // Twenty units of the root, seven LayerNorms of one size among them: natural order in the treemap.
     const many = path.join(outDir, "layer_norms_and_linears.json");
     fs.writeFileSync(many, JSON.stringify({ module_classes: ["LayerNorm", "Linear"] }));

@@ -144,6 +144,26 @@
       kv(settings, "use_orig_params", String(mem.use_orig_params));
     }
     kv(settings, "optimizer", mem.optimizer);
+    // 2-D plans (docs/tensor-parallel.md): the device mesh, what TP split, and TP's own collectives.
+    const tpPlan = plan.tensor_parallel;
+    if (tpPlan && tpPlan.mesh) {
+      kv(settings, "device mesh", "(" + tpPlan.mesh.dim_names.map((d, i) => d + " " + tpPlan.mesh.shape[i]).join(", ") +
+         "): init_device_mesh, fully_shard on the dp dimension" + (tpPlan.mesh.dim_names.length > 2 ? "s" : "") +
+         ", parallelize_module on tp");
+      const params = tpPlan.params || [];
+      const split = params.filter((p) => p.tp_placement && p.tp_placement.startsWith("Shard")).length;
+      const repl = params.filter((p) => p.tp_placement === "Replicate()").length;
+      kv(settings, "tensor parallel", (tpPlan.modules || []).length + " modules styled; " + split +
+         " parameters split on tp, " + repl + " replicated, " + (params.length - split - repl) + " untouched");
+      const tc = (plan.comm || {}).tensor_parallel;
+      if (tc) {
+        kv(settings, "tp communication", tc.sizes_known
+          ? fmtBytes(tc.bytes) + " per rank per step (exact), " + tc.calls + " collectives on the tp group (" +
+            tc.group_size + " ranks), blocking" + (plan.time && plan.time.tensor_parallel
+              ? ": " + fmtSeconds(plan.time.tensor_parallel.comm_s) + " (estimate)" : "")
+          : "sizes unknown: " + tc.unknown_reason);
+      }
+    }
     const r = mem.per_rank;
     kv(settings, "steady per rank", "params " + fmtBytes(r.params_bytes) + " + grads " + fmtBytes(r.grads_bytes) +
        " + optimizer " + fmtBytes(r.optimizer_bytes) + " + buffers " + fmtBytes(r.buffers_bytes) +
