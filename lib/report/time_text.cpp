@@ -135,6 +135,7 @@ std::string comm_time_text(const Plan& plan) {
     if (t.flops_known) {
       line += "step " + secs(t.step_s) + " = compute " + secs(t.compute_s) + " + exposed communication " +
               secs(t.exposed_comm_s) + " + optimizer " + secs(t.optimizer_s);
+      if (t.tp_comm_s > 0) line += " + tensor-parallel communication " + secs(t.tp_comm_s) + " (blocking)";
     } else {
       // docs/time-model.md section 6: without FLOPs only what no compute can hide.
       line += "exposed communication " + secs(t.exposed_comm_s) + " of " + secs(t.comm_s) +

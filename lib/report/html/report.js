@@ -196,7 +196,9 @@
     const t = plan.time;
     kv(timeBox, "step time (estimate)", t.flops_known
       ? fmtSeconds(t.step_s) + " = compute " + fmtSeconds(t.compute_s) + " + exposed communication " +
-        fmtSeconds(t.exposed_comm_s) + " + optimizer " + fmtSeconds(t.optimizer_s)
+        fmtSeconds(t.exposed_comm_s) + " + optimizer " + fmtSeconds(t.optimizer_s) +
+        (t.tensor_parallel && t.tensor_parallel.comm_s > 0
+          ? " + tensor-parallel communication " + fmtSeconds(t.tensor_parallel.comm_s) + " (blocking)" : "")
       : "not known without FLOPs (--flops FILE); exposed communication " + fmtSeconds(t.exposed_comm_s) + " of " +
         fmtSeconds(t.comm_s) + " in collectives");
     for (const a of t.assumptions || []) kv(timeBox, "assumption", a);
