@@ -40,7 +40,8 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DEFAULT_FILE = "/work/scratch/h-actref/exports/llama3_70b_b1s8192_bf16.pt2"
+# bench/export_bench.py --seq 8192 --keep build/bench writes it (the exporter, a minute or two).
+DEFAULT_FILE = os.path.join(ROOT, "build", "bench", "llama3_70b.pt2")
 STAGE = re.compile(r"(loaded|planned) .* in ([0-9.]+) ms")
 
 
@@ -98,7 +99,8 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=15)
     args = ap.parse_args()
     if not os.path.exists(args.file):
-        sys.exit(f"{args.file}: no such file (make it with tests/activations' exporter, or pass --file)")
+        sys.exit(f"{args.file}: no such file (make it with bench/export_bench.py --seq 8192 --keep build/bench, "
+                 "or pass --file)")
 
     # Copies, so that a rebuild during the run cannot mix two builds.
     work = tempfile.mkdtemp(prefix="plan70b_bench.")
