@@ -64,27 +64,6 @@ const DtypeInfo* dtype_named(const std::string& name) {
   return nullptr;
 }
 
-// The unit each module's forward runs in: the innermost unit whose modules
-// hold it (FSDP2: a call's modules; FSDP1: the unit's module), else its parent's.
-std::vector<int> unit_of_modules(const Plan& plan) {
-  const ModuleTree& tree = *plan.tree;
-  std::vector<int> owner(tree.num_modules(), -1);
-  for (size_t u = 0; u < plan.units.size(); ++u) {
-    const Unit& unit = plan.units[u];
-    if (unit.modules.empty()) {
-      owner[static_cast<size_t>(unit.module)] = static_cast<int>(u);
-    } else {
-      for (ModuleId m : unit.modules) owner[static_cast<size_t>(m)] = static_cast<int>(u);
-    }
-  }
-  if (owner[0] < 0) owner[0] = 0;
-  for (ModuleId m : tree.preorder()) {
-    const ModuleId parent = tree.module(m).parent;
-    if (owner[static_cast<size_t>(m)] < 0 && parent >= 0) owner[static_cast<size_t>(m)] = owner[static_cast<size_t>(parent)];
-  }
-  return owner;
-}
-
 // FSDP1 flattens a unit's parameters into one FlatParameter; with
 // use_orig_params a unit mixing frozen and trainable parameters has a flat
 // parameter that requires grad, whose views the original parameters are, so

@@ -64,4 +64,19 @@ const char* activation_source_name(ActivationSource s) {
   return "unknown";
 }
 
+std::vector<int> unit_of_modules(const Plan& plan) {
+  const ModuleTree& tree = *plan.tree;
+  std::vector<int> owner(tree.num_modules(), -1);
+  for (size_t u = 0; u < plan.units.size(); ++u) {
+    owner[static_cast<size_t>(plan.units[u].module)] = static_cast<int>(u);
+    for (ModuleId m : plan.units[u].modules) owner[static_cast<size_t>(m)] = static_cast<int>(u);
+  }
+  if (owner[0] < 0) owner[0] = 0;
+  for (ModuleId m : tree.preorder()) {  // a parent before its children
+    const ModuleId parent = tree.module(m).parent;
+    if (owner[static_cast<size_t>(m)] < 0 && parent >= 0) owner[static_cast<size_t>(m)] = owner[static_cast<size_t>(parent)];
+  }
+  return owner;
+}
+
 }  // namespace fsdp_plan

@@ -89,4 +89,10 @@ struct Plan {
   std::string buffer_name(const Owned& o) const;
 };
 
+// Per ModuleId, the unit its forward runs in: the innermost unit whose
+// module(s) hold it (FSDP1: the unit's module; FSDP2: a call's modules), the
+// root unit for modules outside every other. The activations, the step time
+// and tensor parallelism's collectives attribute graph ops by it.
+std::vector<int> unit_of_modules(const Plan& plan);
+
 }  // namespace fsdp_plan

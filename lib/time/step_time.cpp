@@ -24,21 +24,6 @@ struct Segment {
   double tp_backward_s = 0;  // forward segments: the TP collectives their backward will add
 };
 
-// The unit each module's ops belong to: the innermost unit whose modules'
-// subtrees hold it (the root unit for modules outside every other unit).
-std::vector<int> module_owners(const Plan& plan) {
-  const ModuleTree& tree = *plan.tree;
-  std::vector<int> owner(tree.num_modules(), -1);
-  for (size_t i = 0; i < plan.units.size(); ++i) {
-    owner[static_cast<size_t>(plan.units[i].module)] = static_cast<int>(i);
-    for (ModuleId m : plan.units[i].modules) owner[static_cast<size_t>(m)] = static_cast<int>(i);
-  }
-  if (owner[0] < 0) owner[0] = 0;
-  for (size_t m = 1; m < owner.size(); ++m)  // parents have smaller ids
-    if (owner[m] < 0) owner[m] = owner[static_cast<size_t>(tree.module(static_cast<ModuleId>(m)).parent)];
-  return owner;
-}
-
 void push_merged(std::vector<Segment>& segs, int unit, int64_t flops, double seconds, double tp_s = 0,
                  double tp_backward_s = 0) {
   if (!segs.empty() && segs.back().unit == unit) {
@@ -248,7 +233,7 @@ StepTime estimate_step_time(const Plan& plan, const HardwareFigures& hw, const F
   }
 
   // ---- compute segments (execution order), forward then backward.
-  const std::vector<int> owner = module_owners(plan);
+  const std::vector<int> owner = unit_of_modules(plan);
   std::vector<Segment> fwd;
   double flop_rate = 1;
   if (flops) {

@@ -8,20 +8,6 @@
 namespace fsdp_plan {
 namespace {
 
-// The innermost unit whose modules hold each module (the root's for the rest).
-std::vector<int> unit_of_modules(const Plan& plan) {
-  const ModuleTree& tree = *plan.tree;
-  std::vector<int> owner(tree.num_modules(), -1);
-  for (size_t i = 0; i < plan.units.size(); ++i) {
-    owner[static_cast<size_t>(plan.units[i].module)] = static_cast<int>(i);
-    for (ModuleId m : plan.units[i].modules) owner[static_cast<size_t>(m)] = static_cast<int>(i);
-  }
-  if (owner[0] < 0) owner[0] = 0;
-  for (size_t m = 1; m < owner.size(); ++m)  // parents have smaller ids
-    if (owner[m] < 0) owner[m] = owner[static_cast<size_t>(tree.module(static_cast<ModuleId>(m)).parent)];
-  return owner;
-}
-
 // A style's layout as the policy writes it: "replicate" or "shard(d)".
 bool is_shard(const std::optional<std::string>& layout) { return layout && layout->rfind("shard", 0) == 0; }
 
