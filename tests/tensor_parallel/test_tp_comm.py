@@ -53,18 +53,9 @@ def policy_for(case: dict) -> dict:
 
 
 def export_pt2(name: str, tmp: str) -> str:
-    """The small model exported by fsdp-plan-export (this checkout's python/) at the reference's batch and length."""
-    config_dir = os.path.join(tmp, name + "_config")
-    tp_reference.MODELS[name]("meta").config.save_pretrained(config_dir)
-    out = os.path.join(tmp, name + ".pt2")
-    env = dict(os.environ, PYTHONPATH=os.path.join(HERE, "..", "..", "python") + os.pathsep +
-               os.environ.get("PYTHONPATH", ""))
-    r = subprocess.run([sys.executable, "-m", "fsdp_plan.export", config_dir, "-o", out, "--batch",
-                        str(tp_comm_reference.BATCH), "--seq", str(tp_comm_reference.SEQ), "--task", "causal-lm", "-q"],
-                       capture_output=True, text=True, env=env)
-    if r.returncode != 0:
-        raise RuntimeError(f"fsdp-plan-export {name}: {r.stderr.strip()[-600:]}")
-    return out
+    """The small model exported at the reference's batch and length."""
+    return test_tp_plan.export_pt2(name, tmp, ("--batch", str(tp_comm_reference.BATCH),
+                                               "--seq", str(tp_comm_reference.SEQ)))
 
 
 def run_plan(binary: str, model_file: str, pfile: str, dims: list) -> dict:

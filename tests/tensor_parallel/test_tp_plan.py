@@ -203,15 +203,16 @@ def check_emit_torch(binary: str, name: str, case: dict, model_file: str, pfile:
     return fails
 
 
-def export_pt2(name: str, tmp: str) -> str:
-    """The small model exported by fsdp-plan-export (this checkout's python/) from its config."""
+def export_pt2(name: str, tmp: str, shape=("--seq", "8")) -> str:
+    """The small model exported by fsdp-plan-export (this checkout's python/) from its config,
+    at `shape` (the exporter's --batch / --seq options)."""
     config_dir = os.path.join(tmp, name + "_config")
     tp_reference.MODELS[name]("meta").config.save_pretrained(config_dir)
     out = os.path.join(tmp, name + ".pt2")
     env = dict(os.environ, PYTHONPATH=os.path.join(HERE, "..", "..", "python") + os.pathsep +
                os.environ.get("PYTHONPATH", ""))
-    r = subprocess.run([sys.executable, "-m", "fsdp_plan.export", config_dir, "-o", out, "--seq", "8",
-                        "--task", "causal-lm"], capture_output=True, text=True, env=env)
+    r = subprocess.run([sys.executable, "-m", "fsdp_plan.export", config_dir, "-o", out, *shape,
+                        "--task", "causal-lm", "-q"], capture_output=True, text=True, env=env)
     if r.returncode != 0:
         raise RuntimeError(f"fsdp-plan-export {name}: {r.stderr.strip()[-600:]}")
     return out

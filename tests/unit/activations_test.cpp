@@ -329,6 +329,21 @@ ActivationPlan walk_tiny(TinyNet& net, const Plan& plan, std::vector<ModuleId> c
   return acts;
 }
 
+// The fp32 export walked as bf16 mixed precision on CUDA, every module in unit 0,
+// with the root's cast of the floating inputs (FSDP's cast_forward_inputs).
+ActivationPlan walk_bf16_cast(TinyNet& net, const Plan& plan) {
+  WalkOptions opt;
+  opt.env = env(ComputeDevice::Cuda);
+  opt.unit_of_module.assign(net.b.tree.num_modules(), 0);
+  opt.compute_dtype = bf16();
+  opt.export_dtype = f32();
+  opt.input_cast = bf16();
+  ActivationPlan mp;
+  mp.source = ActivationSource::Graph;
+  walk_graph(net.gb.g, net.b.tree, plan.units.size(), opt, mp, nullptr);
+  return mp;
+}
+
 }  // namespace
 
 TEST_CASE("walk: saved bytes per module and unit, parameters and inputs apart") {
@@ -393,15 +408,7 @@ TEST_CASE("walk: bf16 mixed precision on an fp32 export takes the forward in bf1
   Plan plan = plan_of(net.b, R"({"module_classes": ["Block"]})");
   const ActivationPlan fp32 = walk_tiny(net, plan);
   CHECK(fp32.saved_bytes == 192 + 96 + 192 + 96 + 244);  // the cast is an alias: nothing changes
-  WalkOptions opt;
-  opt.env = env(ComputeDevice::Cuda);
-  opt.unit_of_module.assign(net.b.tree.num_modules(), 0);
-  opt.compute_dtype = bf16();
-  opt.export_dtype = f32();
-  opt.input_cast = bf16();
-  ActivationPlan mp;
-  mp.source = ActivationSource::Graph;
-  walk_graph(net.gb.g, net.b.tree, plan.units.size(), opt, mp, nullptr);
+  const ActivationPlan mp = walk_bf16_cast(net, plan);
   // Half of every layer's save (x is cast to bf16 by the root: a copy in the forward, saved by
   // layers.0.fc1: an activation now); the loss still saves fp32 log-probabilities of the fp32 copy.
   CHECK(mp.saved_bytes == 48 + 96 + 48 + 96 + 48 + 244);
@@ -759,14 +766,6 @@ TEST_CASE("memory: the batch is held through the step, the optimizer step includ
   // Under mixed precision the batch is what the caller holds (fp32 x), the bf16 copy an activation.
   TinyNet net;
   Plan plan = plan_of(net.b, R"({"module_classes": ["Block"]})");
-  WalkOptions opt;
-  opt.env = env(ComputeDevice::Cuda);
-  opt.unit_of_module.assign(net.b.tree.num_modules(), 0);
-  opt.compute_dtype = bf16();
-  opt.export_dtype = f32();
-  opt.input_cast = bf16();
-  ActivationPlan mp;
-  mp.source = ActivationSource::Graph;
-  walk_graph(net.gb.g, net.b.tree, plan.units.size(), opt, mp, nullptr);
+  const ActivationPlan mp = walk_bf16_cast(net, plan);
   CHECK(mp.input_bytes == 96 + 48);
 }
