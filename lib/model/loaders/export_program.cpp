@@ -241,7 +241,6 @@ class What {
     return out + tail_ + more_;
   }
   friend std::string operator+(const What& w, const char* s) { return w.str() + s; }
-  friend std::string operator+(const What& w, const std::string& s) { return w.str() + s; }
 
  private:
   const char* head_;
