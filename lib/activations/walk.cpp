@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 #include <set>
+#include <unordered_map>
 
 #include "util/strings.h"
 
@@ -217,12 +218,69 @@ class Walker {
     if (!retype()) return;
     const std::string_view base = op_base(node.op);
     if (base != "to" && base != "_to_copy") return;
+    // `x.to(device)` records its dtype as x's own at trace time: a move, not a
+    // cast (rotary's `inv_freq[...].float().to(x.device)` on an fp32 buffer,
+    // which mixed precision leaves in fp32).
+    if (node.op == "aten.to.device") return;
     const ArgValue* self = args.find("self");
     if (!self || self->kind != ArgValue::Kind::Tensor || !self->tensor || self->tensor->dtype != opt_.export_dtype)
       return;
     for (auto& [name, v] : args.items)
       if (name == "dtype" && v.kind == ArgValue::Kind::Str && v.s == opt_.export_dtype->name)
         v = ArgValue::of_str(opt_.compute_dtype->name);
+  }
+
+  // A matmul needs its operands in one dtype (aten/src/ATen/native/LinearAlgebra.cpp:
+  // "expected m1 and m2 to have the same dtype"; _grouped_mm and transformers'
+  // grouped_mm_fallback alike), and so does attention (native/transformers/attention.cpp:
+  // validate_sdpa_input, "Expected query, key, and value to have the same dtype").
+  // So a cast to the export's dtype feeding one beside a param_dtype operand was
+  // `.to(weight.dtype)` or `.to(result_dtype)`, a no-op in the run
+  // (transformers/integrations/moe.py: _grouped_mm's `input.to(weight.dtype)`;
+  // peft/tuners/lora/layer.py: Linear.forward's `result.to(torch_result_dtype)`):
+  // the operand is the tensor before that cast.
+  static bool same_dtype_operands(std::string_view base) {
+    for (std::string_view m : {"mm", "bmm", "addmm", "baddbmm", "matmul", "linear", "_grouped_mm", "grouped_mm",
+                               "grouped_mm_fallback", "scaled_dot_product_attention",
+                               "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention",
+                               "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention"})
+      if (base == m) return true;
+    return false;
+  }
+
+  // `subs` holds the operands put in place (reserved: args point into it).
+  void retype_same_dtype_operands(const WalkNode& node, CallArgs& args, std::vector<OpTensor>& subs) const {
+    if (!retype() || upcast_source_.empty() || !same_dtype_operands(op_base(node.op))) return;
+    bool compute = false;
+    for (const auto& [name, v] : args.items)
+      if (v.kind == ArgValue::Kind::Tensor && v.tensor && v.tensor->dtype == opt_.compute_dtype) compute = true;
+    if (!compute) return;
+    subs.reserve(args.items.size());
+    for (auto& [name, v] : args.items) {
+      if (v.kind != ArgValue::Kind::Tensor || !v.tensor || v.tensor->dtype != opt_.export_dtype) continue;
+      auto it = upcast_source_.find(v.tensor->storage);
+      if (it == upcast_source_.end()) continue;
+      // The same view, of the storage before the cast.
+      const OpTensor& src = meta_[static_cast<size_t>(it->second)];
+      OpTensor t = *v.tensor;
+      t.dtype = src.dtype;
+      t.storage = src.storage;
+      t.storage_bytes = src.storage_bytes;
+      subs.push_back(std::move(t));
+      v.tensor = &subs.back();
+    }
+  }
+
+  // Remembers a retyped upcast (a param_dtype tensor copied to the export's dtype) by the copy's storage.
+  void note_upcast(const WalkNode& node, std::string_view base) {
+    if (!retype() || (base != "to" && base != "_to_copy") || node.outputs.size() != 1 || !valid(node.outputs[0])) return;
+    for (const WalkArg& a : node.args) {
+      if (a.name != "self" || a.tensors.size() != 1 || !valid(a.tensors[0])) continue;
+      const OpTensor& in = meta_[static_cast<size_t>(a.tensors[0])];
+      const OpTensor& out = meta_[static_cast<size_t>(node.outputs[0])];
+      if (in.dtype == opt_.compute_dtype && out.dtype == opt_.export_dtype && out.storage != in.storage)
+        upcast_source_.emplace(out.storage, a.tensors[0]);
+    }
   }
 
   // The dtype an output has in the run (see retype).
@@ -399,6 +457,8 @@ class Walker {
   void walk_row(int32_t i, const WalkNode& node, const OpRow& row, CallArgs& args) {
     add_op_defaults(row, args);
     retype_cast(node, args);
+    std::vector<OpTensor> subs;
+    retype_same_dtype_operands(node, args, subs);
     const bool recorded = op_records(row, args);
     // Outputs as recorded, for alias_when and case conditions that read them.
     std::vector<OpTensor> recorded_outs;
@@ -440,6 +500,7 @@ class Walker {
       }
       outs[k] = &meta_[static_cast<size_t>(o)];
     }
+    note_upcast(node, base);
     const OpCase& c = select_op_case(row, args, outs, opt_.env);
     restride(node, base, c, args, outs);
     if (!recorded) return;
@@ -804,6 +865,7 @@ class Walker {
 
   std::vector<OpTensor> meta_;
   std::vector<bool> restrided_;
+  std::unordered_map<int32_t, int32_t> upcast_source_;  // a retyped upcast's storage -> the tensor it copied
   std::vector<Storage> storages_;
   std::vector<ModuleId> region_module_;
   std::vector<int32_t> node_region_;

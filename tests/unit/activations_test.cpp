@@ -415,6 +415,34 @@ TEST_CASE("walk: bf16 mixed precision on an fp32 export takes the forward in bf1
   CHECK(mp.input_saved_bytes == 48);  // the int64 target only
 }
 
+TEST_CASE("walk: under bf16 mixed precision a cast to fp32 feeding a matmul beside a bf16 weight is a no-op") {
+  // The head's input cast to float32, as transformers' MoE does before each grouped matmul
+  // (`input.to(weight.dtype)`): in the fp32 export an alias, and in the bf16 run too, since the
+  // matmul needs both operands in one dtype. The head saves its bf16 input, not an fp32 copy.
+  TinyNet net;
+  WalkNode& head = net.gb.g.nodes[net.gb.g.nodes.size() - 2];
+  WalkNode cast;
+  cast.op = "aten.to.dtype";
+  cast.module = net.b.id("head");
+  WalkArg self;
+  self.name = "self";
+  self.value.kind = ArgValue::Kind::Tensor;
+  self.tensors = head.args[0].tensors;
+  WalkArg dtype;
+  dtype.name = "dtype";
+  dtype.value = ArgValue::of_str("float32");
+  cast.args = {self, dtype};
+  cast.outputs = {net.gb.tensor("h_f32", {6, 4}, f32())};
+  head.args[0].tensors = {cast.outputs[0]};
+  net.gb.g.nodes.insert(net.gb.g.nodes.end() - 2, cast);
+  Plan plan = plan_of(net.b, R"({"module_classes": ["Block"]})");
+  CHECK(walk_tiny(net, plan).saved_bytes == 192 + 96 + 192 + 96 + 244);
+  const ActivationPlan mp = walk_bf16_cast(net, plan);
+  // As without the cast: 48 B for the head's bf16 input, not 96 B for a copy; the loss saves
+  // bf16 log-probabilities [6, 10] and a 0-dim total weight (122 B).
+  CHECK(mp.saved_bytes == 48 + 96 + 48 + 96 + 48 + 122);
+}
+
 namespace {
 int64_t max_activation(const MemoryPlan& m) {
   int64_t best = 0;
