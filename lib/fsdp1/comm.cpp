@@ -89,6 +89,10 @@ CommPlan fsdp1_comm(const Plan& plan) {
                   um.flat_numel * reduce_itemsize, reduce_dtype, RankGroup{s.world_size, 1}, "reduce", 0};
     }
   }
+  size_t calls = 0;  // gathers (twice when regathered), reductions, HSDP's all-reduces
+  for (size_t i = 0; i < n; ++i)
+    calls += static_cast<size_t>((per[i].any && sharded ? 1 + regathered[i] : 0) + per[i].reduces + per[i].hybrid);
+  comm.collectives.reserve(calls);
   // Forward: each unit's pre-forward unshards it, in forward (module) order.
   for (size_t i = 0; i < n; ++i)
     if (per[i].any && sharded) comm.collectives.push_back(per[i].gather);

@@ -105,6 +105,10 @@ CommPlan fsdp2_comm(const Plan& plan) {
                       reduce_dtype, RankGroup{mesh.replicate, S * T}, "reduce", offload_out};
     }
   }
+  size_t calls = 0;  // gathers (twice when regathered), reduce-scatters, HSDP's all-reduces
+  for (size_t i = 0; i < n; ++i)
+    calls += static_cast<size_t>((per[i].gathers ? 1 + regathered[i] : 0) + per[i].reduces + per[i].all_reduces);
+  comm.collectives.reserve(calls);
   // Forward: each group's pre-forward unshards it, in forward order.
   for (size_t i = 0; i < n; ++i)
     if (per[i].gathers) comm.collectives.push_back(per[i].gather);

@@ -9,7 +9,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -32,6 +34,15 @@ template <class T, class A>
 struct is_vector<std::vector<T, A>> : std::true_type {};
 template <class>
 inline constexpr bool always_false = false;
+
+// JsonTextSink's room asked for beyond a line's indent: ",\n", and spaces
+// written in words of 8 (up to 7 bytes past the indent, overwritten by what
+// follows).
+inline constexpr size_t kLine = 2 + 8;
+inline char* indent(char* p, size_t depth) {
+  for (size_t i = 0; i < depth; i += 8) std::memcpy(p + i, "        ", 8);
+  return p + depth;
+}
 }  // namespace json_sink_detail
 
 class JsonSink {
@@ -144,13 +155,19 @@ class JsonValueSink final : public JsonSink {
   std::string key_;
 };
 
-// Writes, in pieces of about 64 KB to `out`, exactly what the value's
+// Writes, in pieces of at most 64 KB to `out`, exactly what the value's
 // dump(1) gives (nlohmann/detail/output/serializer.hpp: serializer::dump with
 // indent_step 1, ensure_ascii false, error_handler_t::strict). flush() after
 // the last end().
+// Its own buffer, written through a pointer: a plan's comm and time sections
+// are a million small keys and numbers, and std::string's out-of-line append
+// for each was most of what they cost (bench/time_overhead.py).
 class JsonTextSink final : public JsonSink {
  public:
   explicit JsonTextSink(std::function<void(std::string_view)> out);
+  ~JsonTextSink() override;
+  JsonTextSink(const JsonTextSink&) = delete;
+  JsonTextSink& operator=(const JsonTextSink&) = delete;
   void begin_object() override;
   void begin_array() override;
   void end() override;
@@ -169,17 +186,41 @@ class JsonTextSink final : public JsonSink {
     bool object;
     size_t members;
   };
-  void before_value();
-  void next_line();  // a container's first member or the ",\n" before the next, indented
-  void quoted(std::string_view s);
-  void spill() {
-    if (buffer_.size() >= kSpill) flush();
+  // One double's text, remembered: a plan repeats its figures (every layer's
+  // collectives the same size), and the shortest form costs far more to find
+  // than to copy.
+  struct CachedNumber {
+    uint64_t bits = 0;
+    uint8_t size = 0;  // 0: empty
+    char text[31] = {};
+  };
+  // At least n bytes free at the end of the buffer, flushing or growing for them.
+  char* room(size_t n) { return capacity_ - used_ >= n ? buffer_.get() + used_ : make_room(n); }
+  char* make_room(size_t n);
+  void put(const char* s, size_t n);
+  // A container's first member or the ",\n" before the next, indented; p: room for it.
+  char* next_line(char* p) {
+    Open& o = open_.back();
+    if (o.members++) *p++ = ',';
+    *p++ = '\n';
+    return json_sink_detail::indent(p, open_.size());
   }
+  // Room for a value of up to n bytes, after the line it starts in an array
+  // (in an object, key() wrote it).
+  char* value_room(size_t n) {
+    char* p = room(open_.size() + json_sink_detail::kLine + n);
+    if (!open_.empty() && !open_.back().object) p = next_line(p);
+    return p;
+  }
+  void quoted(std::string_view s);
 
-  static constexpr size_t kSpill = size_t{1} << 16;
+  static constexpr size_t kCapacity = size_t{1} << 16;
   std::function<void(std::string_view)> out_;
-  std::string buffer_;
+  std::unique_ptr<char[]> buffer_;
+  size_t capacity_ = 0;
+  size_t used_ = 0;
   std::vector<Open> open_;
+  std::unique_ptr<CachedNumber[]> numbers_;
 };
 
 }  // namespace fsdp_plan

@@ -3,10 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <list>
-#include <map>
-#include <set>
 #include <stdexcept>
+#include <string_view>
+#include <unordered_map>
 
 #include "model/class_names.h"
 #include "plan/plan.h"
@@ -39,46 +38,110 @@ void push_merged(std::vector<Segment>& segs, int unit, int64_t flops, double sec
 // Without FLOPs, the modules that compute: those holding a matrix (a
 // parameter of two or more dimensions) of their own, other than embeddings,
 // whose lookups FlopCounterMode counts as 0 (FLOPS.md). Norms' vectors do not.
-bool holds_matrix(const ModuleTree& tree, ModuleId m) {
+// `classes` remembers each class's answer (a 100,000-module tree has a handful of classes).
+bool holds_matrix(const ModuleTree& tree, ModuleId m, std::unordered_map<std::string_view, bool>& classes) {
   const Module& mod = tree.module(m);
   bool matrix = false;
   for (const auto& slot : mod.params)
     if (tree.tensor(slot.tensor).shape.size() >= 2) matrix = true;
   if (!matrix) return false;
-  const std::string cls(short_name(demangle(mod.type_name)));
-  auto ends_with = [&](const char* tail) {
-    const std::string t(tail);
-    return cls.size() >= t.size() && cls.compare(cls.size() - t.size(), t.size(), t) == 0;
-  };
-  return !ends_with("Embedding") && !ends_with("EmbeddingBag");
+  const auto [it, fresh] = classes.try_emplace(mod.type_name, false);
+  if (fresh) {
+    const std::string cls(short_name(demangle(mod.type_name)));
+    auto ends_with = [&](const char* tail) {
+      const std::string t(tail);
+      return cls.size() >= t.size() && cls.compare(cls.size() - t.size(), t.size(), t) == 0;
+    };
+    it->second = !ends_with("Embedding") && !ends_with("EmbeddingBag");
+  }
+  return it->second;
 }
+
+// Which positions 0..n-1 are marked, and the first marked one after a given
+// one: a Fenwick tree of the marks' counts (log n a step, no allocation).
+class Marks {
+ public:
+  explicit Marks(size_t n) : on_(n, false), tree_(n + 1, 0), top_(1) {
+    while (top_ * 2 <= n) top_ *= 2;
+  }
+  void mark(size_t i) {
+    if (on_[i]) return;
+    on_[i] = true;
+    for (size_t j = i + 1; j < tree_.size(); j += j & (~j + 1)) ++tree_[j];
+  }
+  // The first marked position after k, or size() when none is.
+  size_t next_after(size_t k) const {
+    size_t want = 1;  // marks in [0, k], plus one
+    for (size_t j = k + 1; j > 0; j -= j & (~j + 1)) want += tree_[j];
+    size_t pos = 0;  // the longest prefix with fewer marks than `want`
+    for (size_t step = top_; step > 0; step /= 2)
+      if (pos + step < tree_.size() && tree_[pos + step] < want) {
+        pos += step;
+        want -= tree_[pos];
+      }
+    return pos;
+  }
+  size_t size() const { return on_.size(); }
+
+ private:
+  std::vector<bool> on_;
+  std::vector<size_t> tree_;  // tree_[j]: the marks in (j - lowbit(j), j], 1-based
+  size_t top_;
+};
 
 // Segments plus an empty one for each unit that has a collective but no
 // segment (so that its all-gather still gates the compute), placed before the
 // next unit of `units_in_order` that has one (time_model.py _with_missing).
 // The missing units go in order of first appearance, each one counting as
 // having a segment for those after it. Linear-logarithmic: a 100,000-unit
-// plan without FLOPs has a missing unit per collective.
+// plan without FLOPs has a missing unit per collective. A linked list in
+// arrays, not std::list: a node each was most of the time model's cost.
 std::vector<Segment> with_missing(const std::vector<Segment>& segs, const std::vector<int>& units_in_order,
                                   size_t n) {
-  std::list<Segment> out(segs.begin(), segs.end());
-  std::vector<std::list<Segment>::iterator> first(n, out.end());  // a unit's first segment in `out`
-  for (auto it = out.begin(); it != out.end(); ++it)
-    if (first[static_cast<size_t>(it->unit)] == out.end()) first[static_cast<size_t>(it->unit)] = it;
-  std::vector<std::vector<size_t>> positions(n);  // where each unit appears in units_in_order
-  for (size_t k = 0; k < units_in_order.size(); ++k) positions[static_cast<size_t>(units_in_order[k])].push_back(k);
-  std::set<size_t> having;  // positions of units_in_order whose unit has a segment
+  constexpr long kEnd = -1;  // past the last node; also "no segment"
+  std::vector<Segment> nodes(segs);
+  std::vector<long> prev(segs.size()), next(segs.size());
+  for (size_t i = 0; i < segs.size(); ++i) {
+    prev[i] = static_cast<long>(i) - 1;
+    next[i] = i + 1 < segs.size() ? static_cast<long>(i + 1) : kEnd;
+  }
+  long head = segs.empty() ? kEnd : 0, tail = static_cast<long>(segs.size()) - 1;
+  std::vector<long> first(n, kEnd);  // a unit's first node
+  for (size_t i = segs.size(); i-- > 0;) first[static_cast<size_t>(segs[i].unit)] = static_cast<long>(i);
+  // Where each unit appears in units_in_order, in order: begin[u] .. begin[u + 1] of `positions`.
+  std::vector<size_t> begin(n + 1, 0), positions(units_in_order.size());
+  for (int u : units_in_order) ++begin[static_cast<size_t>(u) + 1];
+  for (size_t u = 0; u < n; ++u) begin[u + 1] += begin[u];
+  {
+    std::vector<size_t> fill(begin.begin(), begin.end() - 1);
+    for (size_t k = 0; k < units_in_order.size(); ++k) positions[fill[static_cast<size_t>(units_in_order[k])]++] = k;
+  }
+  Marks having(units_in_order.size());  // positions of units_in_order whose unit has a segment
+  auto mark_unit = [&](size_t u) {
+    for (size_t j = begin[u]; j < begin[u + 1]; ++j) having.mark(positions[j]);
+  };
   for (size_t u = 0; u < n; ++u)
-    if (first[u] != out.end()) having.insert(positions[u].begin(), positions[u].end());
+    if (first[u] != kEnd) mark_unit(u);
   for (size_t k = 0; k < units_in_order.size(); ++k) {
     const auto m = static_cast<size_t>(units_in_order[k]);
-    if (first[m] != out.end() || positions[m].front() != k) continue;
-    const auto next = having.upper_bound(k);
-    const auto pos = next == having.end() ? out.end() : first[static_cast<size_t>(units_in_order[*next])];
-    first[m] = out.insert(pos, Segment{static_cast<int>(m), 0, 0.0});
-    having.insert(positions[m].begin(), positions[m].end());
+    if (first[m] != kEnd || positions[begin[m]] != k) continue;
+    const size_t after = having.next_after(k);
+    const long pos = after == having.size() ? kEnd : first[static_cast<size_t>(units_in_order[after])];
+    // Insert a node before `pos`.
+    const long node = static_cast<long>(nodes.size());
+    nodes.push_back(Segment{static_cast<int>(m), 0, 0.0});
+    const long before = pos == kEnd ? tail : prev[static_cast<size_t>(pos)];
+    prev.push_back(before);
+    next.push_back(pos);
+    (before == kEnd ? head : next[static_cast<size_t>(before)]) = node;
+    (pos == kEnd ? tail : prev[static_cast<size_t>(pos)]) = node;
+    first[m] = node;
+    mark_unit(m);
   }
-  return {out.begin(), out.end()};
+  std::vector<Segment> out;
+  out.reserve(nodes.size());
+  for (long i = head; i != kEnd; i = next[static_cast<size_t>(i)]) out.push_back(nodes[static_cast<size_t>(i)]);
+  return out;
 }
 
 std::string unit_compute_dtype(const Plan& plan, const Unit& u) {
@@ -201,7 +264,18 @@ StepTime estimate_step_time(const Plan& plan, const HardwareFigures& hw, const F
   // ---- collectives: each one's time alone (section 2), CPU offload's copy added.
   const size_t nc = comm.collectives.size();
   t.collectives.resize(nc);
-  std::map<RankGroup, double> channel_total;
+  // One channel per process group: each collective's, as an index into `groups`
+  // (a step has a handful of groups, so a linear search beats a map).
+  std::vector<RankGroup> groups;
+  std::vector<size_t> channel(nc);
+  for (size_t i = 0; i < nc; ++i) {
+    const RankGroup& g = comm.collectives[i].group;
+    size_t k = i > 0 && groups[channel[i - 1]] == g ? channel[i - 1] : 0;
+    while (k < groups.size() && !(groups[k] == g)) ++k;
+    if (k == groups.size()) groups.push_back(g);
+    channel[i] = k;
+  }
+  std::vector<double> channel_total(groups.size(), 0.0);
   for (size_t i = 0; i < nc; ++i) {
     const Collective& c = comm.collectives[i];
     CollectiveTime& ct = t.collectives[i];
@@ -216,9 +290,9 @@ StepTime estimate_step_time(const Plan& plan, const HardwareFigures& hw, const F
       ct.seconds += ct.host_copy_s;
     }
     t.comm_s += ct.seconds;
-    channel_total[c.group] += ct.seconds;
+    channel_total[channel[i]] += ct.seconds;
   }
-  for (const auto& [group, s] : channel_total) t.channel_s = std::max(t.channel_s, s);
+  for (const double s : channel_total) t.channel_s = std::max(t.channel_s, s);
   // Tensor parallelism's collectives, per module and phase: they join the
   // compute of the segment their module runs in (style.py's redistributions
   // run inside the module's forward, and their backward inside its backward).
@@ -259,8 +333,9 @@ StepTime estimate_step_time(const Plan& plan, const HardwareFigures& hw, const F
   } else {
     // Section 6: long enough to hide any neighbour: every collective's time.
     const double enough = t.comm_s > 0 ? t.comm_s : 1.0;
+    std::unordered_map<std::string_view, bool> classes;
     for (ModuleId m : tree.preorder())
-      if (holds_matrix(tree, m)) push_merged(fwd, owner[static_cast<size_t>(m)], 0, enough);
+      if (holds_matrix(tree, m, classes)) push_merged(fwd, owner[static_cast<size_t>(m)], 0, enough);
   }
   // The root's pre-forward precedes every op (its all-gather first), and its
   // reduce-scatter waits for the end of backward: an empty root segment first.
@@ -298,11 +373,11 @@ StepTime estimate_step_time(const Plan& plan, const HardwareFigures& hw, const F
   }
 
   // ---- the simulation: one compute stream, one channel per process group.
-  std::map<RankGroup, double> channel_free;
+  std::vector<double> channel_free(groups.size(), 0.0);
   double compute_free = 0;
   auto run_coll = [&](size_t i, double gate) {
     CollectiveTime& ct = t.collectives[i];
-    double& free = channel_free[comm.collectives[i].group];
+    double& free = channel_free[channel[i]];
     ct.start = std::max(free, gate);
     ct.end = ct.start + ct.seconds;
     free = ct.end;
@@ -377,13 +452,22 @@ StepTime estimate_step_time(const Plan& plan, const HardwareFigures& hw, const F
   // when its reduce-scatter ended.
   std::vector<size_t> b_colls;
   std::vector<int> b_units;
-  std::vector<std::vector<size_t>> b_ag(n);
+  // Each unit's backward all-gathers, in issue order: b_ag[b_ag_begin[u] .. b_ag_begin[u + 1]).
+  std::vector<size_t> b_ag_begin(n + 1, 0), b_ag;
   for (size_t i = 0; i < nc; ++i) {
     const Collective& c = comm.collectives[i];
     if (c.phase != StepPhase::Backward) continue;
     b_colls.push_back(i);
     b_units.push_back(c.unit);
-    if (c.kind == CollectiveKind::AllGather) b_ag[static_cast<size_t>(c.unit)].push_back(i);
+    if (c.kind == CollectiveKind::AllGather) ++b_ag_begin[static_cast<size_t>(c.unit) + 1];
+  }
+  for (size_t u = 0; u < n; ++u) b_ag_begin[u + 1] += b_ag_begin[u];
+  b_ag.resize(b_ag_begin[n]);
+  {
+    std::vector<size_t> fill(b_ag_begin.begin(), b_ag_begin.end() - 1);
+    for (size_t i : b_colls)
+      if (comm.collectives[i].kind == CollectiveKind::AllGather)
+        b_ag[fill[static_cast<size_t>(comm.collectives[i].unit)]++] = i;
   }
   const std::vector<Segment> segs = with_missing(bwd, b_units, n);
   std::vector<long> first_seg(n, -1), last_seg(n, -1);
@@ -400,7 +484,8 @@ StepTime estimate_step_time(const Plan& plan, const HardwareFigures& hw, const F
       const Segment& s = segs[static_cast<size_t>(done_seg)];
       const size_t u = static_cast<size_t>(s.unit);
       double ready = compute_free;
-      for (size_t c : b_ag[u]) {
+      for (size_t j = b_ag_begin[u]; j < b_ag_begin[u + 1]; ++j) {
+        const size_t c = b_ag[j];
         // A unit whose modules run out of module order (a unit with no
         // computing module of its own, placed by with_missing) can need its
         // all-gather before the issue order reaches it: FSDP unshards it in

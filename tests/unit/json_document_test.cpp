@@ -176,6 +176,57 @@ TEST_CASE("json text sink: bad UTF-8 throws as dump() does, a long value comes i
   CHECK(out == rows.dump(1));
 }
 
+TEST_CASE("json text sink: the word-at-a-time paths agree with dump(1) at every length and position") {
+  // Lengths 0..40 cross the 4- and 8-byte words and their overlapping last
+  // word; each special byte (and a plain one) at each position, as a key and
+  // as a value.
+  const char specials[] = {'\x01', '\x1f', '"', '\\', '\n', '\x7f', '!', '#', '[', ']', ' '};
+  ojson keys = ojson::object(), values = ojson::array();
+  for (size_t n = 0; n <= 40; ++n) {
+    const std::string base(n, 'a');
+    values.push_back(base);
+    keys[base] = n;
+    for (size_t at = 0; at < n; ++at)
+      for (const char c : specials) {
+        std::string s = base;
+        s[at] = c;
+        values.push_back(s);
+        keys[s] = at;
+      }
+    if (n > 0) {
+      std::string s = base;
+      s[n - 1] = '\xc3';  // UTF-8 at the very end: the whole string goes to nlohmann
+      s += '\xa9';
+      values.push_back(s);
+      keys[s] = -1;
+    }
+  }
+  CHECK(text_of_value(values) == values.dump(1));
+  CHECK(text_of_value(keys) == keys.dump(1));
+  // A string longer than the buffer, and nesting deeper than a word of spaces.
+  const ojson big = ojson::array({std::string(200000, 'x'), std::string(70000, '"')});
+  CHECK(text_of_value(big) == big.dump(1));
+  ojson deep = 1;
+  for (int d = 0; d < 40; ++d) deep = d % 2 ? ojson::array({deep, d}) : ojson({{"k", deep}, {"d", d}});
+  CHECK(text_of_value(deep) == deep.dump(1));
+}
+
+TEST_CASE("json text sink: remembered doubles are written as dump(1) writes each") {
+  // Many more distinct doubles than the cache holds, each again after others
+  // took its slot, and values whose bit patterns differ in one bit (-0.0 and
+  // 0.0, neighbours).
+  ojson v = ojson::array();
+  for (int round = 0; round < 3; ++round)
+    for (int i = 0; i < 2000; ++i) {
+      v.push_back(static_cast<double>(i) * 1e-7 / 3.0);
+      v.push_back(std::nextafter(1.0 + i, 2e9));
+    }
+  for (double d : {0.0, -0.0, 0.0, -0.0, 5e-324, -5e-324, 1.0, std::nextafter(1.0, 2.0), 1.0}) v.push_back(d);
+  for (double d : kDoubles) v.push_back(d);
+  for (double d : kDoubles) v.push_back(d);
+  CHECK(text_of_value(v) == v.dump(1));
+}
+
 namespace {
 
 // A tree whose names need escapes and UTF-8, with a frozen parameter, a
