@@ -86,8 +86,11 @@ std::string follow_links(std::string path) {
   fail_errno("cannot follow the link");
 }
 
-// Pieces are gathered to this size before a write(2).
+// Pieces are gathered to this size before a write(2); one of at least
+// kDirectWrite with nothing gathered before it goes as it is, uncopied (the
+// JSON writer's pieces of about 64 KB, a whole text plan).
 constexpr size_t kWriteChunk = size_t{1} << 20;
+constexpr size_t kDirectWrite = size_t{1} << 15;
 
 }  // namespace
 
@@ -131,20 +134,25 @@ OutputWriter::~OutputWriter() {
 }
 
 void OutputWriter::write(std::string_view data) {
+  if (buffer_.empty() && data.size() >= kDirectWrite) return write_all(data);
   buffer_.append(data);
   if (buffer_.size() >= kWriteChunk) flush();
 }
 
 void OutputWriter::flush() {
+  write_all(buffer_);
+  buffer_.clear();
+}
+
+void OutputWriter::write_all(std::string_view data) {
   guarded([&] {
     size_t done = 0;
-    while (done < buffer_.size()) {
-      const ssize_t n = ::write(fd_, buffer_.data() + done, buffer_.size() - done);
+    while (done < data.size()) {
+      const ssize_t n = ::write(fd_, data.data() + done, data.size() - done);
       if (n < 0 && errno == EINTR) continue;
       if (n < 0) fail_errno("write failed");
       done += static_cast<size_t>(n);
     }
-    buffer_.clear();
   });
 }
 

@@ -52,6 +52,7 @@ class OutputWriter {
 
  private:
   void flush();
+  void write_all(std::string_view data);  // write(2) until all of it is written
   void guarded(const std::function<void()>& step) const;  // runtime_error -> InputError
 
   std::string path_, what_;
