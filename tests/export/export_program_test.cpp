@@ -110,3 +110,82 @@ TEST_CASE("damaged programs are InputErrors") {
   r.weights = "[1, 2";
   CHECK_THROWS_WITH_AS(build_export_tree("x.pt2", r), doctest::Contains("invalid JSON"), InputError);
 }
+
+// The weights config is read by simdjson with nlohmann's rules (it was read
+// by nlohmann alone): the last value of a key given twice, the keys of every
+// object one level down for the order, text only nlohmann reads still read.
+namespace {
+
+std::string config_text(const std::string& body) { return "{" + body + "}"; }
+
+}  // namespace
+
+TEST_CASE("weights config: a key given twice keeps its last value, as nlohmann's map did") {
+  ExportRecords r = records("");
+  r.weights = config_text(R"("config": {)" + entry("a.weight", "weight_0", meta(7, R"([{"as_int": 5}])")) + "," +
+                          entry("a.weight", "weight_0", meta(13, R"([{"as_int": 2}, {"as_int": 3}])")) + "}");
+  ModuleTree t = build_export_tree("x.pt2", r);
+  REQUIRE(t.module(1).params.size() == 1);
+  CHECK(t.tensor(t.module(1).params[0].tensor).shape == std::vector<int64_t>{2, 3});
+  CHECK(t.tensor(t.module(1).params[0].tensor).dtype == "bfloat16");
+  // Inside an entry too: the second tensor_meta, the second sizes.
+  r.weights = config_text(R"("config": {"a.weight": {"path_name": "weight_0", "is_param": false, "is_param": true,
+      "tensor_meta": )" + meta(7, "[]") + R"(, "tensor_meta": {"dtype": 7, "sizes": [], "sizes": [{"as_int": 4}]}}})");
+  t = build_export_tree("x.pt2", r);
+  REQUIRE(t.module(1).params.size() == 1);
+  CHECK(t.tensor(t.module(1).params[0].tensor).shape == std::vector<int64_t>{4});
+  CHECK(t.tensor(t.module(1).params[0].tensor).requires_grad);  // the last tensor_meta has none: true
+  // A second "config" replaces the first; one that is not an object leaves none.
+  r.weights = config_text(R"("config": {)" + entry("a.weight", "weight_0", meta(7, R"([{"as_int": 5}])")) +
+                          R"(}, "config": {)" + entry("b.0.w", "weight_0", meta(7, R"([{"as_int": 6}])")) + "}");
+  t = build_export_tree("x.pt2", r);
+  CHECK(t.module(1).params.empty());
+  REQUIRE(t.module(3).params.size() == 1);
+  r.weights = config_text(R"("config": {)" + entry("a.weight", "weight_0", meta(7, "[]")) + R"(}, "config": 5)");
+  CHECK_THROWS_WITH_AS(build_export_tree("x.pt2", r), doctest::Contains("no config object"), InputError);
+}
+
+TEST_CASE("weights config: the order is every depth-2 key, as nlohmann's parse callback gave it") {
+  const std::string m1 = meta(7, R"([{"as_int": 1}])");
+  ExportRecords r = records("");
+  // "x" lists b.0.z first: b.0.z comes before b.0.y although config holds y first.
+  r.weights = config_text(R"("x": {"b.0.z": 1, "other": [{"b.0.y": 2}]}, "config": {)" +
+                          entry("b.0.y", "weight_0", m1) + "," + entry("b.0.z", "weight_1", m1) + "}");
+  ModuleTree t = build_export_tree("x.pt2", r);
+  REQUIRE(t.module(3).params.size() == 2);
+  CHECK(t.module(3).params[0].name == "z");
+  CHECK(t.module(3).params[1].name == "y");
+}
+
+TEST_CASE("weights config: what simdjson refuses and nlohmann reads is still read") {
+  const std::string deep = std::string(2000, '[') + std::string(2000, ']');
+  ExportRecords r = records("");
+  r.weights = config_text(R"("huge": 123456789012345678901234567890, "deep": )" + deep + R"(, "config": {)" +
+                          entry("a.weight", "weight_0", meta(7, R"([{"as_int": 2}])")) + "}");
+  ModuleTree t = build_export_tree("x.pt2", r);
+  REQUIRE(t.module(1).params.size() == 1);
+  CHECK(t.tensor(t.module(1).params[0].tensor).shape == std::vector<int64_t>{2});
+  // And what neither reads is refused in nlohmann's words.
+  r.weights = R"({"config": {"a.weight": [1, 2}})";
+  CHECK_THROWS_WITH_AS(build_export_tree("x.pt2", r),
+                       doctest::Contains("(invalid JSON: parse error at line 1, column 30: syntax error while "
+                                         "parsing array - unexpected '}'; expected ']');"),
+                       InputError);
+  r = records(entry("a.weight", "weight_0", meta(7, "[]")).replace(
+      entry("a.weight", "weight_0", meta(7, "[]")).find("true"), 4, "1"));
+  CHECK_THROWS_WITH_AS(build_export_tree("x.pt2", r), doctest::Contains("a.weight has no is_param"), InputError);
+}
+
+TEST_CASE("weights config: a name is looked up up to a NUL, as nlohmann's member(c_str()) did") {
+  const std::string m1 = meta(7, R"([{"as_int": 3}])");
+  ExportRecords r = records(entry("a.weight", "weight_0", m1),
+                            R"({"parameter": {"arg": {"name": "p_w"}, "parameter_name": "a.weight\u0000x"}})",
+                            R"("p_w": {"dtype": 7, "sizes": [{"as_int": 3}], "strides": [{"as_int": 1}],
+                               "requires_grad": true, "device": {"type": "cpu"}, "storage_offset": {"as_int": 0},
+                               "layout": 7})");
+  ModuleTree t = build_export_tree("x.pt2", r);
+  REQUIRE(t.module(1).params.size() == 2);
+  CHECK(t.module(1).params[0].name == std::string("weight\0x", 8));
+  CHECK(t.module(1).params[1].name == "weight");
+  CHECK(t.module(1).params[0].tensor == t.module(1).params[1].tensor);  // one record, one view
+}

@@ -5,6 +5,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string_view>
 
 #include "model/loaders/export_program.h"
@@ -110,7 +111,7 @@ class Archive {
     }
     ExportRecords rec;
     rec.model_name = pick_model();
-    rec.model = read("models/" + rec.model_name + ".json", kMaxRecord);
+    rec.model_in_place = read_in_place("models/" + rec.model_name + ".json", kMaxRecord, rec.model);
     const std::string weights = "data/weights/" + rec.model_name + "_weights_config.json";
     if (!has(weights)) missing(weights);
     rec.weights = read(weights, kMaxRecord);
@@ -170,6 +171,16 @@ class Archive {
   // A record's bytes, checked against the directory: a sane size that fits
   // in the file, and the stored CRC-32.
   std::string read(const std::string& record, uint64_t max_size) {
+    std::string out;
+    read_in_place(record, max_size, out, false);
+    return out;
+  }
+
+  // As read(), but where the record lies in the file when it can (stored,
+  // with kModelPadding bytes after it): then `copy` stays empty. Else the
+  // view is empty, with no data(), and `copy` holds the bytes.
+  std::string_view read_in_place(const std::string& record, uint64_t max_size, std::string& copy,
+                                 bool in_place = true) {
     const zip::Entry* e = dir_->find(prefix_ + record);
     if (!e) missing(record);
     const std::string damaged = "record " + record + " is damaged (";
@@ -189,15 +200,16 @@ class Archive {
                                                                         : std::to_string(max_size) + " bytes)")) +
                                   ": the file is damaged; " + kSaveExportAgain);
     }
-    std::string out;
+    std::optional<std::string_view> view;
     try {
-      out = dir_->read(*e, options_.verify_crc);
+      if (in_place) view = dir_->view(*e, options_.verify_crc, kModelPadding);
+      if (!view) copy = dir_->read(*e, options_.verify_crc);
     } catch (const zip::Error& err) {
       throw InputError(name_, damaged + err.what() + again);
     }
     stats_.bytes_read = dir_->bytes_read();
     stats_.records_read.push_back(record);
-    return out;
+    return view ? *view : std::string_view();
   }
 
   std::string name_;

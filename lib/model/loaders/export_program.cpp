@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <limits>
+#include <optional>
+#include <type_traits>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -29,7 +31,9 @@ namespace dom = simdjson::dom;
 
 // ---------------------------------------------------------------------------- nlohmann records
 
-const Json* member(const Json& obj, const char* key) {
+// Exactly a Json: nlohmann's constructors would take a simdjson element too.
+template <typename J, std::enable_if_t<std::is_same_v<J, Json>, int> = 0>
+const Json* member(const J& obj, const char* key) {
   if (!obj.is_object()) return nullptr;
   auto it = obj.find(key);
   return it == obj.end() ? nullptr : &*it;
@@ -113,41 +117,131 @@ std::string view_key(const RawMeta& m) {
   return out;
 }
 
-RawDim raw_dim(const Json& s) {
+// The weights and constants configs are read by simdjson's DOM (nlohmann's
+// std::map objects cost 170 instructions a byte: 42M for the 240 KB config of
+// Llama-3-70B), with nlohmann's rules: a key given twice keeps its last value,
+// member() takes the key up to a NUL as c_str() gave it. Text simdjson
+// refuses goes to nlohmann, which either reads it (numbers past 64 bits,
+// nesting past 1024) or says why not, in the words it always did.
+std::optional<dom::element> member(dom::element obj, std::string_view key) {
+  std::optional<dom::element> out;
+  dom::object o;
+  if (obj.get_object().get(o)) return out;
+  for (dom::key_value_pair field : o)
+    if (field.key == key) out = field.value;
+  return out;
+}
+
+// nlohmann's is_number_integer within int64; its unsigned above int64 refused.
+bool get_int(const std::optional<dom::element>& v, int64_t& out) {
+  return v && v->type() == dom::element_type::INT64 && !v->get_int64().get(out);
+}
+
+std::optional<std::string_view> get_string(const std::optional<dom::element>& v) {
+  std::string_view s;
+  if (!v || !v->is_string() || v->get_string().get(s)) return std::nullopt;
+  return s;
+}
+
+std::optional<bool> get_bool(const Json* v) {
+  if (!v || !v->is_boolean()) return std::nullopt;
+  return v->get<bool>();
+}
+
+std::optional<bool> get_bool(const std::optional<dom::element>& v) {
+  bool b = false;
+  if (!v || !v->is_bool() || v->get_bool().get(b)) return std::nullopt;
+  return b;
+}
+
+bool is_array(const Json* v) { return v && v->is_array(); }
+bool is_array(const std::optional<dom::element>& v) { return v && v->is_array(); }
+
+template <typename F>
+void each(const Json* v, F&& f) {
+  for (const Json& e : *v) f(&e);
+}
+
+template <typename F>
+void each(const std::optional<dom::element>& v, F&& f) {
+  dom::array arr;
+  if (v->get_array().get(arr)) return;
+  for (dom::element e : arr) f(std::optional<dom::element>(e));
+}
+
+// One config entry's value of a member: a pointer (nlohmann) or an optional (simdjson).
+template <typename V>
+RawDim raw_dim(const V& s) {
   RawDim d;
   int64_t v = 0;
-  if (const Json* e = member(s, "as_expr")) {
+  if (const auto e = member(*s, "as_expr")) {
     d.kind = RawDim::Expr;
-    if (const std::string* text = get_string(member(*e, "expr_str"))) d.expr = *text;
-    if (const Json* h = member(*e, "hint"); h && get_int(member(*h, "as_int"), v)) d.hint = v;
-  } else if (get_int(member(s, "as_int"), v)) {
+    if (const auto text = get_string(member(*e, "expr_str"))) d.expr = std::string(*text);
+    if (const auto h = member(*e, "hint"); h && get_int(member(*h, "as_int"), v)) d.hint = v;
+  } else if (get_int(member(*s, "as_int"), v)) {
     d.kind = RawDim::Int;
     d.value = v;
   }
   return d;
 }
 
-RawMeta raw_meta(const Json& meta) {
+template <typename V>
+RawMeta raw_meta(const V& meta) {
   RawMeta m;
-  m.has_dtype = get_int(member(meta, "dtype"), m.dtype);
-  if (const Json* sizes = member(meta, "sizes"); sizes && sizes->is_array()) {
+  m.has_dtype = get_int(member(*meta, "dtype"), m.dtype);
+  if (const auto sizes = member(*meta, "sizes"); is_array(sizes)) {
     m.sizes_array = true;
-    for (const Json& s : *sizes) m.sizes.push_back(raw_dim(s));
+    each(sizes, [&](const auto& s) { m.sizes.push_back(raw_dim(s)); });
   }
-  if (const Json* strides = member(meta, "strides"); strides && strides->is_array()) {
+  if (const auto strides = member(*meta, "strides"); is_array(strides)) {
     m.strides_array = true;
-    for (const Json& s : *strides) m.strides.push_back(raw_dim(s));
+    each(strides, [&](const auto& s) { m.strides.push_back(raw_dim(s)); });
   }
-  if (const Json* off = member(meta, "storage_offset")) {
+  if (const auto off = member(*meta, "storage_offset")) {
     m.has_offset = true;
-    m.offset = raw_dim(*off);
+    m.offset = raw_dim(off);
   }
-  if (const Json* rg = member(meta, "requires_grad"); rg && rg->is_boolean()) m.requires_grad = rg->get<bool>();
-  if (const Json* dev = member(meta, "device")) {
-    if (const std::string* t = get_string(member(*dev, "type"))) m.device_type = *t;
+  m.requires_grad = get_bool(member(*meta, "requires_grad"));
+  if (const auto dev = member(*meta, "device")) {
+    if (const auto t = get_string(member(*dev, "type"))) m.device_type = std::string(*t);
   }
   return m;
 }
+
+// What the tree reads of one entry of a weights or constants config.
+struct ConfigEntry {
+  bool has_meta = false;  // a tensor_meta member, of any type
+  RawMeta meta;
+  std::optional<std::string> path_name;
+  std::optional<bool> is_param;
+};
+
+template <typename V>
+ConfigEntry config_entry(const V& v) {
+  ConfigEntry c;
+  if (const auto meta = member(*v, "tensor_meta")) {
+    c.has_meta = true;
+    c.meta = raw_meta(meta);
+  }
+  if (const auto p = get_string(member(*v, "path_name"))) c.path_name = std::string(*p);
+  c.is_param = get_bool(member(*v, "is_param"));
+  return c;
+}
+
+// A config record: its "config" object's entries, each key's last value.
+struct Config {
+  bool object = false;  // "config" is an object
+  std::unordered_map<std::string, ConfigEntry> entries;
+  // The keys of every object one level down, in file order, repeats kept:
+  // the order nlohmann's parse callback gave at depth 2.
+  std::vector<std::string> order;
+
+  // member(config, fqn.c_str()), as nlohmann's lookup went.
+  const ConfigEntry* find(const std::string& fqn) const {
+    auto it = entries.find(std::string(fqn.c_str()));
+    return it == entries.end() ? nullptr : &it->second;
+  }
+};
 
 // ---------------------------------------------------------------------------- the walk
 
@@ -951,18 +1045,14 @@ class ProgramReader {
     if (!raw_.graph) damaged(model_record_, "no graph object");
     build_modules();
     record_classes();
-    std::vector<std::string> weight_order;
-    const Json weights = parse(rec_.weights, weights_record_, &weight_order);
-    const Json* wconfig = member(weights, "config");
-    if (!wconfig || !wconfig->is_object()) damaged(weights_record_, "no config object");
-    Json constants;
-    const Json* cconfig = nullptr;
+    const Config weights = read_config(rec_.weights, weights_record_, true);
+    if (!weights.object) damaged(weights_record_, "no config object");
+    Config constants;
     if (!rec_.constants.empty()) {
-      constants = parse(rec_.constants, constants_record_);
-      cconfig = member(constants, "config");
-      if (!cconfig || !cconfig->is_object()) damaged(constants_record_, "no config object");
+      constants = read_config(rec_.constants, constants_record_, false);
+      if (!constants.object) damaged(constants_record_, "no config object");
     }
-    add_tensors(*wconfig, weight_order, cconfig);
+    add_tensors(weights, rec_.constants.empty() ? nullptr : &constants);
     infer_missing_classes();
     tree_.set_graph(graph_.finish(
         [this](std::string_view path) {
@@ -987,7 +1077,13 @@ class ProgramReader {
   // One pass over models/model.json. Where simdjson refuses the text,
   // nlohmann's message says why, as it did when nlohmann read this record.
   void walk_model() {
-    std::string& text = rec_.model;
+    static_assert(kModelPadding >= simdjson::SIMDJSON_PADDING, "simdjson reads further past the end");
+    const bool in_place = rec_.model_in_place.data() != nullptr;
+    if (!in_place) {
+      // simdjson reads up to SIMDJSON_PADDING bytes past the end: room for them, so the text is not copied.
+      rec_.model.reserve(rec_.model.size() + simdjson::SIMDJSON_PADDING);
+    }
+    const std::string_view text = in_place ? rec_.model_in_place : std::string_view(rec_.model);
     // A top value other than an object has no schema_version; nlohmann says
     // whether it is JSON at all (200,000 nested arrays are).
     const size_t first = text.find_first_not_of(" \t\r\n");
@@ -995,12 +1091,12 @@ class ProgramReader {
       refuse_json(text, {simdjson::INCORRECT_TYPE, {}}, true);
       return;
     }
-    // simdjson reads up to SIMDJSON_PADDING bytes past the end: room for them, so the text is not copied.
-    text.reserve(text.size() + simdjson::SIMDJSON_PADDING);
     dom::parser parser;
     try {
       dom::element doc;
-      if (auto e = parser.parse(text).get(doc)) throw JsonFail{e, {}};
+      if (auto e = parser.parse(reinterpret_cast<const uint8_t*>(text.data()), text.size(), false).get(doc)) {
+        throw JsonFail{e, {}};
+      }
       ProgramWalk(raw_, graph_).top(doc);
     } catch (const JsonFail& fail) {
       refuse_json(text, fail, false);
@@ -1022,10 +1118,10 @@ class ProgramReader {
   // Throws nlohmann's message for text it refuses; for text it reads, the
   // message of `fail` (simdjson refuses nesting deeper than 1024, and keys
   // given twice), or nothing when `accept` (the caller reports what is wrong).
-  void refuse_json(const std::string& text, const JsonFail& fail, bool accept) const {
+  void refuse_json(std::string_view text, const JsonFail& fail, bool accept) const {
     std::string why = fail.what;
     try {
-      const Json parsed = Json::parse(text);
+      const Json parsed = Json::parse(text.begin(), text.end());
       (void)parsed;
       if (accept) return;
     } catch (const Json::exception& e) {
@@ -1052,6 +1148,47 @@ class ProgramReader {
                                   ", but fsdp-plan reads version " + std::to_string(kExportSchemaMajor) +
                                   ".x, as torch 2.13 writes it; " + kSaveExportAgain + " under torch 2.13");
     }
+  }
+
+  // A weights or constants config: simdjson's reading, or nlohmann's where
+  // simdjson refuses the text (see member() above).
+  Config read_config(std::string& text, const std::string& record, bool want_order) const {
+    Config out;
+    text.reserve(text.size() + simdjson::SIMDJSON_PADDING);  // simdjson then reads it in place
+    dom::parser parser;
+    dom::element doc;
+    if (parser.parse(text).get(doc)) {
+      std::vector<std::string> order;
+      const Json parsed = parse(text, record, want_order ? &order : nullptr);
+      const Json* config = member(parsed, "config");
+      if (config && config->is_object()) {
+        out.object = true;
+        for (auto it = config->begin(); it != config->end(); ++it) out.entries.emplace(it.key(), config_entry(&*it));
+      }
+      out.order = std::move(order);
+      return out;
+    }
+    dom::object top;
+    if (doc.get_object().get(top)) return out;
+    for (dom::key_value_pair field : top) {
+      dom::object inner;
+      if (field.value.get_object().get(inner)) continue;
+      if (field.key == "config") {
+        out.object = true;
+        out.entries.clear();  // a second "config" replaces the first, as in nlohmann's map
+        for (dom::key_value_pair e : inner) {
+          out.entries.insert_or_assign(std::string(e.key), config_entry(std::optional<dom::element>(e.value)));
+        }
+      }
+      if (want_order)
+        for (dom::key_value_pair e : inner) out.order.emplace_back(e.key);
+    }
+    // A "config" that is not an object, after one that is: nlohmann kept the last.
+    if (const auto last = member(doc, "config"); last && !last->is_object()) {
+      out.object = false;
+      out.entries.clear();
+    }
+    return out;
   }
 
   // `config_keys`, if given, gets the keys of the "config" object (depth 2)
@@ -1169,7 +1306,7 @@ class ProgramReader {
     return it->second;
   }
 
-  void add_tensor(const std::string& fqn, bool is_param, const Json* config_entry, const char* config_tag,
+  void add_tensor(const std::string& fqn, bool is_param, const ConfigEntry* config_entry, const char* config_tag,
                   const std::string& config_record, const std::string& arg) {
     if (!seen_.insert(fqn).second) return;
     const auto dot = fqn.rfind('.');
@@ -1181,11 +1318,10 @@ class ProgramReader {
                                  " belongs to no module of module_call_graph");
     }
     const std::string what = (is_param ? "parameter " : "buffer ") + fqn;
-    const Json* meta_json = config_entry ? member(*config_entry, "tensor_meta") : nullptr;
     std::string record = config_record;
     RawMeta meta;
-    if (meta_json) {
-      meta = raw_meta(*meta_json);
+    if (config_entry && config_entry->has_meta) {
+      meta = config_entry->meta;
     } else {
       auto it = raw_.tensor_values && !arg.empty() ? metas_.find(arg) : metas_.end();
       if (it == metas_.end()) damaged(config_record, what + " has no tensor metadata");
@@ -1194,9 +1330,8 @@ class ProgramReader {
     }
     std::string file_key;
     if (config_entry) {
-      const std::string* path_name = get_string(member(*config_entry, "path_name"));
-      if (!path_name) damaged(config_record, what + " has no path_name");
-      file_key = std::string(config_tag) + *path_name;
+      if (!config_entry->path_name) damaged(config_record, what + " has no path_name");
+      file_key = std::string(config_tag) + *config_entry->path_name;
     }
     Meta info = read_meta(meta, what, record);
     // Meta tensors have no storage: torch writes them all to one record, so
@@ -1214,31 +1349,29 @@ class ProgramReader {
   // The graph signature lists parameters in named_parameters() order, then
   // buffers, each module's in registration order. Strict export leaves out
   // aliases and unused tensors; the weights config (the state_dict) has them.
-  void add_tensors(const Json& wconfig, const std::vector<std::string>& weight_order, const Json* cconfig) {
+  void add_tensors(const Config& wconfig, const Config* cconfig) {
     if (!raw_.specs) damaged(model_record_, "no graph signature input_specs");
     for (const RawSpec& spec : raw_.input_specs) {
       if (spec.parameter) {
         if (!spec.parameter_name) damaged(model_record_, "a parameter input without parameter_name");
         const std::string& fqn = *spec.parameter_name;
-        add_tensor(fqn, true, member(wconfig, fqn.c_str()), "w:", weights_record_, spec.parameter_arg);
+        add_tensor(fqn, true, wconfig.find(fqn), "w:", weights_record_, spec.parameter_arg);
       } else if (spec.buffer) {
         if (!spec.buffer_name) damaged(model_record_, "a buffer input without buffer_name");
         const std::string& fqn = *spec.buffer_name;
         const bool in_constants = spec.persistent && !*spec.persistent;
         if (in_constants) {
-          add_tensor(fqn, false, cconfig ? member(*cconfig, fqn.c_str()) : nullptr, "c:", constants_record_,
-                     spec.buffer_arg);
+          add_tensor(fqn, false, cconfig ? cconfig->find(fqn) : nullptr, "c:", constants_record_, spec.buffer_arg);
         } else {
-          add_tensor(fqn, false, member(wconfig, fqn.c_str()), "w:", weights_record_, spec.buffer_arg);
+          add_tensor(fqn, false, wconfig.find(fqn), "w:", weights_record_, spec.buffer_arg);
         }
       }
     }
-    for (const std::string& fqn : weight_order) {
-      const Json* entry = member(wconfig, fqn.c_str());
+    for (const std::string& fqn : wconfig.order) {
+      const ConfigEntry* entry = wconfig.find(fqn);
       if (!entry) continue;  // a key of another depth-2 object
-      const Json* is_param = member(*entry, "is_param");
-      if (!is_param || !is_param->is_boolean()) damaged(weights_record_, fqn + " has no is_param");
-      add_tensor(fqn, is_param->get<bool>(), entry, "w:", weights_record_, "");
+      if (!entry->is_param) damaged(weights_record_, fqn + " has no is_param");
+      add_tensor(fqn, *entry->is_param, entry, "w:", weights_record_, "");
     }
   }
 

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 
 #include "model/module_tree.h"
 
@@ -22,7 +23,13 @@ struct ExportRecords {
   std::string weights;    // data/weights/NAME_weights_config.json
   std::string constants;  // data/constants/NAME_constants_config.json, or ""
   std::string model_name = "model";
+  // Or, when its data() is set, models/NAME.json where it lies (in the
+  // archive's mapping), with kModelPadding readable bytes after it.
+  std::string_view model_in_place;
 };
+
+// What simdjson may read past the end of the model text (its SIMDJSON_PADDING).
+inline constexpr size_t kModelPadding = 64;
 
 // The schema major version this reads, as torch.export.load checks it.
 inline constexpr int kExportSchemaMajor = 8;

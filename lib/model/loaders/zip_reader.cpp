@@ -1,5 +1,7 @@
 #include "model/loaders/zip_reader.h"
 
+#include "model/loaders/crc32.h"
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -25,6 +27,7 @@ struct Reader::Source {
   uint64_t size = 0;
   uint64_t pos = 0;
   uint64_t bytes_read = 0;
+  uint64_t last_read = 0;  // where the last read began
   zip_error_t error;
 
   Source() { zip_error_init(&error); }
@@ -46,6 +49,7 @@ struct Reader::Source {
     switch (cmd) {
       case ZIP_SOURCE_OPEN: s.pos = 0; return 0;
       case ZIP_SOURCE_READ: {
+        s.last_read = s.pos;
         const int64_t got = s.read_at(s.pos, data, len);
         if (got > 0) s.pos += static_cast<uint64_t>(got);
         return got;
@@ -231,6 +235,28 @@ uint64_t Reader::max_honest_size(const Entry& e) const {
   return e.method == 0 ? file_size() : e.comp_size * kMaxDeflateRatio + 64;
 }
 
+std::optional<std::string_view> Reader::view(const Entry& e, bool verify_crc, size_t padding) {
+  const uint64_t size = source_->size;
+  if (e.method != 0 || e.comp_size != e.uncomp_size || e.comp_size == 0 || e.comp_size > size) return std::nullopt;
+  zip_file_t* f = zip_fopen_index(archive_, e.index, ZIP_FL_COMPRESSED);
+  if (!f) return std::nullopt;
+  // libzip has read and checked the local header: the first data byte it
+  // reads says where the record begins.
+  unsigned char first = 0;
+  source_->last_read = size;
+  const zip_int64_t n = zip_fread(f, &first, 1);
+  zip_fclose(f);
+  const uint64_t at = source_->last_read;
+  if (n != 1 || at >= size || size - at < e.comp_size || size - at - e.comp_size < padding ||
+      source_->data[at] != first) {
+    return std::nullopt;
+  }
+  source_->bytes_read += e.comp_size - 1;  // as read() would have copied them
+  const std::string_view out(reinterpret_cast<const char*>(source_->data + at), static_cast<size_t>(e.comp_size));
+  if (verify_crc && zip::crc32(0, out.data(), out.size()) != e.crc) throw Error(Error::kDamaged, "CRC mismatch");
+  return out;
+}
+
 std::string Reader::read(const Entry& e, bool verify_crc) {
   if (e.method != 0 && e.method != 8) {
     throw Error(Error::kDamaged, "zip compression method " + std::to_string(e.method) +
@@ -257,12 +283,7 @@ std::string Reader::read(const Entry& e, bool verify_crc) {
     if (!inflater_->inflate_exact(raw, out)) throw Error(Error::kDamaged, "cannot decompress it");
   }
   if (verify_crc) {
-    uLong crc = crc32(0L, Z_NULL, 0);
-    for (size_t at = 0; at < out.size(); at += 1u << 30) {
-      const uInt n = static_cast<uInt>(std::min<size_t>(out.size() - at, 1u << 30));
-      crc = crc32(crc, reinterpret_cast<const Bytef*>(out.data() + at), n);
-    }
-    if (crc != e.crc) throw Error(Error::kDamaged, "CRC mismatch");
+    if (zip::crc32(0, out.data(), out.size()) != e.crc) throw Error(Error::kDamaged, "CRC mismatch");
   }
   return out;
 }

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -62,6 +63,13 @@ class Reader {
   // e's compressed data gives (and match e.crc, with verify_crc). Callers
   // bound e.uncomp_size first: this allocates it.
   std::string read(const Entry& e, bool verify_crc = true);
+  // e's bytes where they lie in the file or memory, valid while the Reader
+  // lives, for a stored entry with at least `padding` bytes of the file after
+  // it (a parser may read them); checked as read() checks them. Nothing for
+  // any other entry, or one libzip cannot open: read() it (and say why).
+  // A 9.4 MB models/model.json read() costs a zeroed copy and libzip's own
+  // CRC pass of it, which read()'s check repeats.
+  std::optional<std::string_view> view(const Entry& e, bool verify_crc, size_t padding);
 
   struct Source;  // where bytes come from: a file or memory
 
