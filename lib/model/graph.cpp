@@ -421,10 +421,17 @@ CallId GraphBuilder::call_for(CallId parent, std::string_view entry) {
 }
 
 void GraphBuilder::set_stack(std::string_view stack) {
+  // Runs of nodes share one stack (a layer's ops, a few hundred bytes each):
+  // the last one is compared before the whole text is hashed.
+  if (last_stack_.data() && stack == last_stack_) {
+    g_->nodes_.back().call = last_call_;
+    return;
+  }
   auto it = stacks_.find(stack);
   CallId call = kNone;
   if (it != stacks_.end()) {
     call = it->second;
+    last_stack_ = it->first;
   } else {
     size_t start = 0;
     while (start < stack.size()) {
@@ -439,7 +446,9 @@ void GraphBuilder::set_stack(std::string_view stack) {
     }
     store_.emplace_back(stack);
     stacks_.emplace(store_.back(), call);
+    last_stack_ = store_.back();
   }
+  last_call_ = call;
   g_->nodes_.back().call = call;
 }
 

@@ -93,6 +93,8 @@ class GraphBuilder {
   std::unordered_map<std::string_view, OpId> ops_;
   std::unordered_map<std::string_view, ValueId> values_;
   std::unordered_map<std::string_view, CallId> stacks_;  // whole stack text -> innermost call
+  std::string_view last_stack_;  // the last node's stack text (in store_) and its call
+  CallId last_call_ = kNone;
   struct CallKey {
     CallId parent;
     std::string_view entry;
