@@ -54,7 +54,8 @@ std::vector<std::string> hardware_keys() {
   return out;
 }
 const std::vector<std::string> kGroupKeys = {"modules", "reshard_after_forward"};
-const std::vector<std::string> kDtypes = {"float32", "float16", "bfloat16", "float64"};
+// The dtypes a policy may name (kPolicyDtypes: model/dtype.cpp has a kDtypes of its own).
+const std::vector<std::string> kPolicyDtypes = {"float32", "float16", "bfloat16", "float64"};
 
 class Parser {
  public:
@@ -127,10 +128,10 @@ class Parser {
     if (!v.is_string()) fail("\"mixed_precision." + key + "\" must be a dtype name or null, not " + json_type_name(v));
     std::string s = v.get<std::string>();
     if (s.rfind("torch.", 0) == 0) s = s.substr(6);
-    if (std::find(kDtypes.begin(), kDtypes.end(), s) == kDtypes.end()) {
-      auto near = closest(s, kDtypes, 1);
+    if (std::find(kPolicyDtypes.begin(), kPolicyDtypes.end(), s) == kPolicyDtypes.end()) {
+      auto near = closest(s, kPolicyDtypes, 1);
       fail("\"mixed_precision." + key + "\" is \"" + quoted_input(v.get<std::string>()) + "\", not a floating dtype" +
-           (near.empty() ? " (one of " + join(kDtypes) + ")" : "; did you mean \"" + near[0] + "\"?"));
+           (near.empty() ? " (one of " + join(kPolicyDtypes) + ")" : "; did you mean \"" + near[0] + "\"?"));
     }
     return s;
   }
