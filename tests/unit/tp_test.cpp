@@ -148,6 +148,12 @@ TEST_CASE("the plan refuses what parallelize_module refuses") {
 TEST_CASE("the tensor_parallel section: parser, mesh checks and writers") {
   CHECK_THROWS_AS(tp_policy(R"J({"x": "colwse"})J"), InputError);
   CHECK_THROWS_AS(tp_policy(R"J({"x": {"style": "colwise", "output_layouts": "Shard(1)"}})J"), InputError);
+  // Layouts are "replicate" or "shard(N)", N an optional '-' and digits (checked by hand, not std::regex).
+  for (const char* bad : {"shard()", "shard(-)", "shard(--1)", "shard(1-)", "shard(1))", "shard(1", "replicate "}) {
+    CHECK_THROWS_AS(tp_policy(std::string(R"J({"x": {"style": "colwise", "output_layouts": ")J") + bad + "\"}}"),
+                    InputError);
+  }
+  CHECK_NOTHROW(tp_policy(R"J({"x": {"style": "colwise", "output_layouts": "shard(-1)"}})J"));
   CHECK_THROWS_AS(tp_policy(R"J({"x": {"style": "colwise", "sequence_dim": 1}})J"), InputError);
   // "plan": "model" parses; only a file with fsdp-plan-export's record can give the plan.
   const Policy from_model = tp_policy(R"J("model")J");
