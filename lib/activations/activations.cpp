@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <optional>
 
 #include "activations/graph_input.h"
 #include "activations/walk.h"
@@ -85,12 +86,13 @@ std::vector<bool> fsdp1_trainable(const Plan& plan) {
 }
 
 void walk_plan(const Plan& plan, const std::shared_ptr<const Graph>& shared, ActivationPlan& acts,
-               std::vector<Warning>* warnings) {
+               std::vector<Warning>* warnings, const LocalWalkGraph& local) {
   const Graph& graph = *shared;
   const ActivationSettings& settings = plan.policy.activations;
   const DimValues dims = DimValues::hints(graph, settings.dims);
   const std::shared_ptr<const WalkGraph> walked = shared_walk_input(shared, settings.dims, dims);
-  const WalkGraph& input = *walked;
+  std::optional<WalkGraph> rewritten;
+  const WalkGraph& input = local ? rewritten.emplace(local(*walked)) : *walked;
   WalkOptions opt;
   opt.env.device = settings.device;
   opt.env.sdpa = settings.sdpa;
@@ -125,7 +127,8 @@ void walk_plan(const Plan& plan, const std::shared_ptr<const Graph>& shared, Act
 
 std::vector<bool> plan_trainable_params(const Plan& plan) { return fsdp1_trainable(plan); }
 
-ActivationPlan plan_activations(const Plan& plan, const ClassMatcher& matcher, std::vector<Warning>* warnings) {
+ActivationPlan plan_activations(const Plan& plan, const ClassMatcher& matcher, std::vector<Warning>* warnings,
+                                const LocalWalkGraph& local) {
   ActivationPlan acts;
   const ActivationSettings& settings = plan.policy.activations;
   acts.device = device_name(settings.device);
@@ -143,7 +146,7 @@ ActivationPlan plan_activations(const Plan& plan, const ClassMatcher& matcher, s
     return acts;
   }
   if (const auto& graph = plan.tree->graph()) {
-    walk_plan(plan, graph, acts, warnings);
+    walk_plan(plan, graph, acts, warnings, local);
     return acts;
   }
   if (!settings.dims.empty()) {

@@ -4,8 +4,10 @@
 // unknown, with how to get them.
 #pragma once
 
+#include <functional>
 #include <vector>
 
+#include "activations/walk.h"
 #include "model/class_names.h"
 #include "plan/activations.h"
 #include "plan/plan.h"
@@ -26,7 +28,13 @@ std::vector<ModuleId> checkpointed_modules(const ModuleTree& tree, const Policy&
 // ones (activations.cpp: fsdp1_trainable); empty for FSDP2 (as recorded).
 std::vector<bool> plan_trainable_params(const Plan& plan);
 
+// The graph one rank runs, where that is not the graph as exported: tensor
+// parallelism rewrites the walk's input to each tensor's local shape
+// (tp/activations.h). Empty: the graph as exported.
+using LocalWalkGraph = std::function<WalkGraph(const WalkGraph&)>;
+
 // Warnings (operators the table lacks, paths that match nothing) go to `warnings`.
-ActivationPlan plan_activations(const Plan& plan, const ClassMatcher& matcher, std::vector<Warning>* warnings);
+ActivationPlan plan_activations(const Plan& plan, const ClassMatcher& matcher, std::vector<Warning>* warnings,
+                                const LocalWalkGraph& local = {});
 
 }  // namespace fsdp_plan

@@ -22,6 +22,7 @@
 #include "time/flops.h"
 #include "time/hardware.h"
 #include "time/step_time.h"
+#include "tp/activations.h"
 #include "tp/comm.h"
 #include "tp/model_plan.h"
 #include "tp/placements.h"
@@ -85,7 +86,7 @@ Plan plan_with(const ModuleTree& loaded, const Policy& policy, const std::string
       plan.tensor_parallel =
           plan_tensor_parallel(tree, *plan.policy.tensor_parallel, policy.fsdp.world_size, plan.warnings);
     }
-    plan.activations = plan_activations(plan, matcher, &plan.warnings);
+    plan.activations = plan_activations(plan, matcher, &plan.warnings, tp_local_graph(plan));  // per tp rank
     plan.memory = estimate_memory_fsdp2(plan, policy.fsdp, report);
     add_comm_and_time(plan, flops);
     return plan;

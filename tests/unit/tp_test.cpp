@@ -8,6 +8,7 @@
 #include "plan/plan.h"
 #include "planner/planner.h"
 #include "policy/policy.h"
+#include "tp/activations.h"
 #include "tp/placements.h"
 #include "tree_builder.h"
 #include "util/errors.h"
@@ -178,4 +179,118 @@ TEST_CASE("the tensor_parallel section: parser, mesh checks and writers") {
   REQUIRE(back.tensor_parallel);
   CHECK(back.tensor_parallel->plan == q.tensor_parallel->plan);
   CHECK(tp_style_python(q.tensor_parallel->plan[0].second) == "RowwiseParallel(output_layouts=Shard(1))");
+}
+
+namespace {
+
+// A hand-made walk graph over tiny_lm's modules (tp/activations.h rewrites it to rank 0's shapes).
+struct TpGraph {
+  WalkGraph g;
+  int32_t tensor(std::vector<int64_t> sizes, std::vector<int64_t> strides = {}) {
+    WalkTensor t;
+    if (strides.empty()) {
+      strides.assign(sizes.size(), 1);
+      for (size_t k = sizes.size(); k-- > 1;) strides[k - 1] = strides[k] * sizes[k];
+    }
+    t.sizes = std::move(sizes);
+    t.strides = std::move(strides);
+    g.tensors.push_back(t);
+    return static_cast<int32_t>(g.tensors.size()) - 1;
+  }
+  int32_t param(const TreeBuilder& b, const std::string& path, std::vector<int64_t> sizes) {
+    WalkPlaceholder p;
+    p.tensor = tensor(std::move(sizes));
+    p.kind = WalkInput::Parameter;
+    p.param = b.tree.module(b.id(path)).params[0].tensor;
+    g.placeholders.push_back(p);
+    return p.tensor;
+  }
+  static WalkArg targ(const std::string& name, int32_t t) {
+    WalkArg a;
+    a.name = name;
+    a.value.kind = ArgValue::Kind::Tensor;
+    a.tensors = {t};
+    return a;
+  }
+  static WalkArg iarg(const std::string& name, ArgValue v) {
+    WalkArg a;
+    a.name = name;
+    a.value = std::move(v);
+    return a;
+  }
+  int32_t node(const std::string& op, ModuleId m, std::vector<WalkArg> args, int32_t out) {
+    WalkNode n;
+    n.op = op;
+    n.module = m;
+    n.args = std::move(args);
+    n.outputs = {out};
+    g.nodes.push_back(std::move(n));
+    return out;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("activations per tp rank: local shapes through colwise, views, rowwise and a gathered head") {
+  TreeBuilder b = tiny_lm();
+  const Plan plan = make_plan(b.tree, tp_policy(R"J({"layers.*.attn.q": "colwise", "layers.*.attn.o": "rowwise",
+      "head": {"style": "colwise", "output_layouts": "replicate"}})J"), "m.pt");
+  REQUIRE(plan.tensor_parallel);
+  TpGraph t;
+  const int32_t qw = t.param(b, "layers.0.attn.q", {8, 8});
+  const int32_t ow = t.param(b, "layers.0.attn.o", {8, 8});
+  const int32_t hw = t.param(b, "head", {16, 8});
+  WalkPlaceholder in;
+  in.tensor = t.tensor({2, 4, 8});
+  t.g.placeholders.push_back(in);
+  const ModuleId q = b.id("layers.0.attn.q"), attn = b.id("layers.0.attn"), o = b.id("layers.0.attn.o");
+  const int32_t y = t.node("aten.linear.default", q, {TpGraph::targ("input", in.tensor), TpGraph::targ("weight", qw)},
+                           t.tensor({2, 4, 8}));
+  // [B, S, H * D] -> [B, S, H, D] -> [B, H, S, D]: the heads are what tp splits.
+  const int32_t v = t.node("aten.view.default", attn, {TpGraph::targ("self", y), TpGraph::iarg("size", ArgValue::of_ints({2, 4, 2, 4}))},
+                           t.tensor({2, 4, 2, 4}));
+  const int32_t tr = t.node("aten.transpose.int", attn,
+                            {TpGraph::targ("self", v), TpGraph::iarg("dim0", ArgValue::of_int(1)), TpGraph::iarg("dim1", ArgValue::of_int(2))},
+                            t.tensor({2, 2, 4, 4}, {32, 4, 8, 1}));
+  const int32_t z = t.node("aten.linear.default", o, {TpGraph::targ("input", y), TpGraph::targ("weight", ow)},
+                           t.tensor({2, 4, 8}));
+  const int32_t logits = t.node("aten.linear.default", b.id("head"),
+                                {TpGraph::targ("input", z), TpGraph::targ("weight", hw)}, t.tensor({2, 4, 16}));
+  const int32_t s = t.node("aten.sum.default", 0, {TpGraph::targ("self", logits)}, t.tensor({}));
+  t.g.outputs = {s};
+
+  const WalkGraph local = tp_local_walk_graph(t.g, plan);
+  auto sizes = [&](int32_t id) { return local.tensors[static_cast<size_t>(id)].sizes; };
+  CHECK(sizes(qw) == std::vector<int64_t>{4, 8});   // Shard(0) weight: its local rows
+  CHECK(sizes(ow) == std::vector<int64_t>{8, 4});   // rowwise: Shard(1)
+  CHECK(sizes(in.tensor) == std::vector<int64_t>{2, 4, 8});
+  CHECK(sizes(y) == std::vector<int64_t>{2, 4, 4});  // colwise output: Shard(-1), local
+  CHECK(sizes(v) == std::vector<int64_t>{2, 4, 1, 4});
+  CHECK(local.tensors[static_cast<size_t>(v)].strides == std::vector<int64_t>{16, 4, 4, 1});
+  CHECK(sizes(tr) == std::vector<int64_t>{2, 1, 4, 4});  // the local heads, a view of the local q
+  CHECK(local.tensors[static_cast<size_t>(tr)].strides == std::vector<int64_t>{16, 4, 4, 1});
+  CHECK(sizes(z) == std::vector<int64_t>{2, 4, 8});  // rowwise output: all-reduced whole
+  CHECK(sizes(logits) == std::vector<int64_t>{2, 4, 8});  // the head's local chunk ...
+  // ... all-gathered whole (a copy in the head's module), which the sum then reads.
+  REQUIRE(local.nodes.size() == t.g.nodes.size() + 1);
+  const WalkNode& gather = local.nodes[local.nodes.size() - 2];
+  CHECK(gather.op == "aten.clone.default");
+  CHECK(gather.module == b.id("head"));
+  REQUIRE(gather.outputs.size() == 1);
+  CHECK(sizes(gather.outputs[0]) == std::vector<int64_t>{2, 4, 16});
+  CHECK(local.nodes.back().args[0].tensors[0] == gather.outputs[0]);
+
+  // Sequence parallelism: o reduce-scatters to Shard(1); what follows is 1/tp along the sequence
+  // until a colwise module with input_layouts shard(1) all-gathers it.
+  const Plan sp = make_plan(b.tree, tp_policy(R"J({"layers.*.attn.q": "colwise",
+      "layers.*.attn.o": {"style": "rowwise", "output_layouts": "shard(1)"},
+      "head": {"style": "colwise", "input_layouts": "shard(1)"}})J"), "m.pt");
+  const WalkGraph seq = tp_local_walk_graph(t.g, sp);
+  CHECK(seq.tensors[static_cast<size_t>(z)].sizes == std::vector<int64_t>{2, 2, 8});
+  const WalkNode& head = seq.nodes[seq.nodes.size() - 2];
+  REQUIRE(head.op == "aten.linear.default");
+  CHECK(seq.tensors[static_cast<size_t>(head.args[0].tensors[0])].sizes == std::vector<int64_t>{2, 4, 8});
+  CHECK(seq.tensors[static_cast<size_t>(logits)].sizes == std::vector<int64_t>{2, 4, 8});  // Shard(-1): V / tp
+  // Without tensor parallelism there is nothing to rewrite.
+  CHECK_FALSE(tp_local_graph(make_plan(b.tree, parse_policy(R"J({"fsdp": {"version": 2, "world_size": 8}})J", "p.json"), "m.pt")));
 }

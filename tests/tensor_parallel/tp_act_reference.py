@@ -1,0 +1,174 @@
+"""Ground truth for activations under tensor parallelism: what autograd saves on one tp rank.
+
+For each case (a corpus decoder, a tp degree, Hugging Face's own tensor-parallel plan), this script
+builds the small model on the CPU, rank 0 of a single-process "fake" process group, runs torch
+2.13's parallelize_module on a 1-D "tp" mesh (no fully_shard: FSDP2 changes where parameters live,
+not what autograd saves of the activations in fp32), then one training forward with labels and its
+backward of a (BATCH, SEQ) batch under `torch.autograd.graph.saved_tensors_hooks`, counting as
+tests/activations/saved_oracle.py counts:
+
+- each packed tensor by its storage, once, at the storage's full size; a DTensor by its local
+  tensor's storage (`_local_tensor`: what the rank holds);
+- attributed to the innermost module running when it is first packed; a module's `total_bytes`
+  is its subtree's; parameters' storages (DTensor parameters' local tensors) and the inputs' are
+  counted apart.
+
+Case "tp 1" is the same model without parallelize_module, for the ratio.
+
+Then the whole step: the same model on a (dp_shard 2, tp) mesh (at tp 1 the 1-D dp_shard mesh of 2),
+parallelize_module on "tp", fully_shard on each decoder layer and the root on "dp_shard", two
+training steps (AdamW, foreach=False, labels) under FSDPMemTracker, as
+tests/activations/peak_oracle.py runs them on a 1-D mesh: `tracker` holds the second step's peak
+(`peak_bytes`, the Total when it peaked) and its categories then.
+
+Real CPU tensors, not FakeTensorMode: Hugging Face's mask code calls .item(), which fake tensors
+refuse (tp_comm_reference.py runs the same way); the small models are a few hundred KB, and the
+fake backend's collectives move no data (their outputs are the right size, garbage values). The
+corpus model's attention is switched to SDPA (set_attn_implementation), as fsdp-plan-export
+exports it: the CPU flash kernel then runs, under DTensor too.
+
+    /work/main/.venv/bin/python tests/tensor_parallel/tp_act_reference.py [--out FILE] [--check]
+
+Output: stable JSON (sorted keys, ints for bytes). About twenty seconds.
+"""
+import argparse
+import json
+import os
+import sys
+import warnings
+from typing import Any, Dict, List, Optional
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "activations"))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
+from torch.distributed.tensor import DTensor  # noqa: E402
+from torch.distributed.tensor.parallel import parallelize_module  # noqa: E402
+from torch.testing._internal.distributed.fake_pg import FakeStore  # noqa: E402
+
+import peak_oracle  # noqa: E402  (apply_fully_shard, two_steps)
+import saved_oracle  # noqa: E402  (SavedRecorder, summarise)
+from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker  # noqa: E402
+from torch.distributed.fsdp import MixedPrecisionPolicy  # noqa: E402
+import tp_reference  # noqa: E402  (the models, HF's plan, the style translation)
+
+REFERENCE = os.path.join(HERE, "act_reference.json")
+BATCH, SEQ = 2, 16
+# The corpus Llama (4 heads, 2 key-value heads) at tp 1 and 2; the 4-key-value-head variant at tp 4.
+CASES: Dict[str, Dict[str, Any]] = {
+    "llama_tp1": dict(model="llama", tp=1),
+    "llama_hf_tp2": dict(model="llama", tp=2),
+    "llama_kv4_tp1": dict(model="llama_kv4", tp=1),
+    "llama_kv4_hf_tp4": dict(model="llama_kv4", tp=4),
+}
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    return t._local_tensor if isinstance(t, DTensor) else t
+
+
+class LocalRecorder(saved_oracle.SavedRecorder):
+    """SavedRecorder keyed by the rank's local storage of each saved tensor."""
+
+    def __init__(self, model, params, inputs):
+        super().__init__(model, [local(p) for p in params], inputs)
+
+    def pack(self, t: torch.Tensor) -> int:
+        handle = super().pack(local(t))
+        self.keep[handle] = t  # unpack hands autograd back what it packed
+        return handle
+
+
+def sdpa_model(name: str):
+    """The corpus model (which sets attn_implementation "eager") with SDPA, as fsdp-plan-export
+    exports it and as one trains it."""
+    model = tp_reference.MODELS[name]("cpu")
+    model.set_attn_implementation("sdpa")
+    return model
+
+
+def run_case(case: Dict[str, Any]) -> Dict[str, Any]:
+    tp = case["tp"]
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    dist.init_process_group("fake", rank=0, world_size=tp, store=FakeStore())
+    torch.manual_seed(0)
+    model = sdpa_model(case["model"])
+    plan = tp_reference.hf_plan(case["model"])
+    if tp > 1:
+        mesh = init_device_mesh("cpu", (tp,), mesh_dim_names=("tp",))
+        parallelize_module(model, mesh["tp"], {k: tp_reference.torch_style(v) for k, v in plan.items()})
+    model.train()
+    ids = torch.randint(3, 200, (BATCH, SEQ), generator=torch.Generator().manual_seed(0))
+    params = list(model.parameters()) + list(model.buffers())
+    rec = LocalRecorder(model, params, [ids])
+    with torch.autograd.graph.saved_tensors_hooks(rec.pack, rec.unpack):
+        loss = model(input_ids=ids, labels=ids).loss
+    rec.name_nodes([loss])
+    loss.backward()
+    rec.remove()
+    res = saved_oracle.summarise(rec, model, detail=True)
+    res.update(model=case["model"], tp=tp, batch=BATCH, seq=SEQ, plan=plan if tp > 1 else None)
+    for r in res["saved"]:
+        r.pop("nodes", None)  # backward node names: not compared, and differ between DTensor and plain runs
+    res.pop("by_op", None)
+    res["tracker"] = tracked_step(case)
+    return res
+
+
+def tracked_step(case: Dict[str, Any]) -> Dict[str, Any]:
+    """The second of two training steps of the 2-D model under FSDPMemTracker: its peak."""
+    tp = case["tp"]
+    dist.destroy_process_group()
+    dist.init_process_group("fake", rank=0, world_size=2 * tp, store=FakeStore())
+    mesh = init_device_mesh("cpu", (2, tp), mesh_dim_names=("dp_shard", "tp"))
+    torch.manual_seed(0)
+    model = sdpa_model(case["model"])
+    if tp > 1:
+        plan = tp_reference.hf_plan(case["model"])
+        parallelize_module(model, mesh["tp"], {k: tp_reference.torch_style(v) for k, v in plan.items()})
+    model.train()
+    peak_oracle.apply_fully_shard(model, (type(model.model.layers[0]),), mesh["dp_shard"], MixedPrecisionPolicy())
+    optim = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
+    g = torch.Generator().manual_seed(0)
+    kwargs = {"input_ids": torch.randint(3, 200, (BATCH, SEQ), generator=g)}
+    kwargs["labels"] = kwargs["input_ids"]
+    tracker = FSDPMemTracker(model, optim)
+    tracker.track_inputs((kwargs["input_ids"],))
+    try:
+        res = peak_oracle.two_steps(tracker, model, optim, kwargs)
+    except Exception as e:  # noqa: BLE001  (recorded: the tracker may not run on a 2-D mesh)
+        return {"error": {"type": type(e).__name__, "message": str(e).splitlines()[0]}}
+    return {"peak_bytes": res["peak_bytes"], "peak": {k: v for k, v in res["peak"].items() if v}}
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default=REFERENCE, help="where to write the reference (default: %(default)s)")
+    ap.add_argument("--check", action="store_true", help="compare with --out instead of writing it")
+    args = ap.parse_args(argv)
+    warnings.filterwarnings("ignore")
+    result = {"torch": torch.__version__.split("+")[0], "cases": {n: run_case(c) for n, c in CASES.items()}}
+    result = json.loads(json.dumps(result))
+    if args.check:
+        with open(args.out) as f:
+            stored = json.load(f)
+        bad = [n for n, c in result["cases"].items() if stored["cases"].get(n) != c]
+        for n in bad:
+            print(f"FAIL {n}: torch's saved bytes differ from {args.out}")
+        print(f"{len(result['cases']) - len(bad)} passed, {len(bad)} failed")
+        return 1 if bad else 0
+    with open(args.out, "w") as f:
+        f.write(json.dumps(result, indent=1, sort_keys=True) + "\n")
+    for n, c in result["cases"].items():
+        print(f"{n}: {c['total_bytes']} B saved in {c['storages']} storages (params {c['param_saved_bytes']}, "
+              f"inputs {c['input_saved_bytes']}); step peak {c['tracker'].get('peak_bytes', c['tracker'])}")
+    print(f"wrote {args.out}: {len(result['cases'])} cases")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
