@@ -62,8 +62,9 @@ int suggest_main(int argc, char** argv) {
              "thresholds at the model's distinct subtree sizes; FSDP2 (--fsdp-version 2): also the block class with "
              "groups for the modules before and after the blocks (embeddings; final norm and head).\nDropped: those FSDP would refuse and those that "
              "split a tied weight; each comes back with the fix the refusal names (frozen parameters in units of their "
-             "own, tied weights in one unit) as a candidate of its own. Ranked: fits the budget, then fewer units, then lower peak, then smaller root "
-             "share.\nExit codes: 0 a policy fits; 1 none fits (said on stderr too); 2 usage, input or output error; 3 internal error.");
+             "own, tied weights in one unit) as a candidate of its own. With a \"tensor_parallel\" section in the policy: each candidate at tp 1, 2, 4 and 8 "
+             "(within --gpus-per-node), with the section's plan.\nRanked: fits the budget, then the estimated step time, then fewer units, then "
+             "lower peak, then smaller root share.\nExit codes: 0 a policy fits; 1 none fits (said on stderr too); 2 usage, input or output error; 3 internal error.");
   if (auto done = parse_command(app, argc, argv, "suggest")) return *done;
   setup_logging(verbose ? 1 : 0, false);
   return run_guarded([&] {
@@ -80,11 +81,8 @@ int suggest_main(int argc, char** argv) {
     // An Accelerate config's ignored modules are resolved on the model; its classes are what suggest varies.
     resolve_policy_file(policy_file, tree);
     const Policy& base = policy_file.policy;
-    if (base.tensor_parallel) {
-      spdlog::error("suggest: a policy with \"tensor_parallel\" is not searched yet: plan it with fsdp-plan MODEL "
-                    "--policy, or remove the section to search FSDP2 policies without tensor parallelism");
-      return kExitInputError;
-    }
+    // A "tensor_parallel" section: the search varies tp too (1, 2, 4, 8 within --gpus-per-node;
+    // suggest.h: suggest_candidates), each degree with the section's plan.
 
     SuggestContext ctx;
     ctx.model_path = model;

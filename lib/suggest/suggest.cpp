@@ -5,6 +5,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <tuple>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -14,6 +15,7 @@
 #include "model/module_tree.h"
 #include "planner/planner.h"
 #include "policy/ignored.h"
+#include "policy/tensor_parallel.h"
 #include "suggest/fixes.h"
 #include "suggest/groups.h"
 #include "util/strings.h"
@@ -121,7 +123,49 @@ std::vector<int64_t> size_thresholds(const std::vector<int64_t>& numel, size_t l
   return out;
 }
 
+// A base policy with a tensor_parallel section: each wrapping at each tp
+// degree of 1, 2, 4, 8 that fits in a node (--gpus-per-node: torchtitan and
+// Accelerate keep the tp group inside a node, where its blocking collectives
+// run on NVLink) and whose mesh the world size builds (tensor_parallel_error:
+// dp_shard = world / (dp_replicate x tp), at least 1). tp 1 is plain FSDP2
+// over every rank (no section). The plan's checks drop the degrees that do
+// not divide the heads, key-value heads, FFN or vocabulary (tp_uneven_split).
+std::vector<Candidate> with_tp_degrees(std::vector<Candidate> wrappings, const Policy& base, const SuggestOptions& opt) {
+  if (!base.tensor_parallel || base.tensor_parallel->degree < 1) return wrappings;
+  std::vector<int64_t> degrees;
+  for (int64_t d : {1, 2, 4, 8}) {
+    if (d > std::max<int64_t>(1, opt.gpus_per_node)) continue;
+    if (d == 1) {
+      degrees.push_back(d);
+      continue;
+    }
+    TensorParallel tp = *base.tensor_parallel;
+    tp.degree = d;
+    tp.dp_shard = 0;  // the rest of the ranks
+    if (tensor_parallel_error(tp, base.fsdp).empty()) degrees.push_back(d);
+  }
+  std::vector<Candidate> out;
+  for (const Candidate& w : wrappings)
+    for (int64_t d : degrees) {
+      Candidate c = w;
+      c.label = "tp " + std::to_string(d) + ", " + w.label;
+      c.tp = d;
+      if (d == 1) {
+        c.policy.tensor_parallel.reset();
+      } else {
+        c.policy.tensor_parallel->degree = d;
+        c.policy.tensor_parallel->dp_shard = 0;
+      }
+      out.push_back(std::move(c));
+    }
+  return out;
+}
+
 }  // namespace
+
+double rank_seconds(const Candidate& c) {
+  return (c.step_known ? c.step_s : c.exposed_comm_s) * static_cast<double>(std::max<int64_t>(1, c.tp));
+}
 
 std::vector<Candidate> suggest_candidates(const ModuleTree& tree, const Policy& base, const SuggestOptions& opt) {
   Ignored ignored = resolve_ignored(tree, base);
@@ -169,7 +213,7 @@ std::vector<Candidate> suggest_candidates(const ModuleTree& tree, const Policy& 
     Policy p = with_threshold(base, t);
     push("min_num_params " + std::to_string(*p.min_num_params), "size", std::move(p));
   }
-  return out;
+  return with_tp_degrees(std::move(out), base, opt);
 }
 
 namespace {
@@ -303,9 +347,6 @@ void evaluate(Candidate& c, const Plan& plan, const ModuleTree& tree, const Sugg
   c.coarse = !c.per_block && (c.units <= 1 || c.root_share > kRootDominated);
 }
 
-// The time an estimate ranks by: the step with FLOPs, the exposed
-// communication without. Differences under a nanosecond are rounding.
-double rank_seconds(const Candidate& c) { return c.step_known ? c.step_s : c.exposed_comm_s; }
 
 // The order among candidates that fit: finer than the root first, then the
 // estimated time, then fewer units, then lower peak, ...
@@ -368,6 +409,9 @@ std::optional<FitAdvice> world_size_advice(const std::vector<const Candidate*>& 
   for (const Candidate* cp : ranked) {
     const Candidate& c = *cp;
     if (c.policy.fsdp.strategy == ShardingStrategy::NoShard) continue;
+    // A 2-D plan's mesh was sized at its world size (its dp_shard): another
+    // world size is another mesh, which this estimate on its plan does not redo.
+    if (c.tp > 1) continue;
     int64_t lo = c.policy.fsdp.world_size, hi = lo;
     while (hi < std::min(kMaxRanks, pick_hi) && at(c, hi) > opt.budget_bytes) {
       lo = hi;
@@ -401,7 +445,7 @@ std::optional<FitAdvice> world_size_advice(const std::vector<const Candidate*>& 
   if (!best || std::stoll(best->value) <= g) return best;
   std::vector<const Candidate*> order{best_c};  // the one that fits soonest, first
   for (const Candidate* c : ranked)
-    if (c != best_c && c->policy.fsdp.strategy != ShardingStrategy::NoShard) order.push_back(c);
+    if (c != best_c && c->policy.fsdp.strategy != ShardingStrategy::NoShard && c->tp <= 1) order.push_back(c);
   const int64_t first = (std::stoll(best->value) + g - 1) / g * g;
   for (int64_t w = first; w <= kMaxRanks && w < first + 64 * g; w += g)
     for (const Candidate* c : order)
@@ -479,14 +523,15 @@ Suggestion suggest(const ModuleTree& tree, const Policy& base, const SuggestOpti
   std::vector<Candidate> candidates = suggest_candidates(tree, base, opt);
   std::set<std::string> labels;
   for (const auto& c : candidates) labels.insert(c.label);
-  std::set<std::pair<UnitSet, bool>> seen;  // the units, and whether the blocks are checkpointed
+  // The units, whether the blocks are checkpointed, and the tp degree (candidates vary tp: with_tp_degrees).
+  std::set<std::tuple<UnitSet, bool, int64_t>> seen;
   const ClassMatcher matcher(tree);  // one tree, many plans: its classes are worked out once
   const std::vector<bool> block = block_instances(tree, base);
   const std::string block_class = block_class_name(tree, base);
   for (size_t i = 0; i < candidates.size(); ++i) {
     Candidate c = std::move(candidates[i]);  // fixes below append to `candidates`
     auto plan = std::make_shared<Plan>(make_plan(tree, c.policy, "", matcher, PlanPurpose::Ranking, opt.flops));
-    if (!seen.insert({unit_set(*plan), c.checkpointed}).second) {
+    if (!seen.insert({unit_set(*plan), c.checkpointed, c.tp}).second) {
       ++s.duplicates;
       continue;
     }
@@ -502,6 +547,7 @@ Suggestion suggest(const ModuleTree& tree, const Policy& base, const SuggestOpti
       ac.policy.activation_checkpointing = ActivationCheckpointing{};
       ac.policy.activation_checkpointing->module_classes = {block_class};
       ac.checkpointed = true;
+      ac.tp = c.tp;
       if (labels.insert(ac.label).second) candidates.push_back(std::move(ac));
     }
     // A refused candidate, fixed as the refusal checks say, is a candidate too
@@ -513,6 +559,7 @@ Suggestion suggest(const ModuleTree& tree, const Policy& base, const SuggestOpti
         fixed.origin = "fix";
         fixed.policy = std::move(f->policy);
         fixed.fixes = c.fixes + 1;
+        fixed.tp = c.tp;
         candidates.push_back(std::move(fixed));
       }
     }

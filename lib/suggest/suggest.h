@@ -63,10 +63,20 @@ struct Candidate {
   // recompute in backward for memory, so it ranks behind the same plan without
   // it whenever both fit.
   bool checkpointed = false;
+  // The tensor-parallel degree (1: none). Candidates vary it when the base
+  // policy has a tensor_parallel section (suggest_candidates).
+  int64_t tp = 1;
   // The plan, kept for ranked candidates: advice re-estimates memory on it.
   // A ranking plan (PlanPurpose::Ranking): for a report, plan the policy again.
   std::shared_ptr<const Plan> plan;
 };
+
+// The time a candidate ranks by: its step estimate with FLOPs, its exposed
+// communication without, times its tp degree. Every rank runs the export's
+// micro-batch, so a step at tp t trains world / t of them (the tp group
+// shares one): the same samples take t times the steps a tp 1 plan's step
+// trains, and plans of different tp are compared per those samples.
+double rank_seconds(const Candidate& c);
 
 // A single setting that, changed on a candidate, would make it fit.
 struct FitAdvice {

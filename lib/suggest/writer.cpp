@@ -58,8 +58,13 @@ std::string why_best(const Candidate& best, const Candidate& next) {
   if (best.checkpointed != next.checkpointed)
     return "fits without activation checkpointing, which " + next.label +
            " adds: its recompute costs about one more forward of each block";
-  const double a = best.step_known ? best.step_s : best.exposed_comm_s;
-  const double b = next.step_known ? next.step_s : next.exposed_comm_s;
+  const double a = rank_seconds(best), b = rank_seconds(next);
+  if (best.step_known == next.step_known && std::abs(a - b) > 1e-9 && best.tp != next.tp)
+    return std::string(best.step_known ? "estimated step " : "estimated exposed communication ") +
+           ms(true, a / static_cast<double>(best.tp)) + " at tp " + std::to_string(best.tp) + ", " +
+           ms(true, b / static_cast<double>(next.tp)) + " at tp " + std::to_string(next.tp) +
+           " (for the same samples, step x tp: a step at tp t trains world / t micro-batches: " + ms(true, a) +
+           " against " + ms(true, b) + ")" + vs;
   if (best.step_known == next.step_known && std::abs(a - b) > 1e-9)
     return std::string(best.step_known ? "estimated step " : "estimated exposed communication ") +
            ms(true, a) + ", " + ms(true, b - a) + " less" + vs;
