@@ -1,7 +1,8 @@
 """Activations under tensor parallelism against torch 2.13: the plan's memory.activations vs act_reference.json.
 
 act_reference.json is what autograd saved on tp rank 0 in one training forward (labels given) of
-the small corpus Llama after parallelize_module with Hugging Face's own plan, on the fake backend
+the small corpus Llama after parallelize_module with Hugging Face's own plan, and of sp_decoder.py's
+model with a sequence-parallel plan (which HF's Llama does not run), on the fake backend
 (tp_act_reference.py writes it, counting each DTensor by its local storage). For each case this
 test exports the same model to a .pt2 (fsdp-plan-export, at the reference's batch and sequence
 length, with labels), plans it at `--device cpu` (the oracle ran the CPU kernels) with the same
@@ -32,6 +33,7 @@ import warnings
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
+import sp_decoder  # noqa: E402
 import test_tp_plan  # noqa: E402  (export_pt2, LAYER_CLASS)
 import tp_act_reference  # noqa: E402
 
@@ -45,11 +47,24 @@ def rel(a: int, b: int) -> float:
 
 def policy_for(case: dict) -> dict:
     tp = case["tp"]
-    pol = {"module_classes": [test_tp_plan.LAYER_CLASS[case["model"]]],
+    layer = "Block" if case["model"] == "sp_decoder" else test_tp_plan.LAYER_CLASS[case["model"]]
+    pol = {"module_classes": [layer],
            "fsdp": {"version": 2, "world_size": 2 * tp, "optimizer": "adamw"}}
     if tp > 1:
         pol["tensor_parallel"] = {"degree": tp, "plan": case["plan"], "mesh": {"dp_shard": 2}}
     return pol
+
+
+def export_sp_decoder(tmp: str) -> str:
+    """sp_decoder.py's model by fsdp-plan-export --factory (its own batch, sequence and labels)."""
+    out = os.path.join(tmp, "sp_decoder.pt2")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(HERE, "..", "..", "python"), HERE,
+                                                        os.environ.get("PYTHONPATH", "")]))
+    r = subprocess.run([sys.executable, "-m", "fsdp_plan.export", "--factory", "sp_decoder:factory", "-o", out, "-q"],
+                       capture_output=True, text=True, env=env)
+    if r.returncode != 0:
+        raise RuntimeError(f"fsdp-plan-export sp_decoder: {r.stderr.strip()[-600:]}")
+    return out
 
 
 def run_plan(binary: str, model_file: str, pfile: str) -> dict:
@@ -120,7 +135,9 @@ def main() -> int:
             model = case["model"]
             if model not in pt2s:
                 pt2 = os.path.join(args.pt2_dir, model + ".pt2") if args.pt2_dir else ""
-                if not os.path.exists(pt2):
+                if not os.path.exists(pt2) and model == "sp_decoder":
+                    pt2 = export_sp_decoder(tmp)
+                elif not os.path.exists(pt2):
                     pt2 = test_tp_plan.export_pt2(model, tmp, ("--batch", str(case["batch"]), "--seq", str(case["seq"])))
                 pt2s[model] = pt2
             fails, acts = check_case(args.binary, name, case, pt2s[model], tmp, args.v)
