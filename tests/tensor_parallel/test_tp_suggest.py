@@ -15,7 +15,11 @@ mixed precision, AdamW:
 - seq 4096: the best is tp 1 (every degree fits; tp 1 has no TP collectives and is the fastest
   per sample);
 - every tp in the ranking is one of 1, 2, 4, 8, and --gpus-per-node 2 keeps them at 1 and 2;
-- the policy suggest writes (-o) for the best plans, with the same tp, to the figures it reported.
+- the policy suggest writes (-o) for the best plans, with the same tp, to the figures it reported;
+- the small corpus Llama (4 heads, 2 key-value heads) at 8 ranks: the best is tp 1; every tp 4
+  candidate is dropped, the plan's check refusing 2 key-value heads over 4 ranks (tp_uneven_split,
+  where torch fails in the first forward: tp_reference.py's llama_kv_heads_2x4), and tp 8, which
+  leaves FSDP no dimension, is not tried.
 
     /work/main/.venv/bin/python tests/tensor_parallel/test_tp_suggest.py BINARY [-v] [--pt2 FILE]
 
@@ -133,6 +137,27 @@ def main() -> int:
             peak = json.loads(p.stdout)["memory"]["per_rank"]["peak_bytes"] if p.returncode in (0, 1) else None
             if peak != best["peak_bytes"]:
                 fails.append(f"-o: the written policy plans to a peak of {peak}, suggest said {best['peak_bytes']}")
+        # A small model: tp 1; the key-value heads rule tp 4 out, the world size tp 8.
+        sys.path.insert(0, HERE)
+        import test_tp_plan  # noqa: E402  (export_pt2: the corpus model by fsdp-plan-export)
+        small = test_tp_plan.export_pt2("llama", tmp, ("--batch", "2", "--seq", "16"))
+        spol = os.path.join(tmp, "small.json")
+        with open(spol, "w") as f:
+            json.dump({**POLICY, "fsdp": {"version": 2, "world_size": 8, "optimizer": "adamw"},
+                       "tensor_parallel": {"degree": 2, "plan": "model"}}, f)  # the base must build its mesh
+        r = subprocess.run([args.binary, "suggest", small, "--policy", spol, "--budget", "1GiB", "--top", "1000",
+                            "-f", "json"], capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"suggest (small llama): exit {r.returncode}: {r.stderr.strip()[-400:]}")
+        s = json.loads(r.stdout)
+        if not s.get("best") or tp_of(s["candidates"][0]) != 1:
+            fails.append(f"small llama: best {s.get('best', {}).get('label')!r}, not tp 1")
+        if any(tp_of(c) == 4 for c in s["candidates"]):
+            fails.append("small llama: a tp 4 candidate is ranked; tp 4 over 2 key-value heads fails in torch")
+        if not any(c["label"].startswith("tp 4, ") and "tp_uneven_split" in c["reason"] for c in s["dropped"]):
+            fails.append("small llama: no tp 4 candidate dropped for tp_uneven_split")
+        if any(c["label"].startswith("tp 8, ") for c in s["candidates"] + s["dropped"]):
+            fails.append("small llama: tp 8 tried at world size 8 (no FSDP dimension left)")
     for line in fails:
         print(f"FAIL {line}")
     print(f"{0 if fails else 1} passed, {len(fails)} failed")
