@@ -67,6 +67,10 @@ void add_fsdp_options(CLI::App& app, FsdpOptions& opt, const std::string& policy
       ->group(group);
   app.add_option("--optimizer", opt.optimizer, "optimizer state for the memory model (default adam)")
       ->check(CLI::IsMember(optimizer_names().names()))->group(group);
+  app.add_option("--optimizer-impl", opt.optimizer_impl,
+                 "how torch.optim runs Adam's step, which decides its temporaries (default: PyTorch's choice, "
+                 "foreach on CUDA for FSDP2 or use_orig_params, else for-loop)")
+      ->check(CLI::IsMember(optimizer_impl_names().names()))->group(group);
   app.add_option("--fsdp-version", opt.fsdp_version, version_help)->check(CLI::IsMember({1, 2}))->group(group);
   const char* acts = "Activations (from a .pt2 graph)";
   app.add_option("--device", opt.device,
@@ -145,6 +149,7 @@ PolicyFile load_policy(const FsdpOptions& opt) {
   if (opt.shard_group_size) fsdp.shard_group_size = *opt.shard_group_size;
   if (opt.strategy) fsdp.strategy = *strategy_names().parse(*opt.strategy);
   if (opt.optimizer) fsdp.optimizer = *optimizer_names().parse(*opt.optimizer);
+  if (opt.optimizer_impl) fsdp.optimizer_impl = *optimizer_impl_names().parse(*opt.optimizer_impl);
   if (opt.use_orig_params) fsdp.use_orig_params = true;
   if (opt.fsdp_version) set_fsdp_version(file, *parse_version(*opt.fsdp_version));
   if (opt.device) file.policy.activations.device = *device_names().parse(*opt.device);

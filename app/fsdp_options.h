@@ -25,7 +25,7 @@ struct FsdpOptions {
   std::string policy;  // --policy: a JSON policy or an Accelerate config
   std::optional<std::string> module_classes;  // --module-classes A,B
   std::optional<int64_t> world_size, shard_group_size;
-  std::optional<std::string> strategy, optimizer;
+  std::optional<std::string> strategy, optimizer, optimizer_impl;
   std::optional<int> fsdp_version;
   bool use_orig_params = false;
   // Activations from a .pt2 graph: whose kernels (--device) and which attention kernel (--sdpa).

@@ -5,6 +5,7 @@
 
 #include "activations/schedule.h"
 #include "model/dtype.h"
+#include "plan/optimizer_step.h"
 #include "plan/plan.h"
 
 namespace fsdp_plan {
@@ -357,14 +358,11 @@ MemoryPlan estimate_memory(const Plan& plan, const FsdpSettings& settings, bool 
     sharded_grads_done += grad_sharded[j];
   }
   act = acts.batch();  // the backward freed every saved tensor; the batch stays
-  // The optimizer step: the steady state, nothing gathered. Adam
-  // (foreach=False, optim/adam.py: _single_tensor_adam) computes each
-  // parameter's denom = (exp_avg_sq.sqrt() / c).add_(eps): two temporaries of
-  // its state's size while the previous parameter's denom is still referenced.
+  // The optimizer step: the steady state, nothing gathered, and Adam's
+  // temporaries (adam_step_temp_bytes).
   int64_t optimizer_temp = 0;
   if (settings.optimizer == Optimizer::Adam)
-    for (size_t k = 0; k < optim_params.size(); ++k)
-      optimizer_temp = std::max(optimizer_temp, (k > 0 ? optim_params[k - 1] : 0) + 2 * optim_params[k]);
+    optimizer_temp = adam_step_temp_bytes(optim_params, settings.optimizer_impl.value_or(OptimizerImpl::ForLoop));
   MemoryStep step;
   step.phase = "optimizer step";
   step.params_bytes = r.params_bytes;

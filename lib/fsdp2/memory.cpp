@@ -5,6 +5,7 @@
 
 #include "activations/schedule.h"
 #include "model/dtype.h"
+#include "plan/optimizer_step.h"
 #include "plan/plan.h"
 
 namespace fsdp_plan {
@@ -456,23 +457,23 @@ MemoryPlan Fsdp2Memory::estimate(const FsdpSettings& settings, bool timeline) co
   }
   act = acts.batch();  // the backward freed every saved tensor; the batch stays
   late = 0;
-  // The optimizer step: sharded gradients and state, nothing gathered. Adam
-  // (foreach=False) computes each parameter's denominator in two temporaries
-  // of its shard's size: sqrt(exp_avg_sq), then its quotient.
+  // The optimizer step: sharded gradients and state, nothing gathered, and
+  // Adam's temporaries (adam_step_temp_bytes).
   live.reduce_scatter = 0;
   live.grads_unsharded = 0;
   live.grads_sharded += ignored_grads;
-  // (optim/adam.py: _single_tensor_adam): the previous parameter's denom is
-  // still referenced while the next one's two are made.
   if (settings.optimizer == Optimizer::Adam) {
-    live.optimizer_temp = 2 * unowned_largest_trainable_;
-    int64_t prev = 0;
+    std::vector<int64_t> state;  // each trainable parameter's local state tensor, in the optimizer's order
     for (size_t k : optim_order_) {
       const Param& p = params_[k];
-      const int64_t bytes = ceil_div(p.dim0, S) * p.row * p.orig;
-      live.optimizer_temp = std::max(live.optimizer_temp, prev + 2 * bytes);
-      prev = bytes;
+      state.push_back(ceil_div(p.dim0, S) * p.row * p.orig);
     }
+    const OptimizerImpl impl = settings.optimizer_impl.value_or(OptimizerImpl::ForLoop);
+    live.optimizer_temp = adam_step_temp_bytes(state, impl);
+    // Ignored parameters, whole on every rank: the largest one's two temporaries
+    // stand for them in the for-loop; in foreach each has its own.
+    if (impl == OptimizerImpl::ForLoop) live.optimizer_temp = std::max(live.optimizer_temp, 2 * unowned_largest_trainable_);
+    if (impl == OptimizerImpl::Foreach) live.optimizer_temp += unowned_trainable_bytes_;
   }
   consider("optimizer step", n);
   r.peak_categories = categories(peak_live, peak_grads, peak_opt);

@@ -87,7 +87,7 @@ Plan plan_with(const ModuleTree& loaded, const Policy& policy, const std::string
           plan_tensor_parallel(tree, *plan.policy.tensor_parallel, policy.fsdp.world_size, plan.warnings);
     }
     plan.activations = plan_activations(plan, matcher, &plan.warnings, tp_local_graph(plan));  // per tp rank
-    plan.memory = estimate_memory_fsdp2(plan, policy.fsdp, report);
+    plan.memory = estimate_memory_fsdp2(plan, memory_settings(policy), report);
     add_comm_and_time(plan, flops);
     return plan;
   }
@@ -113,7 +113,7 @@ Plan plan_with(const ModuleTree& loaded, const Policy& policy, const std::string
   flat_param_refusals(plan, search_fixes ? &replan : nullptr);
   if (report) root_warnings(plan, search_fixes ? &replan : nullptr);
   plan.activations = plan_activations(plan, matcher, &plan.warnings);
-  plan.memory = estimate_memory(plan, policy.fsdp, report);
+  plan.memory = estimate_memory(plan, memory_settings(policy), report);
   add_comm_and_time(plan, flops);
   return plan;
 }

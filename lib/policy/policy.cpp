@@ -46,7 +46,7 @@ const std::pair<const char*, std::optional<bool> MixedPrecision::*> kFlagFields[
     {"cast_forward_inputs", &MixedPrecision::cast_forward_inputs},
     {"cast_root_forward_inputs", &MixedPrecision::cast_root_forward_inputs}};
 const std::vector<std::string> kFsdpKeys = {"world_size", "sharding_strategy", "shard_group_size",
-                                            "use_orig_params", "optimizer", "version",
+                                            "use_orig_params", "optimizer", "optimizer_impl", "version",
                                             "reshard_after_forward", "cpu_offload"};
 std::vector<std::string> hardware_keys() {
   std::vector<std::string> out = {"preset", "gpus_per_node"};
@@ -191,6 +191,9 @@ class Parser {
     }
     if (auto it = v.find("optimizer"); it != v.end())
       out.optimizer = *optimizer_names().parse(one_of(*it, "fsdp.optimizer", optimizer_names().names()));
+    if (auto it = v.find("optimizer_impl"); it != v.end())
+      out.optimizer_impl =
+          *optimizer_impl_names().parse(one_of(*it, "fsdp.optimizer_impl", optimizer_impl_names().names()));
     if (auto it = v.find("version"); it != v.end()) {
       if (!it->is_number_integer() || (it->get<int64_t>() != 1 && it->get<int64_t>() != 2))
         fail("\"fsdp.version\" must be 1 (FullyShardedDataParallel) or 2 (fully_shard), not " + it->dump());
@@ -481,6 +484,7 @@ nlohmann::ordered_json policy_to_json(const Policy& p) {
                                                                   : nlohmann::ordered_json(nullptr)},
                  {"use_orig_params", p.fsdp.use_orig_params},
                  {"optimizer", optimizer_name(p.fsdp.optimizer)}};
+  if (p.fsdp.optimizer_impl) out["fsdp"]["optimizer_impl"] = optimizer_impl_name(*p.fsdp.optimizer_impl);
   if (p.fsdp.v2()) {
     out["fsdp"]["version"] = 2;
     out["fsdp"]["reshard_after_forward"] = reshard_to_json(p.fsdp.reshard_after_forward);
@@ -535,6 +539,7 @@ nlohmann::ordered_json policy_file_json(const Policy& p) {
   if (p.fsdp.shard_group_size > 0) fsdp["shard_group_size"] = p.fsdp.shard_group_size;
   fsdp["use_orig_params"] = p.fsdp.use_orig_params;
   fsdp["optimizer"] = optimizer_name(p.fsdp.optimizer);
+  if (p.fsdp.optimizer_impl) fsdp["optimizer_impl"] = optimizer_impl_name(*p.fsdp.optimizer_impl);
   if (p.fsdp.cpu_offload) fsdp["cpu_offload"] = true;
   if (p.fsdp.v2()) {
     fsdp["version"] = 2;
@@ -552,6 +557,12 @@ nlohmann::ordered_json policy_file_json(const Policy& p) {
     out["hardware"] = std::move(hw);
   }
   return out;
+}
+
+FsdpSettings memory_settings(const Policy& policy) {
+  FsdpSettings s = policy.fsdp;
+  if (!s.optimizer_impl) s.optimizer_impl = default_optimizer_impl(s, policy.activations.device);
+  return s;
 }
 
 }  // namespace fsdp_plan

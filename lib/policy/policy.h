@@ -93,6 +93,9 @@ struct Policy {
 
 // Parse and validate policy JSON text. Throws InputError naming `file`.
 Policy parse_policy(const std::string& text, const std::string& file);
+// The "fsdp" settings the memory model runs with: the optimizer's implementation
+// resolved to PyTorch's default for --device where the policy leaves it open.
+FsdpSettings memory_settings(const Policy& policy);
 Policy load_policy_file(const std::string& file);
 // Throws InputError when `text` is a model file (zip or pickle) given as a policy.
 void reject_model_file(const std::string& text, const std::string& file);

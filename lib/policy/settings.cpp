@@ -34,6 +34,18 @@ const NameTable<Optimizer>& optimizer_names() {
   return table;
 }
 
+const NameTable<OptimizerImpl>& optimizer_impl_names() {
+  static const NameTable<OptimizerImpl> table(
+      {{"for-loop", OptimizerImpl::ForLoop}, {"foreach", OptimizerImpl::Foreach}, {"fused", OptimizerImpl::Fused}});
+  return table;
+}
+
+OptimizerImpl default_optimizer_impl(const FsdpSettings& settings, ComputeDevice device) {
+  // CPU offload: the optimizer steps the sharded parameters on the host.
+  if (device != ComputeDevice::Cuda || settings.cpu_offload) return OptimizerImpl::ForLoop;
+  return settings.v2() || settings.use_orig_params ? OptimizerImpl::Foreach : OptimizerImpl::ForLoop;
+}
+
 const NameTable<ComputeDevice>& device_names() {
   static const NameTable<ComputeDevice> table({{"cuda", ComputeDevice::Cuda}, {"cpu", ComputeDevice::Cpu}});
   return table;

@@ -16,6 +16,9 @@ namespace fsdp_plan {
 enum class FsdpVersion { V1 = 1, V2 = 2 };
 enum class ShardingStrategy { FullShard, ShardGradOp, NoShard, HybridShard };
 enum class Optimizer { Adam, Sgd, SgdMomentum, None };
+// How torch.optim runs Adam's step (its foreach / fused arguments): what the
+// step's temporaries are. Default: PyTorch's choice (default_optimizer_impl).
+enum class OptimizerImpl { ForLoop, Foreach, Fused };
 // The activation walk (issue 30): the device whose kernels run the step
 // (--device), and the attention kernel SDPA takes (--sdpa; "default": what
 // that device picks). They decide what autograd saves.
@@ -53,6 +56,7 @@ class NameTable {
 
 const NameTable<ShardingStrategy>& strategy_names();  // FULL_SHARD, ... (PyTorch's ShardingStrategy)
 const NameTable<Optimizer>& optimizer_names();        // adam, adamw, sgd, sgd-momentum, none
+const NameTable<OptimizerImpl>& optimizer_impl_names();  // for-loop, foreach, fused
 const NameTable<ComputeDevice>& device_names();      // cuda, cpu
 const NameTable<SdpaKernel>& sdpa_names();           // default, flash, efficient, cudnn, math
 const NameTable<HardwarePreset>& hardware_names();    // h100, h200, a100
@@ -60,6 +64,7 @@ inline const char* strategy_name(ShardingStrategy s) { return strategy_names().n
 inline const char* device_name(ComputeDevice d) { return device_names().name(d); }
 inline const char* sdpa_name(SdpaKernel k) { return sdpa_names().name(k); }
 inline const char* optimizer_name(Optimizer o) { return optimizer_names().name(o); }
+inline const char* optimizer_impl_name(OptimizerImpl i) { return optimizer_impl_names().name(i); }
 inline int version_number(FsdpVersion v) { return static_cast<int>(v); }
 std::optional<FsdpVersion> parse_version(int64_t number);
 
@@ -90,6 +95,8 @@ struct FsdpSettings {
   int64_t shard_group_size = 0;  // HYBRID_SHARD only; 0: one node, see hybrid_group_size
   bool use_orig_params = false;
   Optimizer optimizer = Optimizer::Adam;
+  // fsdp.optimizer_impl, --optimizer-impl; nullopt: PyTorch's default (default_optimizer_impl).
+  std::optional<OptimizerImpl> optimizer_impl;
   // FSDP2 only: the default for non-root calls (the root's is None -> False),
   // and CPUOffloadPolicy.
   ReshardAfterForward reshard_after_forward;
@@ -131,6 +138,19 @@ const std::vector<HardwareField>& hardware_fields();
 // efficiencies in (0, 1], GPUs per node from 1 to kMaxWorldSize. `where`
 // names the setting ("--efficiency", "hardware.compute_efficiency").
 std::string hardware_value_error(const std::string& where, double value, bool efficiency);
+
+// torch.optim's default when neither foreach nor fused is given
+// (torch/optim/optimizer.py: _default_to_fused_or_foreach): foreach when every
+// parameter is on a CUDA device and of a type in _foreach_supported_types,
+// which is exactly Tensor, Parameter and (torch/distributed/tensor/__init__.py)
+// DTensor. FSDP2's DTensors qualify; FSDP1's FlatParameter, a Parameter
+// subclass, does not (the for-loop), unless use_orig_params hands the optimizer
+// the original Parameters. On the CPU (--device cpu, or CPU offload's sharded
+// parameters), the for-loop.
+OptimizerImpl default_optimizer_impl(const FsdpSettings& settings, ComputeDevice device);
+inline OptimizerImpl optimizer_impl(const FsdpSettings& settings, ComputeDevice device) {
+  return settings.optimizer_impl ? *settings.optimizer_impl : default_optimizer_impl(settings, device);
+}
 
 // HYBRID_SHARD's shard group: as set, or one node: the largest divisor of
 // the world size up to 8 (FSDP1 uses the node's device count, which must divide it).

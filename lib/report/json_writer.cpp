@@ -243,6 +243,7 @@ void memory_json(JsonSink& w, const Plan& plan) {
     w.field("shard_group_size", m.shard_group_size);
     w.field("use_orig_params", m.settings.use_orig_params);
     w.field("optimizer", optimizer_name(m.settings.optimizer));
+    w.field("optimizer_impl", optimizer_impl_name(m.settings.optimizer_impl.value_or(OptimizerImpl::ForLoop)));
     w.object_field("per_rank", [&] {
       w.field("params_bytes", r.params_bytes);
       w.field("grads_bytes", r.grads_bytes);

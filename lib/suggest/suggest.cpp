@@ -397,7 +397,7 @@ std::optional<FitAdvice> world_size_advice(const std::vector<const Candidate*>& 
   auto at = [&](const Candidate& c, int64_t w) {
     auto it = known.find({&c, w});
     if (it != known.end()) return it->second;
-    FsdpSettings s = c.policy.fsdp;
+    FsdpSettings s = memory_settings(c.policy);
     s.world_size = w;
     const int64_t need = settings_error(s).empty()
                              ? peak_for(*c.plan, s) + opt.activation_bytes
@@ -500,13 +500,13 @@ std::vector<FitAdvice> fit_advice(const ModuleTree& tree, const std::vector<Cand
       if (!c.policy.fsdp.cpu_offload &&
           r.params_bytes + r.grads_bytes + r.buffers_bytes + opt.activation_bytes > opt.budget_bytes)
         return false;
-      FsdpSettings s = c.policy.fsdp;
+      FsdpSettings s = memory_settings(c.policy);
       s.optimizer = o;
       return peak_for(*c.plan, s) + opt.activation_bytes <= opt.budget_bytes;
     });
     if (fits != ranked.end()) {
       const Candidate& c = **fits;
-      FsdpSettings s = c.policy.fsdp;
+      FsdpSettings s = memory_settings(c.policy);
       s.optimizer = o;
       out.push_back({"optimizer", optimizer_name(o), peak_for(*c.plan, s) + opt.activation_bytes,
                      std::string("fsdp.optimizer: \"") + optimizer_name(o) + "\"", c.label});

@@ -333,12 +333,17 @@ TEST_CASE("fsdp2 memory: a plan prepared once says for each setting what a plan 
   for (int64_t world : {1, 2, 3, 8, 64}) {
     for (Optimizer o : {Optimizer::Adam, Optimizer::Sgd}) {
       for (bool offload : {false, true}) {
-        Policy p = base;
-        p.fsdp.world_size = world;
-        p.fsdp.optimizer = o;
-        p.fsdp.cpu_offload = offload;
-        CAPTURE(world);
-        same(prepared.estimate(p.fsdp), make_plan(b.tree, p, "m.pt").memory);
+        for (std::optional<OptimizerImpl> impl :
+             {std::optional<OptimizerImpl>(), std::optional<OptimizerImpl>(OptimizerImpl::ForLoop),
+              std::optional<OptimizerImpl>(OptimizerImpl::Foreach), std::optional<OptimizerImpl>(OptimizerImpl::Fused)}) {
+          Policy p = base;
+          p.fsdp.world_size = world;
+          p.fsdp.optimizer = o;
+          p.fsdp.cpu_offload = offload;
+          p.fsdp.optimizer_impl = impl;
+          CAPTURE(world);
+          same(prepared.estimate(memory_settings(p)), make_plan(b.tree, p, "m.pt").memory);
+        }
       }
     }
   }
@@ -346,7 +351,7 @@ TEST_CASE("fsdp2 memory: a plan prepared once says for each setting what a plan 
   hybrid.fsdp.world_size = 8;
   hybrid.fsdp.strategy = ShardingStrategy::HybridShard;
   hybrid.fsdp.shard_group_size = 4;
-  same(prepared.estimate(hybrid.fsdp), make_plan(b.tree, hybrid, "m.pt").memory);
+  same(prepared.estimate(memory_settings(hybrid)), make_plan(b.tree, hybrid, "m.pt").memory);
   CHECK(prepared.estimate(hybrid.fsdp, false).timeline.empty());
   hybrid.fsdp.shard_group_size = 3;  // does not divide 8
   CHECK_THROWS_AS(prepared.estimate(hybrid.fsdp), std::invalid_argument);

@@ -4,6 +4,8 @@
 #include <algorithm>
 
 #include "fsdp1/memory.h"
+#include "plan/optimizer_step.h"
+#include "policy/policy.h"
 #include "tree_builder.h"
 
 using namespace fsdp_plan;
@@ -298,4 +300,36 @@ TEST_CASE("keep_low_precision_grads under NO_SHARD keeps the gradient in the red
   // reduce_dtype float32: the all-reduced gradient stays fp32.
   auto fp32 = memory_of(b, mp + R"(, "reduce_dtype": "float32"}})", ranks(2, ShardingStrategy::NoShard));
   CHECK(fp32.per_rank.grads_bytes == 244);
+}
+
+TEST_CASE("optimizer step: Adam's temporaries by how torch.optim runs it") {
+  const std::vector<int64_t> state = {10, 120, 70};  // each parameter's exp_avg_sq on this rank
+  // for-loop: the previous denom beside the next one's two temporaries (the largest moment is
+  // 120 + 2 * 70 = 260, not 10 + 2 * 120 = 250); foreach: one sqrt per parameter, all at once; fused: none.
+  CHECK(adam_step_temp_bytes(state, OptimizerImpl::ForLoop) == 120 + 2 * 70);
+  CHECK(adam_step_temp_bytes(state, OptimizerImpl::Foreach) == 10 + 120 + 70);
+  CHECK(adam_step_temp_bytes(state, OptimizerImpl::Fused) == 0);
+  CHECK(adam_step_temp_bytes({}, OptimizerImpl::ForLoop) == 0);
+}
+
+TEST_CASE("optimizer step: PyTorch's default implementation by device, FSDP version and offload") {
+  FsdpSettings s;  // FSDP1: FlatParameter is not in torch.optim's _foreach_supported_types
+  CHECK(default_optimizer_impl(s, ComputeDevice::Cuda) == OptimizerImpl::ForLoop);
+  s.use_orig_params = true;  // the original Parameters
+  CHECK(default_optimizer_impl(s, ComputeDevice::Cuda) == OptimizerImpl::Foreach);
+  CHECK(default_optimizer_impl(s, ComputeDevice::Cpu) == OptimizerImpl::ForLoop);
+  FsdpSettings v2;
+  v2.version = FsdpVersion::V2;  // DTensor is registered as foreach-supported
+  CHECK(default_optimizer_impl(v2, ComputeDevice::Cuda) == OptimizerImpl::Foreach);
+  v2.cpu_offload = true;  // the step runs on the host's sharded parameters
+  CHECK(default_optimizer_impl(v2, ComputeDevice::Cuda) == OptimizerImpl::ForLoop);
+  // The policy's own choice wins; memory_settings fills in the default for --device.
+  Policy p = parse_policy(R"({"fsdp": {"version": 2, "optimizer_impl": "fused"}})", "p.json");
+  CHECK(memory_settings(p).optimizer_impl == OptimizerImpl::Fused);
+  p.fsdp.optimizer_impl.reset();
+  CHECK(memory_settings(p).optimizer_impl == OptimizerImpl::Foreach);
+  p.activations.device = ComputeDevice::Cpu;
+  CHECK(memory_settings(p).optimizer_impl == OptimizerImpl::ForLoop);
+  CHECK_THROWS_WITH_AS(parse_policy(R"({"fsdp": {"optimizer_impl": "fast"}})", "p.json"),
+                       doctest::Contains("fsdp.optimizer_impl"), std::exception);
 }
