@@ -5,7 +5,8 @@ For each model of actmodels.MODELS (train mode, SDPA, labels so the loss is in t
 shape, world sizes 1 and 8 (rank 0), fp32 and bf16 mixed precision (bf16 parameters for compute,
 fp32 reduce; the model's own parameters stay fp32), with and without activation checkpointing (AC)
 on the decoder layers (actmodels.decoder_layer_classes: the repeated `_no_split_modules`), AdamW
-(foreach=False), two steps; the second is recorded:
+(foreach=False; with --foreach, foreach=True, PyTorch's default on CUDA), two steps; the second is
+recorded:
 
 - FSDP2: `checkpoint_wrapper(layer, preserve_rng_state=False)` put in place of every layer first
   when AC is on (accelerate/utils/fsdp_utils.py: fsdp2_apply_ac; torchtitan's full AC wraps each
@@ -209,7 +210,8 @@ def keep_module(classes_names: List[str], model: nn.Module):
 
 
 def run_case(name: str, batch: int, seq: Optional[int], version: int, world: int, bf16: bool, ac: bool,
-             fake: bool = False, full: Optional[str] = None, layers: Optional[int] = None) -> Dict[str, Any]:
+             fake: bool = False, full: Optional[str] = None, layers: Optional[int] = None,
+             foreach: bool = False) -> Dict[str, Any]:
     t0 = time.perf_counter()
     init_fake(world)
     mesh = init_device_mesh("cpu", (world,))
@@ -249,7 +251,7 @@ def run_case(name: str, batch: int, seq: Optional[int], version: int, world: int
                                                                      checkpoint_impl=CheckpointImpl.NO_REENTRANT),
                     check_fn=lambda m: isinstance(m, classes))
         params = [p for p in wrapped.parameters() if p.requires_grad]
-        optim = torch.optim.AdamW(params, lr=1e-3, foreach=False)
+        optim = torch.optim.AdamW(params, lr=1e-3, foreach=foreach)
         if full:
             g = torch.Generator().manual_seed(0)
             kwargs = {"input_ids": torch.randint(3, 1000, (batch, seq), generator=g),
@@ -270,6 +272,9 @@ def run_case(name: str, batch: int, seq: Optional[int], version: int, world: int
     res.update(model=full or name, batch=batch, seq=seq, fsdp=version, world=world,
                dtype="bfloat16" if bf16 else "float32", ac=ac, layer_classes=names,
                fake_tensors=fake, seconds=round(time.perf_counter() - t0, 2))
+    if foreach:
+        res["optimizer_impl"] = "foreach"
+
     return res
 
 
@@ -303,6 +308,8 @@ def main() -> int:
     ap.add_argument("--layers", type=int, help="--headline: keep only the first N decoder layers")
     ap.add_argument("--seq", type=int, default=4096, help="--headline: sequence length (batch 1)")
     ap.add_argument("--ac", action="store_true", help="--headline: with activation checkpointing")
+    ap.add_argument("--foreach", action="store_true",
+                    help="AdamW(foreach=True), PyTorch's default on CUDA, in place of the for-loop; keys end in /foreach")
     args = ap.parse_args()
     cases: Dict[str, Any] = {}
     if args.headline:
@@ -325,9 +332,10 @@ def main() -> int:
             if (args.fsdp and version != args.fsdp) or (args.ac_only is not None and ac != args.ac_only):
                 continue
             try:
-                res = run_case(name, b, s, version, world, bf16, ac)
+                res = run_case(name, b, s, version, world, bf16, ac, foreach=args.foreach)
             except Exception as e:  # recorded, so that one refusal does not lose the others
                 res = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+            key = key + "/foreach" if args.foreach else key
             cases[key] = res
             print(f"{key}: peak {res.get('peak_bytes')} {json.dumps(res.get('peak', res), sort_keys=True)} "
                   f"{res.get('seconds')} s", file=sys.stderr)

@@ -40,6 +40,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 TOLERANCE_SAVED = 0.02
 TOLERANCE_PEAK = 0.05
 TOLERANCE_SMALL = 0.05  # per case (measured: max 2.5% FSDP1, 2.6% FSDP2; README "The small-model peak")
+# The foreach cases (refs/peak_foreach.json): the step's temporaries are the whole sharded model, so
+# the for-loop's model is 2-3% off at world size 1 (measured: all 24 within 0.23%; the for-loop model at world 1, e.g. llama FSDP2, is -2.2%).
+TOLERANCE_FOREACH = 0.01
 MEDIAN_SMALL = 0.02     # per FSDP version (measured: 0.0% FSDP1, 0.1% FSDP2)
 HEADLINES = [("headline_8b_4layers.json", "llama3_8b_4l_b1s4096_fp32_plain.pt2", True),
              ("headline_8b_noac.json", "llama3_8b_b1s4096_fp32_plain.pt2", False),
@@ -151,13 +154,17 @@ def policy_for(case: Dict[str, Any]) -> Dict[str, Any]:
         pol["mixed_precision"] = {"param_dtype": "bfloat16", "reduce_dtype": "float32"}
     if case["ac"]:
         pol["activation_checkpointing"] = {"module_classes": case["layer_classes"]}
+    if case.get("optimizer_impl"):
+        pol["fsdp"]["optimizer_impl"] = case["optimizer_impl"]
     return pol
 
 
-def check_peak(binary: str, exports: str, manifest: List[Dict[str, Any]], path: str, k: Optional[str], jobs: int,
-               summary: Dict[str, Any]) -> List[str]:
-    with open(path) as f:
-        cases = json.load(f)["cases"]
+def check_peak(binary: str, exports: str, manifest: List[Dict[str, Any]], paths: List[str], k: Optional[str],
+               jobs: int, summary: Dict[str, Any]) -> List[str]:
+    cases: Dict[str, Any] = {}
+    for path in paths:
+        with open(path) as f:
+            cases.update(json.load(f)["cases"])
     by_stem = {e["file"][:-4]: e for e in manifest}
     work = []
     failures: List[str] = []
@@ -195,7 +202,8 @@ def check_peak(binary: str, exports: str, manifest: List[Dict[str, Any]], path: 
             pr = plan["memory"]["per_rank"]
             got, want = pr["peak_bytes"], c["peak_bytes"]
             r = rel(got, want)
-            tol = TOLERANCE_PEAK if c.get("headline") else TOLERANCE_SMALL
+            tol = TOLERANCE_PEAK if c.get("headline") else TOLERANCE_FOREACH if key.endswith("/foreach") \
+                else TOLERANCE_SMALL
             summary[key] = {"plan_peak_bytes": got, "tracker_peak_bytes": want, "rel": r, "tolerance": tol,
                             "plan_activation_bytes": pr.get("activation_bytes"),
                             "plan_peak_phase": plan["memory"].get("peak", {}).get("phase"),
@@ -226,7 +234,9 @@ def main() -> int:
     ap.add_argument("--saved", action="store_true")
     ap.add_argument("--peak", action="store_true")
     ap.add_argument("--eager", default=os.path.join(HERE, "refs", "saved_eager.json"))
-    ap.add_argument("--peak-ref", default=os.path.join(HERE, "refs", "peak_small.json"))
+    # peak_foreach.json: the same cases with AdamW(foreach=True), PyTorch's default on CUDA.
+    ap.add_argument("--peak-ref", nargs="+", default=[os.path.join(HERE, "refs", "peak_small.json"),
+                                                      os.path.join(HERE, "refs", "peak_foreach.json")])
     ap.add_argument("-k")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--summary", help="write the per-case comparison as JSON here")

@@ -254,7 +254,7 @@ def plan_of(binary, model_file, policy, tmp):
 def run_case(binary, name, mesh_spec, bf16, model_file, tmp, verbose):
     builder, make_input, base_policy = MODELS[name][:3]
     mesh_name, world, group = mesh_spec
-    fsdp = {"version": 2, "world_size": world, "optimizer": "adamw"}
+    fsdp = {"version": 2, "world_size": world, "optimizer": "adamw", "optimizer_impl": "for-loop"}
     if group > 1:
         fsdp.update({"sharding_strategy": "HYBRID_SHARD", "shard_group_size": group})
     policy = dict(base_policy, fsdp=fsdp)
@@ -491,7 +491,8 @@ def check_size_fix(binary, tmp):
     torch.manual_seed(0)
     model_file = os.path.join(tmp, "moe_size.pt")
     torch.jit.save(torch.jit.script(MoE()), model_file)
-    policy = {"min_num_params": 1000, "fsdp": {"version": 2, "world_size": 8, "optimizer": "adamw"}}
+    policy = {"min_num_params": 1000, "fsdp": {"version": 2, "world_size": 8, "optimizer": "adamw",
+                                                   "optimizer_impl": "for-loop"}}
     plan = plan_of(binary, model_file, policy, tmp)
     refused = [w for w in plan["warnings"] if w["kind"] == "fsdp2_container"]
     want = ["blocks", "blocks.0.experts", "blocks.1.experts"]

@@ -49,7 +49,7 @@ def policy_for(case: dict) -> dict:
     tp = case["tp"]
     layer = "Block" if case["model"] == "sp_decoder" else test_tp_plan.LAYER_CLASS[case["model"]]
     pol = {"module_classes": [layer],
-           "fsdp": {"version": 2, "world_size": 2 * tp, "optimizer": "adamw"}}
+           "fsdp": {"version": 2, "world_size": 2 * tp, "optimizer": "adamw", "optimizer_impl": "for-loop"}}
     if tp > 1:
         pol["tensor_parallel"] = {"degree": tp, "plan": case["plan"], "mesh": {"dp_shard": 2}}
     return pol

@@ -74,7 +74,8 @@ def policy_for(case: dict) -> dict:
     mesh = case["mesh"]
     tp = {"degree": mesh["tp"], "plan": case["plan"], "mesh": {k: v for k, v in mesh.items() if k != "tp"}}
     return {"module_classes": [LAYER_CLASS[case["model"]]],
-            "fsdp": {"version": 2, "world_size": case["world_size"], "optimizer": "adamw"},
+            "fsdp": {"version": 2, "world_size": case["world_size"], "optimizer": "adamw",
+                     "optimizer_impl": "for-loop"},
             "tensor_parallel": tp}
 
 
