@@ -156,17 +156,31 @@ std::string unit_compute_dtype(const Plan& plan, const Unit& u) {
   return widest;
 }
 
-// Bytes the optimizer step reads and writes per trainable element of the fp32
-// shard: AdamW reads param, grad, exp_avg, exp_avg_sq and writes param,
-// exp_avg, exp_avg_sq (7 x 4); SGD with momentum 5 x 4; SGD 3 x 4.
-int optimizer_bytes_per_param(Optimizer o) {
+// Bytes of HBM the optimizer step moves per trainable element of the fp32
+// shard, op by op as torch.optim runs it (torch/optim/adam.py, sgd.py).
+// AdamW's for-loop (_single_tensor_adam) and foreach (_multi_tensor_adam)
+// run the same eight elementwise passes: param.mul_(1 - lr * wd) 8,
+// exp_avg.lerp_(grad) 12, exp_avg_sq.mul_(beta2) 8, .addcmul_(grad, grad) 16,
+// sqrt(exp_avg_sq) 8, .div_(bias_correction2_sqrt) 8, .add_(eps) 8,
+// param.addcdiv_(exp_avg, denom) 16: 84 B (76 without weight decay). Fused
+// (_fused_adam) is one kernel: read param, grad, exp_avg, exp_avg_sq, write
+// param, exp_avg, exp_avg_sq: 28 B. Measured on an H200 (bench/gpu_check.py,
+// foreach AdamW on 1.92e9 elements): 42.5 ms, 84 B at 0.79 of the HBM peak.
+// SGD with momentum: buf.mul_ 8, .add_(grad) 12, param.add_(buf) 12 (fused
+// 20); plain SGD: param.add_(grad) 12.
+int optimizer_bytes_per_param(Optimizer o, OptimizerImpl impl) {
+  const bool fused = impl == OptimizerImpl::Fused;
   switch (o) {
-    case Optimizer::Adam: return 28;
-    case Optimizer::SgdMomentum: return 20;
+    case Optimizer::Adam: return fused ? 28 : 84;
+    case Optimizer::SgdMomentum: return fused ? 20 : 32;
     case Optimizer::Sgd: return 12;
     case Optimizer::None: return 0;
   }
-  return 28;
+  return 84;
+}
+
+int optimizer_bytes_per_param(const FsdpSettings& s) {
+  return optimizer_bytes_per_param(s.optimizer, s.optimizer_impl.value_or(OptimizerImpl::ForLoop));
 }
 
 std::string fmt(const char* format, double v) {
@@ -218,8 +232,10 @@ std::vector<std::string> assumptions(const Plan& plan, const StepTime& t) {
                   ", counted as FlopCounterMode counts (matmul-like ops only, causal attention in full); compute at " +
                   fmt("%g", hw.compute_efficiency) + " of the " + t.compute_dtype + " peak");
     const FsdpSettings& s = plan.memory.settings;
-    out.push_back(std::string("optimizer: ") + optimizer_name(s.optimizer) + " on the shards, memory-bound (" +
-                  std::to_string(optimizer_bytes_per_param(s.optimizer)) + " B per trainable element at " +
+    out.push_back(std::string("optimizer: ") + optimizer_name(s.optimizer) + " (" +
+                  optimizer_impl_name(s.optimizer_impl.value_or(OptimizerImpl::ForLoop)) +
+                  ") on the shards, memory-bound (" + std::to_string(optimizer_bytes_per_param(s)) +
+                  " B per trainable element at " +
                   fmt("%g", hw.memory_efficiency) + " of the HBM peak)" +
                   (s.cpu_offload ? "; CPU offload's optimizer step on the CPU is not modelled" : ""));
   } else {
@@ -565,7 +581,7 @@ StepTime estimate_step_time(const Plan& plan, const HardwareFigures& hw, const F
     t.backward_end_s = backward_end;
     for (const UnitTime& u : t.units) t.compute_s += u.forward_compute_s + u.backward_compute_s;
     for (const UnitComm& u : comm.units) t.optimizer_trainable_shard_numel += u.trainable_shard_numel;
-    const int per = optimizer_bytes_per_param(plan.memory.settings.optimizer);
+    const int per = optimizer_bytes_per_param(plan.memory.settings);
     t.optimizer_s = static_cast<double>(t.optimizer_trainable_shard_numel * per) /
                     (hw.hbm_bytes_per_s * hw.memory_efficiency);
     t.step_s = backward_end + t.optimizer_s;

@@ -50,9 +50,10 @@ class Assumptions:
     base_latency_s: float = 8.4e-6
     intra_step_latency_s: float = 3.4e-6
     inter_step_latency_s: float = 14e-6
-    # AdamW on the sharded fp32 parameters: read param, grad, exp_avg, exp_avg_sq; write param,
-    # exp_avg, exp_avg_sq (7 x 4 bytes per trainable parameter element).
-    optimizer_bytes_per_param: int = 28
+    # AdamW on the sharded fp32 parameters as torch.optim's for-loop and foreach paths run it
+    # (torch/optim/adam.py): eight elementwise passes, 84 bytes per trainable element
+    # (lib/time/step_time.cpp optimizer_bytes_per_param; fused: 28). Every check here is non-fused.
+    optimizer_bytes_per_param: int = 84
     cpu_ahead: bool = True  # the CPU issues kernels and collectives before the GPU needs them
 
 
