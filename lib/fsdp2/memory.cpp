@@ -401,6 +401,11 @@ MemoryPlan Fsdp2Memory::estimate(const FsdpSettings& settings, bool timeline) co
     } else {
       live.reduce_scatter -= g.rs_output;
       live.grads_sharded += g.grads_sharded;
+      // foreach_reduce frees the unsharded gradients after the copy-in, then
+      // allocates the output beside the input (_fsdp_collectives.py): at world
+      // size 1 the output is the input's size, more than the bf16 gradients
+      // freed (an H200 run, bench/gpu_check.py, showed the plan 2 GiB low).
+      consider("backward", j);
     }
     rs_retained = g.rs_input;
   };
