@@ -162,9 +162,23 @@ class Walker {
     for (int32_t i = 0; i < n; ++i) node(i);
     for (int32_t t : g_.outputs) {
       if (t < 0 || static_cast<size_t>(t) >= meta_.size() || meta_[static_cast<size_t>(t)].storage < 0) continue;
-      Storage& s = storages_[static_cast<size_t>(meta_[static_cast<size_t>(t)].storage)];
+      const int32_t storage = meta_[static_cast<size_t>(t)].storage;
+      Storage& s = storages_[static_cast<size_t>(storage)];
       s.output = true;
       s.last_use = std::max(s.last_use, n - 1);
+      // A retyped upcast returned as an output: in the fp32 export `logits.float()`
+      // was a no-op, so the graph returns the upcast; the bf16 run returns the
+      // bf16 logits and frees the upcast after the loss (transformers'
+      // ForCausalLMLoss). Hold the source to the end too (an H200 run,
+      // bench/gpu_check.py: the forward's peak was one bf16 logits low).
+      if (auto it = upcast_source_.find(storage); it != upcast_source_.end()) {
+        const int32_t source = meta_[static_cast<size_t>(it->second)].storage;
+        if (source >= 0) {
+          Storage& src = storages_[static_cast<size_t>(source)];
+          src.output = true;
+          src.last_use = std::max(src.last_use, n - 1);
+        }
+      }
     }
     find_loss();
     summarise();
