@@ -264,7 +264,7 @@ def gpu_steps(cfg, ac: bool, batch: int, seq: int, steps: int, warmup: int, devi
                "allocated_at_start": at_start}
     finally:
         # FSDP's hooks hold reference cycles (measure_rows runs each row in a process of its own anyway).
-        del model, optim, step
+        model = optim = step = None  # the closure's cells too: nothing of this row stays referenced
         gc.collect()
         if cuda:
             torch.cuda.empty_cache()
@@ -273,7 +273,6 @@ def gpu_steps(cfg, ac: bool, batch: int, seq: int, steps: int, warmup: int, devi
 
 def measure_row(cfg, r: Dict[str, Any], steps: int, warmup: int, device: str) -> Dict[str, Any]:
     """The GPU part of one planned row; a failure (out of memory, say) is kept as the row's error."""
-    import torch
     try:
         return gpu_steps(cfg, r["ac"], r["batch"], r["seq"], steps, warmup, device)
     except Exception as e:
