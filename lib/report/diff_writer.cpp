@@ -99,7 +99,7 @@ ojson side_json(const DiffSide& s) {
 std::string diff_summary(const PlanDiff& d) {
   if (d.equal()) return "no difference";
   std::vector<std::string> parts;
-  if (d.old_schema != d.new_schema) parts.push_back("schema_version changed");
+  if (!same_compared_fields(d.old_schema, d.new_schema)) parts.push_back("schema_version changed");
   if (!d.model.empty()) parts.push_back("model changed");
   if (!d.policy.empty()) parts.push_back(plural(d.policy.size(), "policy field") + " changed");
   std::vector<std::string> units;

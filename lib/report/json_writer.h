@@ -1,5 +1,5 @@
-// The plan as JSON (schema_version 1). Field names are a contract that CI
-// jobs and jq pipelines rely on: add fields, never rename or repurpose one.
+// The plan as JSON (schema_version 2, docs/plan-format.md). Field names are a contract that CI
+// jobs and jq pipelines rely on: add fields; a field that changes meaning or goes raises the version.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -9,7 +9,7 @@
 
 namespace fsdp_plan {
 
-constexpr int kPlanSchemaVersion = 1;
+constexpr int kPlanSchemaVersion = 2;
 
 // The plan, one object, to `w`: a JsonTextSink writes it as it goes (its
 // bytes those of plan_to_json(plan).dump(1)), a JsonValueSink builds it.

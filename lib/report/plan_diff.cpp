@@ -129,8 +129,15 @@ UnitSummary summarize(const json& u) {
 
 }  // namespace
 
+bool same_compared_fields(int old_schema, int new_schema) {
+  // Version 2 changed only "comm" and "time" (docs/plan-format.md, "Changes
+  // from version 1"), which the diff does not compare (kNotPlan).
+  const auto v1_or_v2 = [](int v) { return v == 1 || v == 2; };
+  return old_schema == new_schema || (v1_or_v2(old_schema) && v1_or_v2(new_schema));
+}
+
 bool PlanDiff::equal() const {
-  return old_schema == new_schema && model.empty() && policy.empty() && units_added.empty() &&
+  return same_compared_fields(old_schema, new_schema) && model.empty() && policy.empty() && units_added.empty() &&
          units_removed.empty() && units_changed.empty() && params_moved.empty() && params_added.empty() &&
          params_removed.empty() && params_changed.empty() && warnings_appeared.empty() &&
          warnings_gone.empty() && other.empty();
@@ -393,7 +400,9 @@ PlanDiff diff_plans(const json& a, const json& b) {
   }
   if (d.old_schema != d.new_schema)
     d.notes.push_back("schema_version " + std::to_string(d.old_schema) + " -> " + std::to_string(d.new_schema) +
-                      ": some fields changed meaning, so the plans count as different");
+                      (same_compared_fields(d.old_schema, d.new_schema)
+                           ? ": the versions differ only in comm and time, which diff does not compare"
+                           : ": some fields changed meaning, so the plans count as different"));
   return d;
 }
 

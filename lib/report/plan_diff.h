@@ -60,6 +60,12 @@ struct PlanDiff {
   bool equal() const;
 };
 
+// Whether plans of these schema versions have the fields diff compares in
+// common, with one meaning: the same version, or versions 1 and 2 (which
+// differ only in "comm" and "time"). Otherwise a version change alone makes
+// two plans different.
+bool same_compared_fields(int old_schema, int new_schema);
+
 // Empty if `doc` has the shape of a plan (the fields the diff reads), else
 // what is wrong with it.
 std::string plan_shape_error(const nlohmann::json& doc);

@@ -1,5 +1,6 @@
 #include "report/time_json.h"
 
+#include <array>
 #include <optional>
 
 #include "util/strings.h"
@@ -7,19 +8,58 @@
 namespace fsdp_plan {
 namespace {
 
-// A figure the estimate has only when it knows the FLOPs: null otherwise.
-template <class T>
-std::optional<T> known_or_null(bool known, T x) {
-  return known ? std::optional<T>(x) : std::nullopt;
+// Fields that exist only with CPU offload: the host copies (FSDP2's
+// CPUOffloadPolicy; zero in every other plan, so absent there).
+bool offloads(const Plan& plan) { return plan.memory.settings.cpu_offload; }
+
+// The process groups a list of collectives runs on, in the order of first
+// use (comm.groups): `index[i]` is collective i's group, `first[k][kind]`
+// the first collective of that kind on group k (-1: none).
+struct Groups {
+  std::vector<RankGroup> groups;
+  std::vector<int> index;
+  std::vector<std::array<long, 3>> first;
+};
+
+Groups groups_of(const std::vector<Collective>& colls) {
+  Groups g;
+  g.index.reserve(colls.size());
+  for (size_t i = 0; i < colls.size(); ++i) {
+    const RankGroup& group = colls[i].group;
+    size_t k = i > 0 && g.groups[static_cast<size_t>(g.index.back())] == group ? static_cast<size_t>(g.index.back()) : 0;
+    while (k < g.groups.size() && !(g.groups[k] == group)) ++k;
+    if (k == g.groups.size()) {
+      g.groups.push_back(group);
+      g.first.push_back({-1, -1, -1});
+    }
+    g.index.push_back(static_cast<int>(k));
+    long& first = g.first[k][static_cast<size_t>(colls[i].kind)];
+    if (first < 0) first = static_cast<long>(i);
+  }
+  return g;
 }
 
-const char* link_name(const CollectiveTime& t, const Collective& c) {
-  if (c.group.size <= 1) return "none";
-  return t.inter_node ? "inter_node" : "intra_node";
+// Group k's figures in the estimate: the nodes it spans and each kind's ring
+// latency on it (docs/time-model.md section 2). A collective's seconds are
+// that latency, its bytes over the link, and CPU offload's copy.
+void group_time_json(JsonSink& w, const Groups& g, size_t k, const std::vector<CollectiveTime>& times) {
+  const CollectiveKind kinds[] = {CollectiveKind::AllGather, CollectiveKind::ReduceScatter, CollectiveKind::AllReduce};
+  w.object([&] {
+    int64_t nodes = 1;
+    for (const long i : g.first[k])
+      if (i >= 0) nodes = times[static_cast<size_t>(i)].nodes;
+    w.field("nodes", nodes);
+    w.object_field("latency_s", [&] {
+      for (CollectiveKind kind : kinds)
+        if (const long i = g.first[k][static_cast<size_t>(kind)]; i >= 0)
+          w.field(collective_name(kind), times[static_cast<size_t>(i)].latency_s);
+    });
+  });
 }
 
-// comm.collectives[i]: one collective of the step, in issue order.
-void comm_collective_json(JsonSink& w, const Plan& plan, size_t i) {
+// comm.collectives[i]: one collective of the step, in issue order; its
+// estimate under "time".
+void collective_json(JsonSink& w, const Plan& plan, size_t i, int group, bool offload) {
   const Collective& x = plan.comm.collectives[i];
   w.object([&] {
     w.field("unit", x.unit);
@@ -27,27 +67,16 @@ void comm_collective_json(JsonSink& w, const Plan& plan, size_t i) {
     w.field("phase", phase_name(x.phase));
     w.field("cause", x.cause);
     w.field("bytes", x.bytes);
-    w.field("numel", x.numel);
     w.field("dtype", x.dtype);
-    w.field("group_size", x.group.size);
-    w.field("group_stride", x.group.stride);
-    w.field("host_copy_bytes", x.host_copy_bytes);
-  });
-}
-
-// time.collectives[i]: what the model says collective i costs, and when it runs.
-void time_collective_json(JsonSink& w, const Plan& plan, size_t i) {
-  const CollectiveTime& c = plan.time.collectives[i];
-  const bool f = plan.time.flops_known;
-  w.object([&] {
-    w.field("seconds", c.seconds);
-    w.field("latency_s", c.latency_s);
-    w.field("bandwidth_s", c.bandwidth_s);
-    w.field("host_copy_s", c.host_copy_s);
-    w.field("nodes", c.nodes);
-    w.field("link", link_name(c, plan.comm.collectives[i]));
-    w.field("start_s", known_or_null(f, c.start));
-    w.field("end_s", known_or_null(f, c.end));
+    w.field("group", group);
+    if (offload) w.field("host_copy_bytes", x.host_copy_bytes);
+    if (plan.time.computed) {
+      const CollectiveTime& c = plan.time.collectives[i];
+      w.object_field("time", [&] {
+        w.field("seconds", c.seconds);
+        if (offload) w.field("host_copy_s", c.host_copy_s);
+      });
+    }
   });
 }
 
@@ -59,7 +88,7 @@ void time_span_json(JsonSink& w, const Plan& plan, size_t i) {
         s.compute ? "compute" : collective_name(plan.comm.collectives[static_cast<size_t>(s.collective)].kind);
     w.field("what", what);
     w.field("unit", s.unit);
-    w.field("collective", s.compute ? std::nullopt : std::optional<int>(s.collective));
+    if (!s.compute) w.field("collective", s.collective);
     w.field("phase", s.backward ? "backward" : "forward");
     w.field("start_s", s.start);
     w.field("end_s", s.end);
@@ -67,22 +96,28 @@ void time_span_json(JsonSink& w, const Plan& plan, size_t i) {
 }
 
 // comm.tensor_parallel: tensor parallelism's collectives (CommPlan::tp), each
-// with the module whose activations it moves and the mesh dimension it runs on.
+// with the module whose activations it moves; all on the tp group.
 void tp_comm_json(JsonSink& w, const Plan& plan) {
   const TpComm& tp = plan.comm.tp;
+  const bool timed = plan.time.computed;
   int64_t bytes = 0;
   for (const Collective& x : tp.collectives) bytes += x.bytes;
   w.object([&] {
     w.field("sizes_known", tp.sizes_known);
-    w.field("unknown_reason", tp.sizes_known ? std::nullopt : std::optional<std::string>(tp.unknown_reason));
+    if (!tp.sizes_known) w.field("unknown_reason", tp.unknown_reason);
     w.field("mesh_dim", "tp");
     w.field("group_size", tp.group.size);
     w.field("group_stride", tp.group.stride);
-    w.field("calls", known_or_null(tp.sizes_known, tp.collectives.size()));
-    w.field("bytes", known_or_null(tp.sizes_known, bytes));
+    if (timed && !tp.collectives.empty()) {
+      w.key("time");
+      group_time_json(w, groups_of(tp.collectives), 0, plan.time.tp_collectives);
+    }
+    w.field("calls", tp.sizes_known ? std::optional<size_t>(tp.collectives.size()) : std::nullopt);
+    w.field("bytes", tp.sizes_known ? std::optional<int64_t>(bytes) : std::nullopt);
     w.field("not_modelled", tp.not_modelled);
     w.array_field("collectives", [&] {
-      for (const Collective& x : tp.collectives)
+      for (size_t i = 0; i < tp.collectives.size(); ++i) {
+        const Collective& x = tp.collectives[i];
         w.object([&] {
           w.field("unit", x.unit);
           w.field("module", path_or_root(plan.tree->path(x.module)));
@@ -90,31 +125,8 @@ void tp_comm_json(JsonSink& w, const Plan& plan) {
           w.field("phase", phase_name(x.phase));
           w.field("cause", x.cause);
           w.field("bytes", x.bytes);
-          w.field("numel", x.numel);
           w.field("dtype", x.dtype);
-          w.field("mesh_dim", "tp");
-          w.field("group_size", x.group.size);
-          w.field("group_stride", x.group.stride);
-        });
-    });
-  });
-}
-
-// time.tensor_parallel: their times, parallel to comm.tensor_parallel.collectives.
-void tp_time_json(JsonSink& w, const Plan& plan) {
-  const StepTime& t = plan.time;
-  w.object([&] {
-    w.field("blocking", true);
-    w.field("comm_s", t.tp_comm_s);
-    w.array_field("collectives", [&] {
-      for (size_t i = 0; i < t.tp_collectives.size(); ++i) {
-        const CollectiveTime& c = t.tp_collectives[i];
-        w.object([&] {
-          w.field("seconds", c.seconds);
-          w.field("latency_s", c.latency_s);
-          w.field("bandwidth_s", c.bandwidth_s);
-          w.field("nodes", c.nodes);
-          w.field("link", link_name(c, plan.comm.tp.collectives[i]));
+          if (timed) w.object_field("time", [&] { w.field("seconds", plan.time.tp_collectives[i].seconds); });
         });
       }
     });
@@ -130,8 +142,10 @@ void unit_comm_json(JsonSink& w, const Plan& plan, size_t i) {
     w.field("all_gather_backward_bytes", u.all_gather_backward_bytes);
     w.field("reduce_scatter_bytes", u.reduce_scatter_bytes);
     w.field("all_reduce_bytes", u.all_reduce_bytes);
-    w.field("host_to_device_bytes", u.host_to_device_bytes);
-    w.field("device_to_host_bytes", u.device_to_host_bytes);
+    if (offloads(plan)) {
+      w.field("host_to_device_bytes", u.host_to_device_bytes);
+      w.field("device_to_host_bytes", u.device_to_host_bytes);
+    }
     w.field("calls", u.calls);
   });
 }
@@ -144,24 +158,26 @@ void unit_time_json(JsonSink& w, const Plan& plan, size_t i) {
     w.field("all_gather_s", u.all_gather_s);
     w.field("reduce_scatter_s", u.reduce_scatter_s);
     w.field("all_reduce_s", u.all_reduce_s);
-    w.field("host_copy_s", u.host_copy_s);
-    w.field("forward_flops", known_or_null(f, u.forward_flops));
-    w.field("backward_flops", known_or_null(f, u.backward_flops));
-    w.field("forward_compute_s", known_or_null(f, u.forward_compute_s));
-    w.field("backward_compute_s", known_or_null(f, u.backward_compute_s));
+    if (offloads(plan)) w.field("host_copy_s", u.host_copy_s);
+    if (f) {
+      w.field("forward_flops", u.forward_flops);
+      w.field("backward_flops", u.backward_flops);
+      w.field("forward_compute_s", u.forward_compute_s);
+      w.field("backward_compute_s", u.backward_compute_s);
+    }
     w.field("exposed_forward_s", u.exposed_forward_s);
     w.field("exposed_backward_s", u.exposed_backward_s);
     w.field("exposed_tail_s", u.exposed_tail_s);
-    w.field("exposed_s", u.exposed_s());
-    if (plan.comm.tp.planned) {  // 2-D plans only: the unit's blocking TP collectives
-      w.field("tp_forward_s", known_or_null(f, u.tp_forward_s));
-      w.field("tp_backward_s", known_or_null(f, u.tp_backward_s));
+    if (f && plan.comm.tp.planned) {  // 2-D plans with FLOPs: the unit's blocking TP collectives
+      w.field("tp_forward_s", u.tp_forward_s);
+      w.field("tp_backward_s", u.tp_backward_s);
     }
   });
 }
 
 void comm_json(JsonSink& w, const Plan& plan) {
   const CommPlan& c = plan.comm;
+  const bool offload = offloads(plan);
   int64_t ag_f = 0, ag_b = 0, rs = 0, ar = 0, h2d = 0, d2h = 0;
   for (const Collective& x : c.collectives) {
     switch (x.kind) {
@@ -170,6 +186,7 @@ void comm_json(JsonSink& w, const Plan& plan) {
       case CollectiveKind::AllReduce: ar += x.bytes; d2h += x.host_copy_bytes; break;
     }
   }
+  const Groups groups = groups_of(c.collectives);
   w.object([&] {
     w.object_field("per_step", [&] {
       w.object_field("all_gather", [&] {
@@ -184,8 +201,19 @@ void comm_json(JsonSink& w, const Plan& plan) {
     });
     w.field("rank", 0);
     w.field("notes", c.notes);
+    w.array_field("groups", [&] {
+      for (size_t k = 0; k < groups.groups.size(); ++k)
+        w.object([&] {
+          w.field("size", groups.groups[k].size);
+          w.field("stride", groups.groups[k].stride);
+          if (plan.time.computed) {
+            w.key("time");
+            group_time_json(w, groups, k, plan.time.collectives);
+          }
+        });
+    });
     w.array_field("collectives", [&] {
-      for (size_t i = 0; i < c.collectives.size(); ++i) comm_collective_json(w, plan, i);
+      for (size_t i = 0; i < c.collectives.size(); ++i) collective_json(w, plan, i, groups.index[i], offload);
     });
     if (c.tp.planned) {
       w.key("tensor_parallel");
@@ -198,22 +226,22 @@ void time_json(JsonSink& w, const Plan& plan) {
   const StepTime& t = plan.time;
   const HardwareFigures& h = t.hardware;
   const bool f = t.flops_known;
+  // Null without FLOPs: the figures the estimate has only when it knows them.
+  const auto known = [f](auto x) { return f ? std::optional<decltype(x)>(x) : std::nullopt; };
   w.object([&] {
     w.field("estimate", true);
     w.field("flops_known", f);
-    w.field("flops_source", known_or_null(f, t.flops_source));
-    w.field("step_s", known_or_null(f, t.step_s));
-    w.field("compute_s", known_or_null(f, t.compute_s));
+    w.field("flops_source", known(t.flops_source));
+    w.field("step_s", known(t.step_s));
+    w.field("compute_s", known(t.compute_s));
     w.field("exposed_comm_s", t.exposed_comm_s);
-    w.field("optimizer_s", known_or_null(f, t.optimizer_s));
+    w.field("optimizer_s", known(t.optimizer_s));
     w.field("comm_s", t.comm_s);
     w.field("channel_s", t.channel_s);
-    w.field("forward_end_s", known_or_null(f, t.forward_end_s));
-    w.field("backward_compute_end_s", known_or_null(f, t.backward_compute_end_s));
-    w.field("backward_end_s", known_or_null(f, t.backward_end_s));
-    w.field("optimizer_trainable_shard_numel", known_or_null(f, t.optimizer_trainable_shard_numel));
-    w.field("compute_dtype", known_or_null(f, t.compute_dtype));
-    w.field("compute_peak_flops", known_or_null(f, t.compute_peak_flops));
+    w.field("forward_end_s", known(t.forward_end_s));
+    w.field("backward_compute_end_s", known(t.backward_compute_end_s));
+    w.field("optimizer_trainable_shard_numel", known(t.optimizer_trainable_shard_numel));
+    w.field("compute_dtype", known(t.compute_dtype));
     w.object_field("hardware", [&] {
       w.field("preset", h.preset);
       w.field("name", h.name);
@@ -233,16 +261,14 @@ void time_json(JsonSink& w, const Plan& plan) {
       w.field("overridden", h.overridden);
     });
     w.field("assumptions", t.assumptions);
-    w.array_field("collectives", [&] {
-      for (size_t i = 0; i < t.collectives.size(); ++i) time_collective_json(w, plan, i);
-    });
     w.array_field("timeline", [&] {
       for (size_t i = 0; i < t.timeline.size(); ++i) time_span_json(w, plan, i);
     });
-    if (plan.comm.tp.planned) {
-      w.key("tensor_parallel");
-      tp_time_json(w, plan);
-    }
+    if (plan.comm.tp.planned)
+      w.object_field("tensor_parallel", [&] {
+        w.field("blocking", true);
+        w.field("comm_s", t.tp_comm_s);
+      });
   });
 }
 

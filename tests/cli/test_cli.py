@@ -59,7 +59,7 @@ class PlanOutput(Scratch):
         r = run(GPT, "--policy", os.path.join(POLICIES, "transformer.json"), "--format", "json")
         self.assertEqual(r.returncode, 0, r.stderr)
         plan = json.loads(r.stdout)
-        self.assertEqual(plan["schema_version"], 1)
+        self.assertEqual(plan["schema_version"], 2)
         for key in ("path", "root_class", "num_modules", "param_numel", "buffer_numel"):
             self.assertIn(key, plan["model"])
         self.assertEqual([u["path"] for u in plan["units"]], ["", "blocks.0", "blocks.1", "blocks.2"])
@@ -85,14 +85,14 @@ class PlanOutput(Scratch):
         r = run(GPT, "-f", "json", "-o", out)
         self.assertEqual((r.returncode, r.stdout), (0, ""), r.stderr)
         with open(out) as f:
-            self.assertEqual(json.load(f)["schema_version"], 1)
+            self.assertEqual(json.load(f)["schema_version"], 2)
         self.assertEqual(os.listdir(self.tmp), ["plan.json"])  # no temporary left behind
         # A failing run leaves the old file as it was.
         bad = self.write("bad.json", "{")
         r = run(GPT, "--policy", bad, "-o", out)
         self.assertEqual(r.returncode, 2)
         with open(out) as f:
-            self.assertEqual(json.load(f)["schema_version"], 1)
+            self.assertEqual(json.load(f)["schema_version"], 2)
 
     def test_unwritable_output_is_an_error(self):
         r = run(GPT, "-o", os.path.join(self.tmp, "missing-dir", "plan.json"))

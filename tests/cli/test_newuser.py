@@ -180,6 +180,23 @@ class Item2SilentFailures(Scratch):
                 "plans/tiny_gpt.json", "-q", cwd=ROOT, stdout=subprocess.DEVNULL)
         self.assertEqual((r.returncode, r.stderr), (0, ""))
 
+    def test_expect_reads_a_reviewed_plan_of_schema_version_1(self):
+        # Version 2 changed only comm and time, which diff does not compare: a plan reviewed
+        # before it still matches (docs/plan-format.md, "Changes from version 1").
+        old = os.path.join("tests", "cli", "tiny_gpt.schema1.json")
+        with open(os.path.join(ROOT, old)) as f:
+            self.assertEqual(json.load(f)["schema_version"], 1)
+        r = run("sample_models/tiny_gpt.pt", "--policy", "policies/transformer.json", "--expect", old, "-q",
+                cwd=ROOT, stdout=subprocess.DEVNULL)
+        self.assertEqual((r.returncode, r.stderr), (0, ""))
+        r = run("diff", old, "plans/tiny_gpt.json", cwd=ROOT)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("schema_version 1 -> 2: the versions differ only in comm and time", r.stdout)
+        # A real change still fails.
+        r = run("sample_models/tiny_gpt.pt", "--policy", "policies/transformer.json", "--world-size", "8",
+                "--expect", old, "-q", cwd=ROOT, stdout=subprocess.DEVNULL)
+        self.assertEqual(r.returncode, 1)
+
     def test_a_refusal_says_so_on_stderr(self):
         # FSDP2 refuses fully_shard on the ModuleList that this size policy selects.
         policy = self.write("size2.json", json.dumps({"min_num_params": 40000, "fsdp": {"version": 2}}))

@@ -116,6 +116,59 @@ class Schemas(unittest.TestCase):
             self.plan.validate(plan)
             self.diff.validate(plan["expect"]["diff"])
 
+    def test_comm_and_time_in_every_shape(self):
+        # Schema 2's comm and time (docs/plan-format.md): FLOPs (a .pt2: timeline), CPU offload
+        # (host copies), HSDP (two groups), FSDP1 and a 2-D plan, with and without FLOPs.
+        pt2 = os.path.join(ROOT, "sample_models", "tiny_gpt.pt2")
+        pt = os.path.join(ROOT, "sample_models", "tiny_gpt.pt")
+
+        def policy(name, extra):
+            path = os.path.join(self.tmp, name + ".json")
+            with open(path, "w") as f:
+                json.dump(dict({"module_classes": ["Block"]}, **extra), f)
+            return path
+        offload = policy("offload", {"fsdp": {"version": 2, "world_size": 8, "cpu_offload": True}})
+        hsdp = policy("hsdp", {"fsdp": {"version": 2, "world_size": 16, "sharding_strategy": "HYBRID_SHARD",
+                                        "shard_group_size": 8}})
+        tp = policy("tp", {"fsdp": {"version": 2, "world_size": 8}, "tensor_parallel": {
+            "degree": 2, "plan": {"blocks.*.attn.qkv": "colwise", "blocks.*.attn.proj": "rowwise",
+                                  "blocks.*.mlp.fc": "colwise", "blocks.*.mlp.out": "rowwise"}}})
+        for model, pol, flops, offloads in ((pt2, None, True, False), (pt2, offload, True, True),
+                                            (pt, offload, False, True), (pt2, hsdp, True, False),
+                                            (pt2, tp, True, False), (pt, tp, False, False)):
+            with self.subTest(model=os.path.basename(model), policy=pol and os.path.basename(pol)):
+                plan = self.plan_json(model, *(["--policy", pol] if pol else ["--world-size", "8"]))
+                self.plan.validate(plan)
+                comm, time = plan["comm"], plan["time"]
+                self.assertEqual(plan["schema_version"], 2)
+                self.assertEqual(time["flops_known"], flops)
+                self.assertNotIn("collectives", time)
+                self.assertEqual(bool(time["timeline"]), flops)
+                for c in comm["collectives"]:
+                    group = comm["groups"][c["group"]]
+                    self.assertIn(c["kind"], group["time"]["latency_s"])
+                    self.assertEqual("host_copy_bytes" in c, offloads)
+                    self.assertEqual("host_copy_s" in c["time"], offloads)
+                    self.assertGreaterEqual(c["time"]["seconds"], group["time"]["latency_s"][c["kind"]])
+                for s in time["timeline"]:
+                    self.assertEqual("collective" in s, s["what"] != "compute")
+                    if "collective" in s:
+                        self.assertEqual(comm["collectives"][s["collective"]]["kind"], s["what"])
+                for u in plan["units"]:
+                    self.assertEqual("forward_flops" in u["time"], flops)
+                    self.assertEqual("host_to_device_bytes" in u["comm"], offloads)
+                    self.assertNotIn("exposed_s", u["time"])
+                if pol == hsdp:
+                    self.assertEqual([(g["size"], g["stride"]) for g in comm["groups"]], [(8, 1), (2, 8)])
+                if pol == tp:
+                    t = comm["tensor_parallel"]
+                    self.assertEqual("unknown_reason" in t, not t["sizes_known"])
+                    self.assertEqual(t["sizes_known"], flops)
+                    self.assertEqual("time" in t, bool(t["collectives"]))
+                    self.assertEqual(all("tp_forward_s" in u["time"] for u in plan["units"]), flops)
+                    seconds = sum(c["time"]["seconds"] for c in t["collectives"])
+                    self.assertAlmostEqual(seconds, time["tensor_parallel"]["comm_s"], delta=1e-12)
+
     def test_diffs_between_policies(self):
         gpt = os.path.join(ROOT, "sample_models", "tiny_gpt.pt")
         plans = []

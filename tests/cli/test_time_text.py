@@ -134,7 +134,8 @@ class TimeText(unittest.TestCase):
             total = c["all_gather_forward_bytes"] + c["all_gather_backward_bytes"] + c["reduce_scatter_bytes"] + \
                 c["all_reduce_bytes"]
             self.assertIn(" " + (fmt_bytes(total) if total else "-") + " ", row + " ", row)
-            exposed = u["time"]["exposed_s"]
+            t = u["time"]
+            exposed = t["exposed_forward_s"] + t["exposed_backward_s"] + t["exposed_tail_s"]
             self.assertRegex(row, r" (\d+(\.\d+)? (s|ms|us)|0 s)$" if exposed > 0 else r" 0 s$")
 
     def test_default_stays_compact(self):

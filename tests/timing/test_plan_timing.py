@@ -133,6 +133,7 @@ def group_ranks(size: int, stride: int) -> List[int]:
 def compare_comm(ref: Dict[str, Any], doc: Dict[str, Any]) -> List[str]:
     units = [u["path"] for u in doc["units"]]
     got = doc["comm"]["collectives"]
+    groups = doc["comm"]["groups"]  # schema 2: each collective names its group by index
     want = ref["collectives"]
     fails = []
     if len(got) != len(want):
@@ -140,7 +141,7 @@ def compare_comm(ref: Dict[str, Any], doc: Dict[str, Any]) -> List[str]:
     for i, (g, w) in enumerate(zip(got, want)):
         cause = "prefetch" if w["cause"].startswith("prefetch") else w["cause"]
         dtype = w["in"]["dtype"]
-        mine = (units[g["unit"]], g["kind"], g["phase"], g["bytes"], g["dtype"], group_ranks(g["group_size"], g["group_stride"]),
+        mine = (units[g["unit"]], g["kind"], g["phase"], g["bytes"], g["dtype"], group_ranks(groups[g["group"]]["size"], groups[g["group"]]["stride"]),
                 g["cause"])
         theirs = (w["unit"], w["kind"], w["phase"], w["bytes"], dtype, w["group_ranks"], cause)
         if mine != theirs:
@@ -148,7 +149,7 @@ def compare_comm(ref: Dict[str, Any], doc: Dict[str, Any]) -> List[str]:
     # CPU offload: bytes per unit, phase and direction (offload_summary).
     copies: Dict[Tuple[str, str, str], int] = {}
     for g in got:
-        if g["host_copy_bytes"]:
+        if g.get("host_copy_bytes"):  # present with CPU offload only
             d = "host_to_device" if g["kind"] == "all_gather" else "device_to_host"
             key = (units[g["unit"]], g["phase"], d)
             copies[key] = copies.get(key, 0) + g["host_copy_bytes"]
@@ -168,7 +169,10 @@ TOP_FIELDS = ["step_s", "compute_s", "exposed_comm_s", "optimizer_s", "forward_e
 
 def compare_time(ref: Dict[str, Any], doc: Dict[str, Any]) -> List[str]:
     t = doc["time"]
-    got = {k: t[k] for k in TOP_FIELDS}
+    # Schema 2 leaves out what follows from the record (docs/plan-format.md, "Changes from version 1").
+    derived = {"backward_end_s": t["step_s"] - t["optimizer_s"],
+               "compute_peak_flops": t["hardware"][t["compute_dtype"] + "_flops"]}
+    got = {k: derived[k] if k in derived else t[k] for k in TOP_FIELDS}
     fails = model_check.compare({k: ref[k] for k in TOP_FIELDS}, got, "time")
     units = {u["path"]: u for u in doc["units"]}
     for ru in ref["units"]:
@@ -177,9 +181,12 @@ def compare_time(ref: Dict[str, Any], doc: Dict[str, Any]) -> List[str]:
             fails.append(f"unit {ru['unit']!r}: not in the plan")
             continue
         c = u["comm"]
-        mine = dict(u["time"], all_gather_bytes=c["all_gather_forward_bytes"] + c["all_gather_backward_bytes"],
+        ut = u["time"]
+        mine = dict(ut, all_gather_bytes=c["all_gather_forward_bytes"] + c["all_gather_backward_bytes"],
                     reduce_scatter_bytes=c["reduce_scatter_bytes"], all_reduce_bytes=c["all_reduce_bytes"],
-                    host_copy_bytes=c["host_to_device_bytes"] + c["device_to_host_bytes"])
+                    host_copy_bytes=c.get("host_to_device_bytes", 0) + c.get("device_to_host_bytes", 0),
+                    host_copy_s=ut.get("host_copy_s", 0.0),
+                    exposed_s=ut["exposed_forward_s"] + ut["exposed_backward_s"] + ut["exposed_tail_s"])
         keys = UNIT_FIELDS + ["all_gather_bytes", "reduce_scatter_bytes", "all_reduce_bytes", "host_copy_bytes"]
         fails += model_check.compare({k: ru[k] for k in keys}, {k: mine[k] for k in keys}, f"units[{ru['unit']!r}]")
     # The timeline, span by span, in the order the simulation made them.

@@ -134,10 +134,30 @@ TEST_CASE("sections and fields only one plan has are noted, not differences") {
 
 TEST_CASE("a schema_version change is a difference") {
   json a = plan("{}"), b = a;
-  b["schema_version"] = 2;
+  a["schema_version"] = 2;
+  b["schema_version"] = 3;
   PlanDiff d = diff_plans(a, b);
   CHECK_FALSE(d.equal());
   CHECK(diff_summary(d) == "schema_version changed");
+}
+
+TEST_CASE("versions 1 and 2 compare: they differ only in comm and time, which diff skips") {
+  json b = plan("{}");
+  REQUIRE(b["schema_version"] == 2);
+  json a = b;
+  a["schema_version"] = 1;
+  a["comm"] = {{"collectives", json::array({{{"numel", 4}, {"group_size", 8}}})}};  // version 1's shape
+  a["time"] = {{"collectives", json::array()}, {"backward_end_s", 1.0}};
+  for (const auto& [old_plan, new_plan] : {std::pair{a, b}, std::pair{b, a}}) {
+    PlanDiff d = diff_plans(old_plan, new_plan);
+    CHECK(d.equal());
+    CHECK(diff_summary(d) == "no difference");
+    REQUIRE(d.notes.size() == 1);
+    CHECK(d.notes[0].find("differ only in comm and time") != std::string::npos);
+  }
+  json c = b;
+  c["units"][0]["path"] = "renamed";  // a real change still shows
+  CHECK_FALSE(diff_plans(a, c).equal());
 }
 
 TEST_CASE("plan_shape_error rejects what is not a plan") {

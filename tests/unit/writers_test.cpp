@@ -23,11 +23,11 @@ TreeBuilder model() {
 }
 }  // namespace
 
-TEST_CASE("the JSON plan has the schema_version 1 fields") {
+TEST_CASE("the JSON plan has the schema_version 2 fields") {
   auto b = model();
   auto plan = make_plan(b.tree, policy(R"({"module_classes": ["Block"], "mixed_precision": {}})"), "m.pt");
   auto j = plan_to_json(plan);
-  CHECK(j["schema_version"] == 1);
+  CHECK(j["schema_version"] == 2);
   CHECK(j["model"]["path"] == "m.pt");
   CHECK(j["model"]["root_class"] == "Net");
   CHECK(j["model"]["num_modules"] == 4);

@@ -48,6 +48,7 @@
   // A unit's bytes per step in every collective (exact) and the part compute leaves exposed (estimate).
   const unitCommBytes = (u) => (u.comm ? u.comm.all_gather_forward_bytes + u.comm.all_gather_backward_bytes +
                                          u.comm.reduce_scatter_bytes + u.comm.all_reduce_bytes : null);
+  const unitExposed = (u) => u.time.exposed_forward_s + u.time.exposed_backward_s + u.time.exposed_tail_s;
   // A unit as the text plan names it: an FSDP2 call on several modules is "[a, b]".
   const unitName = (u) => (u.modules && u.modules.length > 1 ? "[" + u.modules.join(", ") + "]"
                                                                : u.path === "" ? "(root)" : u.path);
@@ -271,7 +272,7 @@
                                                         ["first's class", u.qualified_class || u["class"]]);
     if (fsdp2 && u.call !== undefined) lines.push(["fully_shard", "call " + u.call + ", reshard_after_forward " + u.reshard_after_forward]);
     if (u.comm) lines.push(["comm per step", fmtBytes(unitCommBytes(u)) + " (exact), " + u.comm.calls + " collectives"]);
-    if (u.time) lines.push(["exposed comm", fmtSeconds(u.time.exposed_s) + " (estimate)"]);
+    if (u.time) lines.push(["exposed comm", fmtSeconds(unitExposed(u)) + " (estimate)"]);
     const fz = frozenState(u);
     if (fz) lines.push(["gradients", fz]);
     for (const w of unitWarnings[i]) lines.push([w.severity, w.kind + ": " + w.message]);
@@ -417,7 +418,7 @@
                        fmtBytes(m.unsharded_bytes || 0), u.buffer_numel ? fmtBytes(u.buffer_bytes) : "-", mp];
         if (fsdp2) cells.push(u.call === undefined ? "-" : String(u.call), String(u.reshard_after_forward));
         if (commCols) cells.push(u.comm && unitCommBytes(u) ? fmtBytes(unitCommBytes(u)) : "-");
-        if (timeCols) cells.push(u.time ? fmtSeconds(u.time.exposed_s) : "-");
+        if (timeCols) cells.push(u.time ? fmtSeconds(unitExposed(u)) : "-");
         cells.push(unitWarnings[i].map((w) => w.severity + ": " + w.kind).join(", "));
         cells.forEach((c, k) => {
           if (typeof c !== "string") { tr.append(c); return; }
