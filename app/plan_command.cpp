@@ -45,6 +45,7 @@ struct Options {
   bool dump_tree_text = false;  // --dump-tree with an explicit -f text
   std::optional<double> warn_root_share;  // root_too_large threshold; overrides checks.warn_root_share
   bool aliases = false;
+  bool collectives = false;  // JSON / HTML: the step's events (PlanJsonOptions)
   std::optional<std::string> activation_bytes;  // --activation-bytes SIZE
   int verbosity = 0;
   bool quiet = false;
@@ -138,7 +139,9 @@ int run(const Options& opt) {
     log_plan_details(plan);
     // The JSON plan costs more than planning a big model: made whole only when checked (the gate's checks
     // and --expect need it) or for HTML; -f json writes it as it goes (report/json_sink.h).
-    const auto json = Gate::reads_plan(policy.checks, opt.gate) ? plan_to_json(plan) : nlohmann::ordered_json();
+    const PlanJsonOptions json_options{opt.collectives};
+    const auto json =
+        Gate::reads_plan(policy.checks, opt.gate) ? plan_to_json(plan, json_options) : nlohmann::ordered_json();
     Gate gate(json, policy.checks, opt.gate, opt.model);
     if (plan.has_errors() || !gate.passed()) code = kExitRefused;
     for (const auto& w : plan.warnings)
@@ -159,7 +162,7 @@ int run(const Options& opt) {
         // Here, while the plan lives; from it, not from `text`. The gate's keys after the plan's.
         OutputWriter out(opt.output, "plan");
         JsonTextSink sink([&out](std::string_view piece) { out.write(piece); });
-        plan_json(sink, plan, gate.annotate(nlohmann::ordered_json::object()));
+        plan_json(sink, plan, gate.annotate(nlohmann::ordered_json::object()), json_options);
         sink.flush();
         out.write("\n");
         out.commit();
@@ -167,7 +170,7 @@ int run(const Options& opt) {
         return code;
       }
       if (opt.format == "html")
-        text = plan_to_html(gate.annotate(json.is_null() ? plan_to_json(plan) : json));
+        text = plan_to_html(gate.annotate(json.is_null() ? plan_to_json(plan, json_options) : json));
       else
         text = plan_to_text(plan, {text_width(), opt.wide}) + gate.text();
     }
@@ -227,6 +230,9 @@ int plan_main(int argc, char** argv) {
   app.add_flag("--wide", opt.wide,
                "text: never shorten unit paths (default: fit COLUMNS or the terminal); also each unit's "
                "communication per step and exposed communication");
+  app.add_flag("--collectives", opt.collectives,
+               "json, html: also every collective of the step in issue order (comm.collectives) and, with FLOPs, "
+               "the simulated timeline (time.timeline); without it, each unit's and the step's sums");
   app.add_flag("--dump-tree", opt.dump_tree,
                "print the loaded module tree as JSON instead of a plan (with -f text: as an indented tree)");
   app.add_flag("-v,--verbose", opt.verbosity, "log progress to stderr (-vv for more)");

@@ -303,7 +303,7 @@ void warning_json(JsonSink& w, const Warning& x) {
 
 }  // namespace
 
-void plan_json(JsonSink& w, const Plan& plan, const ojson& trailing) {
+void plan_json(JsonSink& w, const Plan& plan, const ojson& trailing, const PlanJsonOptions& options) {
   const ModelSummary& m = plan.model;
   w.object([&] {
     w.field("schema_version", kPlanSchemaVersion);
@@ -341,19 +341,19 @@ void plan_json(JsonSink& w, const Plan& plan, const ojson& trailing) {
     }
     if (plan.comm.computed) {
       w.key("comm");
-      comm_json(w, plan);
+      comm_json(w, plan, options.collectives);
     }
     if (plan.time.computed) {
       w.key("time");
-      time_json(w, plan);
+      time_json(w, plan, options.collectives);
     }
     for (auto it = trailing.begin(); it != trailing.end(); ++it) w.field(it.key(), it.value());
   });
 }
 
-ojson plan_to_json(const Plan& plan) {
+ojson plan_to_json(const Plan& plan, const PlanJsonOptions& options) {
   JsonValueSink w;
-  plan_json(w, plan);
+  plan_json(w, plan, ojson::object(), options);
   return w.take();
 }
 

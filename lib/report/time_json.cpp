@@ -23,16 +23,19 @@ struct Groups {
 
 Groups groups_of(const std::vector<Collective>& colls) {
   Groups g;
-  g.index.reserve(colls.size());
+  g.index.resize(colls.size());
+  size_t k = 0;
   for (size_t i = 0; i < colls.size(); ++i) {
     const RankGroup& group = colls[i].group;
-    size_t k = i > 0 && g.groups[static_cast<size_t>(g.index.back())] == group ? static_cast<size_t>(g.index.back()) : 0;
-    while (k < g.groups.size() && !(g.groups[k] == group)) ++k;
-    if (k == g.groups.size()) {
-      g.groups.push_back(group);
-      g.first.push_back({-1, -1, -1});
+    if (i == 0 || !(g.groups[k] == group)) {  // runs of one group are the rule
+      k = 0;
+      while (k < g.groups.size() && !(g.groups[k] == group)) ++k;
+      if (k == g.groups.size()) {
+        g.groups.push_back(group);
+        g.first.push_back({-1, -1, -1});
+      }
     }
-    g.index.push_back(static_cast<int>(k));
+    g.index[i] = static_cast<int>(k);
     long& first = g.first[k][static_cast<size_t>(colls[i].kind)];
     if (first < 0) first = static_cast<long>(i);
   }
@@ -97,7 +100,7 @@ void time_span_json(JsonSink& w, const Plan& plan, size_t i) {
 
 // comm.tensor_parallel: tensor parallelism's collectives (CommPlan::tp), each
 // with the module whose activations it moves; all on the tp group.
-void tp_comm_json(JsonSink& w, const Plan& plan) {
+void tp_comm_json(JsonSink& w, const Plan& plan, bool events) {
   const TpComm& tp = plan.comm.tp;
   const bool timed = plan.time.computed;
   int64_t bytes = 0;
@@ -115,21 +118,22 @@ void tp_comm_json(JsonSink& w, const Plan& plan) {
     w.field("calls", tp.sizes_known ? std::optional<size_t>(tp.collectives.size()) : std::nullopt);
     w.field("bytes", tp.sizes_known ? std::optional<int64_t>(bytes) : std::nullopt);
     w.field("not_modelled", tp.not_modelled);
-    w.array_field("collectives", [&] {
-      for (size_t i = 0; i < tp.collectives.size(); ++i) {
-        const Collective& x = tp.collectives[i];
-        w.object([&] {
-          w.field("unit", x.unit);
-          w.field("module", path_or_root(plan.tree->path(x.module)));
-          w.field("kind", collective_name(x.kind));
-          w.field("phase", phase_name(x.phase));
-          w.field("cause", x.cause);
-          w.field("bytes", x.bytes);
-          w.field("dtype", x.dtype);
-          if (timed) w.object_field("time", [&] { w.field("seconds", plan.time.tp_collectives[i].seconds); });
-        });
-      }
-    });
+    if (events)
+      w.array_field("collectives", [&] {
+        for (size_t i = 0; i < tp.collectives.size(); ++i) {
+          const Collective& x = tp.collectives[i];
+          w.object([&] {
+            w.field("unit", x.unit);
+            w.field("module", path_or_root(plan.tree->path(x.module)));
+            w.field("kind", collective_name(x.kind));
+            w.field("phase", phase_name(x.phase));
+            w.field("cause", x.cause);
+            w.field("bytes", x.bytes);
+            w.field("dtype", x.dtype);
+            if (timed) w.object_field("time", [&] { w.field("seconds", plan.time.tp_collectives[i].seconds); });
+          });
+        }
+      });
   });
 }
 
@@ -175,7 +179,7 @@ void unit_time_json(JsonSink& w, const Plan& plan, size_t i) {
   });
 }
 
-void comm_json(JsonSink& w, const Plan& plan) {
+void comm_json(JsonSink& w, const Plan& plan, bool events) {
   const CommPlan& c = plan.comm;
   const bool offload = offloads(plan);
   int64_t ag_f = 0, ag_b = 0, rs = 0, ar = 0, h2d = 0, d2h = 0;
@@ -212,17 +216,18 @@ void comm_json(JsonSink& w, const Plan& plan) {
           }
         });
     });
-    w.array_field("collectives", [&] {
-      for (size_t i = 0; i < c.collectives.size(); ++i) collective_json(w, plan, i, groups.index[i], offload);
-    });
+    if (events)
+      w.array_field("collectives", [&] {
+        for (size_t i = 0; i < c.collectives.size(); ++i) collective_json(w, plan, i, groups.index[i], offload);
+      });
     if (c.tp.planned) {
       w.key("tensor_parallel");
-      tp_comm_json(w, plan);
+      tp_comm_json(w, plan, events);
     }
   });
 }
 
-void time_json(JsonSink& w, const Plan& plan) {
+void time_json(JsonSink& w, const Plan& plan, bool events) {
   const StepTime& t = plan.time;
   const HardwareFigures& h = t.hardware;
   const bool f = t.flops_known;
@@ -261,9 +266,10 @@ void time_json(JsonSink& w, const Plan& plan) {
       w.field("overridden", h.overridden);
     });
     w.field("assumptions", t.assumptions);
-    w.array_field("timeline", [&] {
-      for (size_t i = 0; i < t.timeline.size(); ++i) time_span_json(w, plan, i);
-    });
+    if (events)
+      w.array_field("timeline", [&] {
+        for (size_t i = 0; i < t.timeline.size(); ++i) time_span_json(w, plan, i);
+      });
     if (plan.comm.tp.planned)
       w.object_field("tensor_parallel", [&] {
         w.field("blocking", true);

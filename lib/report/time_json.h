@@ -11,7 +11,8 @@ namespace fsdp_plan {
 
 void unit_comm_json(JsonSink& w, const Plan& plan, size_t unit);
 void unit_time_json(JsonSink& w, const Plan& plan, size_t unit);
-void comm_json(JsonSink& w, const Plan& plan);
-void time_json(JsonSink& w, const Plan& plan);
+// `events`: with comm.collectives (and TP's) and time.timeline (--collectives).
+void comm_json(JsonSink& w, const Plan& plan, bool events);
+void time_json(JsonSink& w, const Plan& plan, bool events);
 
 }  // namespace fsdp_plan

@@ -117,8 +117,9 @@ class Schemas(unittest.TestCase):
             self.diff.validate(plan["expect"]["diff"])
 
     def test_comm_and_time_in_every_shape(self):
-        # Schema 2's comm and time (docs/plan-format.md): FLOPs (a .pt2: timeline), CPU offload
-        # (host copies), HSDP (two groups), FSDP1 and a 2-D plan, with and without FLOPs.
+        # Schema 2's comm and time (docs/plan-format.md), with and without --collectives: FLOPs
+        # (a .pt2: timeline), CPU offload (host copies), HSDP (two groups), FSDP1 and a 2-D plan,
+        # with and without FLOPs.
         pt2 = os.path.join(ROOT, "sample_models", "tiny_gpt.pt2")
         pt = os.path.join(ROOT, "sample_models", "tiny_gpt.pt")
 
@@ -137,8 +138,17 @@ class Schemas(unittest.TestCase):
                                             (pt, offload, False, True), (pt2, hsdp, True, False),
                                             (pt2, tp, True, False), (pt, tp, False, False)):
             with self.subTest(model=os.path.basename(model), policy=pol and os.path.basename(pol)):
-                plan = self.plan_json(model, *(["--policy", pol] if pol else ["--world-size", "8"]))
+                args = [model, *(["--policy", pol] if pol else ["--world-size", "8"])]
+                # Without --collectives: the sums only, no events.
+                brief = self.plan_json(*args)
+                self.plan.validate(brief)
+                self.assertNotIn("collectives", brief["comm"])
+                self.assertNotIn("timeline", brief["time"])
+                self.assertNotIn("collectives", brief["comm"].get("tensor_parallel", {}))
+                plan = self.plan_json(*args, "--collectives")
                 self.plan.validate(plan)
+                self.assertEqual(plan["units"], brief["units"])
+                self.assertEqual(plan["comm"]["per_step"]["calls"], len(plan["comm"]["collectives"]))
                 comm, time = plan["comm"], plan["time"]
                 self.assertEqual(plan["schema_version"], 2)
                 self.assertEqual(time["flops_known"], flops)

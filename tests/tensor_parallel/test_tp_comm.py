@@ -66,7 +66,7 @@ def export_pt2(name: str, tmp: str) -> str:
 
 
 def run_plan(binary: str, model_file: str, pfile: str, dims: list) -> dict:
-    args = [binary, model_file, "--policy", pfile, "--format", "json"]
+    args = [binary, model_file, "--policy", pfile, "--format", "json", "--collectives"]
     for d in dims:
         args += ["--dim", d]
     r = subprocess.run(args, capture_output=True, text=True)

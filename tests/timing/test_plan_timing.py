@@ -118,7 +118,8 @@ def plan(binary: str, model: str, policy: Dict[str, Any], args: List[str], tmp: 
     path = os.path.join(tmp, "policy.json")
     with open(path, "w") as f:
         json.dump(policy, f)
-    r = subprocess.run([binary, model, "-p", path, "-f", "json", *args], capture_output=True, text=True)
+    r = subprocess.run([binary, model, "-p", path, "-f", "json", "--collectives", *args], capture_output=True,
+                       text=True)
     if r.returncode not in (0, 1):
         raise RuntimeError(f"fsdp-plan exit {r.returncode}: {r.stderr.strip()}")
     return json.loads(r.stdout)

@@ -53,8 +53,8 @@ std::string text_of_value(const ojson& v) {
   return text_of([&](JsonSink& w) { w.json(v); });
 }
 
-std::string plan_text(const Plan& plan, const ojson& trailing = ojson::object()) {
-  return text_of([&](JsonSink& w) { plan_json(w, plan, trailing); });
+std::string plan_text(const Plan& plan, const ojson& trailing = ojson::object(), PlanJsonOptions options = {}) {
+  return text_of([&](JsonSink& w) { plan_json(w, plan, trailing, options); });
 }
 
 std::string read_all(const std::string& path) {
@@ -284,6 +284,13 @@ TEST_CASE("json writer: a plan written as it goes is its value's dump(1), FSDP1 
       CHECK(plan_text(plan) == value.dump(1));
       CHECK(value["units"].size() == plan.units.size());
       CHECK(value["time"]["flops_known"] == with_flops);
+      // The step's events only when asked for (--collectives), and then in both sinks alike.
+      CHECK_FALSE(value["comm"].contains("collectives"));
+      CHECK_FALSE(value["time"].contains("timeline"));
+      const ojson events = plan_to_json(plan, {true});
+      CHECK(plan_text(plan, ojson::object(), {true}) == events.dump(1));
+      CHECK(events["comm"]["collectives"].size() == plan.comm.collectives.size());
+      CHECK(events["time"]["timeline"].size() == plan.time.timeline.size());
       // The gate's keys come after the plan's, as Gate::annotate puts them.
       const ojson gate = {{"checks", {{"passed", true}, {"rules", ojson::array()}}}, {"expect", nullptr}};
       ojson annotated = value;
