@@ -397,8 +397,9 @@ StepTime estimate_step_time(const Plan& plan, const HardwareFigures& hw, const F
     ct.start = std::max(free, gate);
     ct.end = ct.start + ct.seconds;
     free = ct.end;
-    t.timeline.push_back({false, static_cast<int>(i), comm.collectives[i].unit,
-                          comm.collectives[i].phase == StepPhase::Backward, ct.start, ct.end});
+    if (flops)  // without FLOPs the spans' times are a device (section 6): no timeline
+      t.timeline.push_back({false, static_cast<int>(i), comm.collectives[i].unit,
+                            comm.collectives[i].phase == StepPhase::Backward, ct.start, ct.end});
   };
   std::vector<bool> done(nc, false);
 
@@ -456,7 +457,7 @@ StepTime estimate_step_time(const Plan& plan, const HardwareFigures& hw, const F
     t.units[u].forward_flops += s.flops;
     t.units[u].forward_compute_s += s.seconds - s.tp_s;
     t.units[u].tp_forward_s += s.tp_s;
-    t.timeline.push_back({true, -1, s.unit, false, start, end});
+    if (flops) t.timeline.push_back({true, -1, s.unit, false, start, end});
   }
   schedule_forward(f_ag.size());
   t.forward_end_s = compute_free;
@@ -521,7 +522,7 @@ StepTime estimate_step_time(const Plan& plan, const HardwareFigures& hw, const F
       t.units[u].backward_flops += s.flops;
       t.units[u].backward_compute_s += s.seconds - s.tp_s;
       t.units[u].tp_backward_s += s.tp_s;
-      t.timeline.push_back({true, -1, s.unit, true, start, end});
+      if (flops) t.timeline.push_back({true, -1, s.unit, true, start, end});
       ++done_seg;
     }
   };
