@@ -41,7 +41,11 @@ WalkGraph walk_input(const Graph& g, const DimValues& dims) {
     // An empty nn_module_stack (sym_size of a dynamic export) names no module: the walk keeps
     // such a node in the run around it.
     node.module = gn.call == kNone ? -1 : gn.module;
-    for (const GraphArg& a : g.args(n)) {
+    // Reserved: a WalkArg moved on growth costs as much as one built.
+    const auto args = g.args(n);
+    node.args.reserve(args.size());
+    node.outputs.reserve(g.outputs(n).size());
+    for (const GraphArg& a : args) {
       WalkArg arg;
       if (a.name != kNone) arg.name = g.str(a.name);
       switch (a.kind) {

@@ -483,10 +483,17 @@ void CallArgs::set_default(std::string_view name, ArgValue v) {
 }
 
 const OpRow* find_op_row(std::string_view op) {
-  const OpRow* begin = std::begin(kRows);
-  const OpRow* end = std::end(kRows);
-  const OpRow* it = std::lower_bound(begin, end, op, [](const OpRow& r, std::string_view key) { return r.op < key; });
-  return it != end && it->op == op ? it : nullptr;
+  // The rows' names as views, made once: comparing the table's C strings
+  // measured them again at each step of each search (a strlen per step, at
+  // every node of a graph).
+  static const std::vector<std::string_view> kOps = [] {
+    std::vector<std::string_view> out;
+    out.reserve(std::size(kRows));
+    for (const OpRow& r : kRows) out.emplace_back(r.op);
+    return out;
+  }();
+  const auto it = std::lower_bound(kOps.begin(), kOps.end(), op);
+  return it != kOps.end() && *it == op ? &kRows[it - kOps.begin()] : nullptr;
 }
 
 std::vector<std::string> op_table_names() {
@@ -506,8 +513,9 @@ bool op_records(const OpRow& row, const CallArgs& args) {
   return false;
 }
 
-std::vector<std::string> op_differentiable(const OpRow& row) {
-  std::vector<std::string> out;
+std::vector<std::string_view> op_differentiable(const OpRow& row) {
+  std::vector<std::string_view> out;
+  out.reserve(static_cast<size_t>(row.differentiable_count));
   for (int32_t k = 0; k < row.differentiable_count; ++k) out.emplace_back(kNames[row.differentiable_first + k]);
   return out;
 }

@@ -93,8 +93,9 @@ std::vector<std::string> op_table_names();
 // Whether autograd records the call: a differentiable argument is a floating
 // tensor that requires grad. If not, nothing is saved and no output requires grad.
 bool op_records(const OpRow& row, const CallArgs& args);
-// The argument names the row says can carry a gradient.
-std::vector<std::string> op_differentiable(const OpRow& row);
+// The argument names the row says can carry a gradient (the table's own
+// texts: the walk asks for them at every node).
+std::vector<std::string_view> op_differentiable(const OpRow& row);
 // The row's defaults, added to `args` where the call left them out.
 void add_op_defaults(const OpRow& row, CallArgs& args);
 

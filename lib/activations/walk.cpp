@@ -474,24 +474,35 @@ class Walker {
     std::vector<OpTensor> subs;
     retype_same_dtype_operands(node, args, subs);
     const bool recorded = op_records(row, args);
-    // Outputs as recorded, for alias_when and case conditions that read them.
-    std::vector<OpTensor> recorded_outs;
-    recorded_outs.reserve(node.outputs.size());
-    for (int32_t o : node.outputs) {
-      OpTensor m;
+    // Outputs as recorded, for alias_when and case conditions that read them
+    // (in scratch kept from node to node: their lists keep their capacity).
+    const size_t num_outs = node.outputs.size();
+    if (recorded_outs_.size() < num_outs) recorded_outs_.resize(num_outs);
+    std::vector<const OpTensor*>& outs_view = outs_view_;
+    outs_view.clear();
+    for (size_t k = 0; k < num_outs; ++k) {
+      const int32_t o = node.outputs[k];
+      OpTensor& m = recorded_outs_[k];
+      m.offset = 0;
+      m.storage = -1;
+      m.storage_bytes = 0;
+      m.requires_grad = false;
       if (o >= 0 && static_cast<size_t>(o) < g_.tensors.size()) {
         const WalkTensor& w = g_.tensors[static_cast<size_t>(o)];
-        m.sizes = w.sizes;
-        m.strides = w.strides;
+        m.sizes.assign(w.sizes.begin(), w.sizes.end());
+        m.strides.assign(w.strides.begin(), w.strides.end());
         m.dtype = run_dtype(args, o);
+      } else {
+        m.sizes.clear();
+        m.strides.clear();
+        m.dtype = nullptr;
       }
-      recorded_outs.push_back(std::move(m));
+      outs_view.push_back(&m);
     }
-    std::vector<const OpTensor*> outs_view;
-    for (const auto& m : recorded_outs) outs_view.push_back(&m);
     const char* row_alias = op_row_alias(row);
     const std::string_view base = op_base(node.op);
-    std::vector<const OpTensor*> outs(node.outputs.size(), nullptr);
+    std::vector<const OpTensor*>& outs = outs_;
+    outs.assign(num_outs, nullptr);
     for (size_t k = 0; k < node.outputs.size(); ++k) {
       const int32_t o = node.outputs[k];
       if (o < 0 || static_cast<size_t>(o) >= g_.tensors.size()) continue;
@@ -534,7 +545,7 @@ class Walker {
       save(sid, i, node.module);
     }
     node_extra_[static_cast<size_t>(i)] = backward_extra(node.op, op_case_name(c), args);
-    for (const std::string& name : op_differentiable(row)) {
+    for (const std::string_view name : op_differentiable(row)) {
       const WalkArg* a = nullptr;
       for (const WalkArg& x : node.args)
         if (x.name == name) a = &x;
@@ -878,6 +889,8 @@ class Walker {
   std::vector<Warning>* warnings_;
 
   std::vector<OpTensor> meta_;
+  std::vector<OpTensor> recorded_outs_;              // walk_row's scratch
+  std::vector<const OpTensor*> outs_view_, outs_;  // walk_row's scratch
   std::vector<bool> restrided_;
   std::unordered_map<int32_t, int32_t> upcast_source_;  // a retyped upcast's storage -> the tensor it copied
   std::vector<Storage> storages_;

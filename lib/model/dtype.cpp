@@ -70,8 +70,8 @@ std::vector<std::string> dtype_stems() {
   return out;
 }
 
-bool is_floating_dtype(const std::string& dtype) {
-  return dtype.rfind("float", 0) == 0 || dtype.rfind("bfloat", 0) == 0;
+bool is_floating_dtype(std::string_view dtype) {
+  return dtype.substr(0, 5) == "float" || dtype.substr(0, 6) == "bfloat";
 }
 
 int64_t dtype_itemsize(const std::string& dtype) {

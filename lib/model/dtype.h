@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace fsdp_plan {
@@ -28,6 +29,6 @@ std::vector<std::string> dtype_stems();
 // float16, bfloat16, float64: "bfloat16" -> 2); 0 for any other name.
 int64_t dtype_itemsize(const std::string& dtype);
 // torch.is_floating_point by dtype name: float16/32/64, bfloat16, the float8 kinds.
-bool is_floating_dtype(const std::string& dtype);
+bool is_floating_dtype(std::string_view dtype);
 
 }  // namespace fsdp_plan

@@ -135,7 +135,9 @@ struct Ctx {
 
 NodeFlops node_flops(const WalkGraph& g, const WalkNode& n, const std::vector<bool>& grad) {
   const Ctx c{g, grad, n};
-  const std::string& op = n.op;
+  // A view: each comparison below then checks the length first (a
+  // std::string against a C string measures and compares the text).
+  const std::string_view op = n.op;
   NodeFlops out;
   auto two_operands = [&](int32_t a, int32_t b, int64_t f) {
     out.forward = f;
