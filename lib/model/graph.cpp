@@ -339,7 +339,7 @@ StrId GraphBuilder::intern(std::string_view s) {
   if (it != strs_.end()) return it->second;
   store_.emplace_back(s);
   const auto id = static_cast<StrId>(g_->strings_.size());
-  g_->strings_.emplace_back(s);
+  g_->strings_.push_back(&store_.back());
   str_views_.push_back(store_.back());
   strs_.emplace(store_.back(), id);
   return id;
@@ -380,7 +380,7 @@ void GraphBuilder::set_target(std::string_view target) {
   } else {
     store_.emplace_back(name);
     op = static_cast<OpId>(g_->op_names_.size());
-    g_->op_names_.emplace_back(name);
+    g_->op_names_.push_back(&store_.back());
     ops_.emplace(store_.back(), op);
   }
   g_->nodes_.back().op = op;
@@ -694,6 +694,10 @@ std::shared_ptr<const Graph> GraphBuilder::finish(
     const std::function<TensorId(std::string_view, bool is_param)>& tensor_of) {
   Graph& g = *g_;
   auto fail = [&](const std::string& what) { throw InputError(g.file_, damaged_("graph: " + what)); };
+  auto user_name = [&](NodeId n) {
+    const StrId name = g.nodes_[static_cast<size_t>(n)].name;
+    return "node " + (name == kNone ? std::to_string(n) : g.str(name));
+  };
   if (!first_damage_.empty()) fail(first_damage_);
   // Module calls: the tree's module at each path.
   for (ModuleCall& c : g.calls_) c.module = module_at(g.str(c.path));
@@ -707,37 +711,35 @@ std::shared_ptr<const Graph> GraphBuilder::finish(
     }
   }
   // Every value a node or the signature names is defined, and made before it is used.
-  auto check_value = [&](ValueId v, NodeId user, bool tensor, const std::string& where) {
+  // `where` names the user in a message ("input_specs"); nullptr: node `user`, named only on damage.
+  auto check_value = [&](ValueId v, NodeId user, bool tensor, const char* where) {
     if (v == kNone) return;
     const GraphValue& val = g.values_[static_cast<size_t>(v)];
-    const std::string& name = g.str(val.name);
+    auto place = [&] { return where ? std::string(where) : user_name(user); };
     if (!has_meta_[static_cast<size_t>(v)]) {
-      fail(where + " names " + name + ", which " + (tensor ? "tensor_values" : "sym_int_values") + " lacks");
+      fail(place() + " names " + g.str(val.name) + ", which " + (tensor ? "tensor_values" : "sym_int_values") + " lacks");
     }
     if (tensor != (val.kind == ValueKind::Tensor)) {
-      fail(where + " names " + name + " as a " + (tensor ? "tensor" : "symbolic int") + ", but it is not one");
+      fail(place() + " names " + g.str(val.name) + " as a " + (tensor ? "tensor" : "symbolic int") + ", but it is not one");
     }
     if (user != kNone && !placeholder_[static_cast<size_t>(v)] && (val.producer == kNone || val.producer >= user)) {
-      fail(where + " uses " + name + " before any node makes it");
+      fail(place() + " uses " + g.str(val.name) + " before any node makes it");
     }
   };
   for (NodeId n = 0; n < g.num_nodes(); ++n) {
-    const std::string where = "node " + (g.nodes_[static_cast<size_t>(n)].name == kNone
-                                              ? std::to_string(n)
-                                              : g.str(g.nodes_[static_cast<size_t>(n)].name));
     for (const GraphArg& a : g.args(n)) {
       switch (a.kind) {
         case ArgKind::Tensor:
         case ArgKind::OptionalTensor:
-          check_value(static_cast<ValueId>(a.i), n, true, where);
+          check_value(static_cast<ValueId>(a.i), n, true, nullptr);
           break;
         case ArgKind::Tensors:
         case ArgKind::OptionalTensors:
-          for (ValueId v : g.arg_values(a)) check_value(v, n, true, where);
+          for (ValueId v : g.arg_values(a)) check_value(v, n, true, nullptr);
           break;
         case ArgKind::SymInt:
         case ArgKind::SymInts:
-          for (ValueId v : g.arg_values(a)) check_value(v, n, false, where);
+          for (ValueId v : g.arg_values(a)) check_value(v, n, false, nullptr);
           break;
         default:
           break;
@@ -745,7 +747,7 @@ std::shared_ptr<const Graph> GraphBuilder::finish(
     }
     for (ValueId v : g.outputs(n)) {
       if (v == kNone) continue;
-      if (!has_meta_[static_cast<size_t>(v)]) fail(where + " makes " + g.value_name(v) + ", which tensor_values lacks");
+      if (!has_meta_[static_cast<size_t>(v)]) fail(user_name(n) + " makes " + g.value_name(v) + ", which tensor_values lacks");
     }
   }
   // Sym int arguments take their value's expression.
@@ -780,10 +782,12 @@ std::shared_ptr<const Graph> GraphBuilder::finish(
     if (out.kind != OutputKind::Token) check_defined(out.value, "output_specs");
   }
   name_symbols();
-  // The lookups, now that every string has its final place.
-  for (size_t i = 0; i < g.strings_.size(); ++i) g.str_index_.emplace(g.strings_[i], static_cast<StrId>(i));
-  for (size_t i = 0; i < g.op_names_.size(); ++i) g.op_index_.emplace(g.op_names_[i], static_cast<OpId>(i));
-  for (size_t i = 0; i < g.values_.size(); ++i) g.value_index_.emplace(g.str(g.values_[i].name), static_cast<ValueId>(i));
+  // The lookups: the builder's own, with the texts their keys view (moving
+  // a deque moves none of its elements).
+  g.texts_ = std::move(store_);
+  g.str_index_ = std::move(strs_);
+  g.op_index_ = std::move(ops_);
+  g.value_index_ = std::move(values_);
   return std::shared_ptr<const Graph>(std::move(g_));
 }
 

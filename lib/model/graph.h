@@ -23,6 +23,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <optional>
 #include <string>
@@ -204,10 +205,10 @@ class Graph {
 
   OpId num_ops() const { return static_cast<OpId>(op_names_.size()); }
   // "aten.linear.default" (the target without "torch.ops."); "transformers.grouped_mm_fallback.default".
-  const std::string& op_name(OpId op) const { return op_names_[static_cast<size_t>(op)]; }
+  const std::string& op_name(OpId op) const { return *op_names_[static_cast<size_t>(op)]; }
   std::optional<OpId> find_op(std::string_view name) const;
 
-  const std::string& str(StrId s) const { return strings_[static_cast<size_t>(s)]; }
+  const std::string& str(StrId s) const { return *strings_[static_cast<size_t>(s)]; }
   std::optional<StrId> find_str(std::string_view s) const;
 
   // Argument payloads.
@@ -264,8 +265,11 @@ class Graph {
   std::vector<GraphInput> inputs_;
   std::vector<GraphOutput> outputs_;
   std::vector<ModuleCall> calls_;
-  std::vector<std::string> op_names_;
-  std::vector<std::string> strings_;
+  // The builder's texts, taken over whole: op names, strings and the
+  // indexes' keys point into it (a deque's elements stay where they are).
+  std::deque<std::string> texts_;
+  std::vector<const std::string*> op_names_;
+  std::vector<const std::string*> strings_;
   std::unordered_map<std::string_view, int32_t> op_index_, str_index_, value_index_;
   SymExprPool exprs_;
   std::vector<GraphSymbol> symbols_;

@@ -1179,9 +1179,15 @@ class ProgramReader {
       refuse_json(text, fail, false);
     }
     // The parser's strings go with it: keep what the tree reads later.
+    // Runs of nodes share a stack (a few hundred bytes): the one before is
+    // compared before the text is hashed.
     std::unordered_set<std::string_view> seen;
-    for (const auto& s : raw_.node_stacks)
-      if (s && seen.insert(*s).second) stacks_.emplace_back(*s);
+    std::string_view prev;
+    for (const auto& s : raw_.node_stacks) {
+      if (!s || (prev.data() && *s == prev)) continue;
+      prev = *s;
+      if (seen.insert(*s).second) stacks_.emplace_back(*s);
+    }
     raw_.node_stacks.clear();
     for (const RawSpec& spec : raw_.input_specs) {
       for (const std::string* arg : {&spec.parameter_arg, &spec.buffer_arg}) {
