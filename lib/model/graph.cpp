@@ -101,9 +101,9 @@ std::optional<StrId> Graph::find_str(std::string_view s) const {
 }
 
 std::optional<ValueId> Graph::find_value(std::string_view name) const {
-  auto it = value_index_.find(name);
-  if (it == value_index_.end()) return std::nullopt;
-  return it->second;
+  const std::optional<StrId> s = find_str(name);
+  if (!s || value_of_str_[static_cast<size_t>(*s)] == kNone) return std::nullopt;
+  return value_of_str_[static_cast<size_t>(*s)];
 }
 
 Span<ValueId> Graph::arg_values(const GraphArg& a) const {
@@ -340,16 +340,18 @@ StrId GraphBuilder::intern(std::string_view s) {
   store_.emplace_back(s);
   const auto id = static_cast<StrId>(g_->strings_.size());
   g_->strings_.push_back(&store_.back());
-  str_views_.push_back(store_.back());
+  g_->value_of_str_.push_back(kNone);
   strs_.emplace(store_.back(), id);
   return id;
 }
 
 ValueId GraphBuilder::value(std::string_view name) {
-  auto it = values_.find(name);
-  if (it != values_.end()) return it->second;
-  count_element();
+  // By its interned name: one lookup finds both (a second map by name
+  // hashed each new value's name twice more).
   const StrId s = intern(name);
+  const ValueId known = g_->value_of_str_[static_cast<size_t>(s)];
+  if (known != kNone) return known;
+  count_element();
   const auto id = static_cast<ValueId>(g_->values_.size());
   GraphValue v;
   v.name = s;
@@ -357,7 +359,7 @@ ValueId GraphBuilder::value(std::string_view name) {
   g_->values_.push_back(v);
   has_meta_.push_back(false);
   placeholder_.push_back(false);
-  values_.emplace(str_views_[static_cast<size_t>(s)], id);
+  g_->value_of_str_[static_cast<size_t>(s)] = id;
   return id;
 }
 
@@ -421,17 +423,24 @@ CallId GraphBuilder::call_for(CallId parent, std::string_view entry) {
 }
 
 void GraphBuilder::set_stack(std::string_view stack) {
-  // Runs of nodes share one stack (a layer's ops, a few hundred bytes each):
-  // the last one is compared before the whole text is hashed.
-  if (last_stack_.data() && stack == last_stack_) {
-    g_->nodes_.back().call = last_call_;
-    return;
+  // Nodes come in runs over a few stacks (a layer's attention, its
+  // projections, its MLP: a few hundred bytes each): the last few are
+  // compared, lengths first, before the whole text is hashed.
+  for (size_t i = 0; i < kRecentStacks; ++i) {
+    if (recent_[i].text.data() && recent_[i].text == stack) {
+      const Recent hit = recent_[i];
+      for (size_t j = i; j > 0; --j) recent_[j] = recent_[j - 1];
+      recent_[0] = hit;
+      g_->nodes_.back().call = hit.call;
+      return;
+    }
   }
   auto it = stacks_.find(stack);
   CallId call = kNone;
+  std::string_view stored;
   if (it != stacks_.end()) {
     call = it->second;
-    last_stack_ = it->first;
+    stored = it->first;
   } else {
     size_t start = 0;
     while (start < stack.size()) {
@@ -446,9 +455,10 @@ void GraphBuilder::set_stack(std::string_view stack) {
     }
     store_.emplace_back(stack);
     stacks_.emplace(store_.back(), call);
-    last_stack_ = store_.back();
+    stored = store_.back();
   }
-  last_call_ = call;
+  for (size_t j = kRecentStacks - 1; j > 0; --j) recent_[j] = recent_[j - 1];
+  recent_[0] = Recent{stored, call};
   g_->nodes_.back().call = call;
 }
 
@@ -787,7 +797,6 @@ std::shared_ptr<const Graph> GraphBuilder::finish(
   g.texts_ = std::move(store_);
   g.str_index_ = std::move(strs_);
   g.op_index_ = std::move(ops_);
-  g.value_index_ = std::move(values_);
   return std::shared_ptr<const Graph>(std::move(g_));
 }
 

@@ -270,7 +270,8 @@ class Graph {
   std::deque<std::string> texts_;
   std::vector<const std::string*> op_names_;
   std::vector<const std::string*> strings_;
-  std::unordered_map<std::string_view, int32_t> op_index_, str_index_, value_index_;
+  std::vector<ValueId> value_of_str_;  // per StrId: the value of that name, or kNone
+  std::unordered_map<std::string_view, int32_t> op_index_, str_index_;
   SymExprPool exprs_;
   std::vector<GraphSymbol> symbols_;
 };

@@ -88,13 +88,16 @@ class GraphBuilder {
   std::function<std::string(const std::string&)> damaged_;
   std::string first_damage_;
   std::deque<std::string> store_;  // interned strings; views into it stay valid
-  std::vector<std::string_view> str_views_;  // StrId -> its text in store_
   std::unordered_map<std::string_view, StrId> strs_;
   std::unordered_map<std::string_view, OpId> ops_;
-  std::unordered_map<std::string_view, ValueId> values_;
   std::unordered_map<std::string_view, CallId> stacks_;  // whole stack text -> innermost call
-  std::string_view last_stack_;  // the last node's stack text (in store_) and its call
-  CallId last_call_ = kNone;
+  // The last distinct stacks met (texts in store_), most recent first.
+  struct Recent {
+    std::string_view text;
+    CallId call = kNone;
+  };
+  static constexpr size_t kRecentStacks = 4;
+  Recent recent_[kRecentStacks];
   struct CallKey {
     CallId parent;
     std::string_view entry;
