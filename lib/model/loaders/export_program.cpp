@@ -869,7 +869,12 @@ class ProgramWalk {
     t.layout = static_cast<uint8_t>(m.layout >= 0 && m.layout < 256 ? m.layout : 0);
     std::string dev = m.device_type;
     if (m.device_index) dev += ":" + std::to_string(*m.device_index);
-    t.device = g_.intern(dev);
+    // Tensors come on one device or two: the last one's id is kept.
+    if (last_device_id_ == kNone || dev != last_device_) {
+      last_device_id_ = g_.intern(dev);
+      last_device_ = std::move(dev);
+    }
+    t.device = last_device_id_;
     g_.set_tensor(g_.value(name), t, sizes, strides);
   }
 
@@ -1077,6 +1082,8 @@ class ProgramWalk {
   RawProgram& raw_;
   GraphBuilder& g_;
   std::vector<SymInt> sizes_, strides_;  // to_graph's
+  std::string last_device_;               // to_graph's last device and its id
+  StrId last_device_id_ = kNone;
   std::future<TensorEntries>* ahead_ = nullptr;
 };
 
@@ -1346,7 +1353,6 @@ class ProgramReader {
 
   struct Meta {
     TensorInfo info;
-    std::string view;  // dtype, sizes, strides and offset: one tensor if the file and view agree
     bool on_meta = false;
   };
 
@@ -1377,14 +1383,14 @@ class ProgramReader {
     if (total_bytes_ > (int64_t{1} << 62)) damaged(record, "tensors add up to an impossible size");
     out.info.requires_grad = meta.requires_grad.value_or(true);
     out.on_meta = meta.device_type == "meta";
-    out.view = view_key(meta);
     return out;
   }
 
-  // One tensor per (file, view); tensors without a file are each their own.
-  TensorId tensor_for(const std::string& file_key, Meta meta) {
+  // One tensor per (file, view): dtype, sizes, strides and offset (view_key,
+  // made only here); tensors without a file are each their own.
+  TensorId tensor_for(const std::string& file_key, Meta meta, const RawMeta& raw) {
     if (file_key.empty()) return tree_.add_tensor(std::move(meta.info));
-    auto [it, fresh] = tensor_ids_.try_emplace(file_key + "|" + meta.view, 0);
+    auto [it, fresh] = tensor_ids_.try_emplace(file_key + "|" + view_key(raw), 0);
     if (fresh) it->second = tree_.add_tensor(std::move(meta.info));
     return it->second;
   }
@@ -1401,26 +1407,26 @@ class ProgramReader {
                                  " belongs to no module of module_call_graph");
     }
     const std::string what = (is_param ? "parameter " : "buffer ") + fqn;
-    std::string record = config_record;
-    RawMeta meta;
+    const std::string* record = &config_record;
+    const RawMeta* meta = nullptr;
     if (config_entry && config_entry->has_meta) {
-      meta = config_entry->meta;
+      meta = &config_entry->meta;
     } else {
       auto it = raw_.tensor_values && !arg.empty() ? metas_.find(arg) : metas_.end();
       if (it == metas_.end()) damaged(config_record, what + " has no tensor metadata");
-      meta = it->second;
-      record = model_record_;
+      meta = &it->second;
+      record = &model_record_;
     }
     std::string file_key;
     if (config_entry) {
       if (!config_entry->path_name) damaged(config_record, what + " has no path_name");
       file_key = std::string(config_tag) + *config_entry->path_name;
     }
-    Meta info = read_meta(meta, what, record);
+    Meta info = read_meta(*meta, what, *record);
     // Meta tensors have no storage: torch writes them all to one record, so
     // the record says nothing about ties (each is its own tensor here).
     if (info.on_meta) file_key.clear();
-    const TensorId t = tensor_for(file_key, std::move(info));
+    const TensorId t = tensor_for(file_key, std::move(info), *meta);
     tensor_by_name_.emplace(fqn, t);
     if (is_param) {
       tree_.add_param(m->second, local, t);
