@@ -1,5 +1,8 @@
 #include "tp/comm.h"
 
+#include <algorithm>
+#include <optional>
+
 #include "model/dtype.h"
 #include "model/graph.h"
 #include "plan/plan.h"
@@ -35,6 +38,119 @@ std::vector<bool> values_with_grad(const Graph& g) {
   return grad;
 }
 
+// The layouts' DTensor-ness at a styled module's output (style.py: each
+// style's _prepare_output_fn): ColwiseParallel / RowwiseParallel hand on the
+// local tensor unless use_local_output is false; SequenceParallel a DTensor
+// unless it is true. The Prepare* styles' layouts are not in the policy.
+bool output_is_dtensor(const TpStyleSpec& s) {
+  switch (s.style) {
+    case TpStyle::Colwise:
+    case TpStyle::Rowwise: return !s.use_local_output.value_or(true);
+    case TpStyle::SequenceParallel: return !s.use_local_output.value_or(false);
+    case TpStyle::Replicate: return false;
+    case TpStyle::PrepareModuleInput:
+    case TpStyle::PrepareModuleOutput: return true;
+  }
+  return true;
+}
+
+bool inside(const ModuleTree& tree, ModuleId m, ModuleId ancestor) {
+  for (; m >= 0; m = tree.module(m).parent)
+    if (m == ancestor) return true;
+  return false;
+}
+
+// The nearest module at or above `m` a plan entry styled, below `stop` (the
+// styled module whose inputs are asked about: its own ancestors do not
+// redistribute what flows inside them); -1 if none.
+ModuleId styled_at_or_above(const ModuleTree& tree, const std::vector<int>& entry_of, ModuleId m, ModuleId stop) {
+  for (; m >= 0 && !inside(tree, stop, m); m = tree.module(m).parent)
+    if (entry_of[static_cast<size_t>(m)] >= 0) return m;
+  return -1;
+}
+
+// Which values are DTensors, as torch runs the styled model: everything
+// computed inside a styled module (its input made a DTensor by
+// _prepare_input_fn, its parameters DTensors), a value leaving one as its
+// _prepare_output_fn leaves it (output_is_dtensor), and what a plain op
+// computes from a DTensor.
+class DTensorFlow {
+ public:
+  DTensorFlow(const ModuleTree& tree, const Graph& g, const TensorParallel& policy_tp, const std::vector<int>& entry_of)
+      : tree_(tree), g_(g), policy_tp_(policy_tp), entry_of_(entry_of),
+        dt_(static_cast<size_t>(g.num_values()), false) {
+    for (NodeId n = 0; n < g.num_nodes(); ++n) {
+      const ModuleId m = g.node(n).module;
+      bool any = styled_at_or_above(tree, entry_of, m, -1) >= 0;
+      for (ValueId v : inputs(n)) any = any || seen(v, m);
+      for (ValueId v : g.outputs(n))
+        if (v >= 0) dt_[static_cast<size_t>(v)] = any;
+    }
+  }
+  // The tensor values node n reads.
+  std::vector<ValueId> inputs(NodeId n) const {
+    std::vector<ValueId> vals;
+    for (const GraphArg& a : g_.args(n)) {
+      if (a.kind == ArgKind::Tensor || a.kind == ArgKind::OptionalTensor) {
+        if (a.i >= 0) vals.push_back(static_cast<ValueId>(a.i));
+      } else if (a.kind == ArgKind::Tensors || a.kind == ArgKind::OptionalTensors) {
+        for (ValueId v : g_.arg_values(a))
+          if (v >= 0) vals.push_back(v);
+      }
+    }
+    return vals;
+  }
+  // Whether value v is a DTensor where a node in module `at` reads it.
+  bool seen(ValueId v, ModuleId at) const {
+    const NodeId p = g_.value(v).producer;
+    if (p == kNone) return false;  // a parameter, buffer or the batch, outside every style: a plain tensor
+    const ModuleId s = styled_at_or_above(tree_, entry_of_, g_.node(p).module, at);
+    if (s >= 0) return output_is_dtensor(style_of(s));  // it leaves styled module s
+    return dt_[static_cast<size_t>(v)];
+  }
+  const TpStyleSpec& style_of(ModuleId m) const {
+    return policy_tp_.plan[static_cast<size_t>(entry_of_[static_cast<size_t>(m)])].second;
+  }
+
+ private:
+  const ModuleTree& tree_;
+  const Graph& g_;
+  const TensorParallel& policy_tp_;
+  const std::vector<int>& entry_of_;
+  std::vector<bool> dt_;
+};
+
+// Why a sequence_parallel module's redistributions are not followed, or ""
+// when they are: SequenceParallel._prepare_input_fn makes a plain input a
+// Shard(sequence_dim) DTensor with from_local (no collective; its gradient
+// goes back with to_local, none either), but redistributes a DTensor input;
+// its output stays a DTensor (use_local_output false), which only a colwise
+// module that takes a sequence-sharded input (input_layouts shard: its
+// all-gather, counted there) redistributes as counted. What else a DTensor
+// meets is DTensor's sharding propagation, not followed here.
+std::string sequence_parallel_unfollowed(const ModuleTree& tree, const Graph& g, const DTensorFlow& flow,
+                                         const std::vector<int>& entry_of, ModuleId sp) {
+  const bool dtensor_out = output_is_dtensor(flow.style_of(sp));
+  for (NodeId n = 0; n < g.num_nodes(); ++n) {
+    const bool in_sp = inside(tree, g.node(n).module, sp);
+    for (ValueId v : flow.inputs(n)) {
+      const NodeId p = g.value(v).producer;
+      if (p == kNone) continue;  // a parameter, buffer or the batch
+      const bool from_sp = inside(tree, g.node(p).module, sp);
+      if (in_sp && !from_sp && flow.seen(v, g.node(n).module)) {  // the module's input, a DTensor
+        return "its input is a DTensor, which it redistributes";
+      } else if (!in_sp && from_sp && dtensor_out) {  // its output, a DTensor, read outside
+        const ModuleId s = styled_at_or_above(tree, entry_of, g.node(n).module, sp);
+        const TpStyleSpec* c = s >= 0 ? &flow.style_of(s) : nullptr;
+        if (!c || c->style != TpStyle::Colwise || !is_shard(c->input_layouts))
+          return "its output DTensor reaches " + (s >= 0 ? path_or_root(tree.path(s)) : g.op_name(g.node(n).op)) +
+                 ", whose redistribution DTensor decides";
+      }
+    }
+  }
+  return "";
+}
+
 }  // namespace
 
 TpComm tp_comm(const Plan& plan) {
@@ -65,6 +181,7 @@ TpComm tp_comm(const Plan& plan) {
   std::vector<bool> seen(tree.num_modules(), false);
 
   std::vector<Collective> backward;  // in forward order; issued reversed
+  std::vector<NodeId> backward_node;  // the graph node each one belongs to
   // Activation checkpointing: each call's outermost checkpointed module (-1: none).
   std::vector<int> region(tree.num_modules(), -1);
   for (const CheckpointedModule& c : plan.activations.checkpointed)
@@ -150,18 +267,87 @@ TpComm tp_comm(const Plan& plan) {
         bwd_here.push_back(make(CollectiveKind::AllGather, StepPhase::Backward, in_numel, "input_grad"));
     }
     // Backward runs the calls in reverse: keep each call's own order by pushing it reversed.
-    for (size_t k = bwd_here.size(); k-- > 0;) backward.push_back(bwd_here[k]);
+    for (size_t k = bwd_here.size(); k-- > 0;) {
+      backward.push_back(bwd_here[k]);
+      backward_node.push_back(n);
+    }
     if (const ModuleId r = region[static_cast<size_t>(node.module)]; r >= 0) {
       auto& f = region_forward[static_cast<size_t>(r)];
       for (size_t k = first_forward; k < out.collectives.size(); ++k) f.push_back({n, out.collectives[k]});
     }
   }
+  // A sequence_parallel module's Replicate parameters get Partial gradients
+  // (its input is sharded on the sequence: a norm's weight gradient sums the
+  // rank's tokens only). FSDP2's post-backward makes each Replicate before
+  // its reduce-scatter (torch/distributed/fsdp/_fully_shard/_fsdp_param.py:
+  // FSDPParam._get_grad_inner_tensor: grad.redistribute, an all-reduce on
+  // the tp group), parameter by parameter in the unit's order, in the
+  // gradient's dtype (the unsharded parameter's: param_dtype under mixed
+  // precision). The post-backward runs when backward leaves the unit: after
+  // the backward of its first forward op that carries a gradient, whose
+  // module CommDebugMode names for it (the last module backward entered).
+  std::vector<NodeId> unit_first(plan.units.size(), graph->num_nodes());
+  for (NodeId n = graph->num_nodes(); n-- > 0;) {
+    bool carries = false;
+    for (ValueId v : graph->outputs(n))
+      if (v >= 0 && grad[static_cast<size_t>(v)]) carries = true;
+    if (!carries) continue;
+    for (int u = owner[static_cast<size_t>(graph->node(n).module)]; u >= 0; u = plan.units[static_cast<size_t>(u)].parent)
+      unit_first[static_cast<size_t>(u)] = n;
+  }
+  std::vector<bool> runs(tree.num_modules(), false);  // a module some graph node ran in (or below)
+  for (NodeId n = 0; n < graph->num_nodes(); ++n)
+    for (ModuleId m = graph->node(n).module; m >= 0 && !runs[static_cast<size_t>(m)]; m = tree.module(m).parent)
+      runs[static_cast<size_t>(m)] = true;
+  std::vector<std::vector<Collective>> post_backward(plan.units.size());
+  for (size_t u = 0; u < plan.units.size(); ++u) {
+    const Unit& unit = plan.units[u];
+    for (const Owned& o : unit.params) {
+      const int e = entry_of[static_cast<size_t>(o.module)];
+      if (e < 0 || policy_tp.plan[static_cast<size_t>(e)].second.style != TpStyle::SequenceParallel) continue;
+      const TensorInfo& info = tree.tensor(o.tensor);
+      if (!info.requires_grad || !runs[static_cast<size_t>(o.module)] || unit_first[u] >= graph->num_nodes()) continue;
+      if (tpp.placement[static_cast<size_t>(o.tensor)].kind != TpPlacement::Kind::Replicate) continue;
+      std::string dtype = info.dtype;
+      if (mp && mp->param_dtype && unit.mixed_precision.value_or(false)) dtype = *mp->param_dtype;
+      const int64_t item = dtype_itemsize(dtype) > 0 ? dtype_itemsize(dtype) : info.itemsize;
+      Collective c;
+      c.kind = CollectiveKind::AllReduce;
+      c.phase = StepPhase::Backward;
+      c.unit = static_cast<int>(u);
+      c.numel = tree.numel(o.tensor);
+      c.bytes = c.numel * item;
+      c.dtype = dtype;
+      c.group = out.group;
+      c.cause = "param_grad";
+      c.module = graph->node(unit_first[u]).module;
+      post_backward[u].push_back(c);
+    }
+  }
+  // Units in the order their post-backwards run: the later first op first, an inner unit before its parent.
+  std::vector<int> by_exit;
+  for (size_t u = 0; u < plan.units.size(); ++u)
+    if (!post_backward[u].empty()) by_exit.push_back(static_cast<int>(u));
+  std::stable_sort(by_exit.begin(), by_exit.end(), [&](int a, int b) {
+    const NodeId fa = unit_first[static_cast<size_t>(a)], fb = unit_first[static_cast<size_t>(b)];
+    return fa != fb ? fa > fb : plan.units[static_cast<size_t>(a)].depth > plan.units[static_cast<size_t>(b)].depth;
+  });
+  size_t exited = 0;
+  auto leave_units_after = [&](NodeId n) {  // the post-backwards of the units backward left before node n
+    for (; exited < by_exit.size() && unit_first[static_cast<size_t>(by_exit[exited])] > n; ++exited)
+      for (const Collective& c : post_backward[static_cast<size_t>(by_exit[exited])]) out.collectives.push_back(c);
+  };
+
   // Backward, with each checkpointed region's recompute first when backward
   // reaches it: its forward runs again, collectives included, but
   // non-reentrant checkpointing stops at the last op that saves a tensor
   // (torch/utils/checkpoint.py: _StopRecomputationError); the region's last
   // linear stands for that op here (counted on HF's Llama: o_proj's
-  // all-reduce recurs, down_proj's, after the last matmul, does not).
+  // all-reduce recurs, down_proj's, after the last matmul, does not). The
+  // recompute starts at the first saved tensor backward unpacks, the last
+  // linear's: what backward does before it (a gradient's redistribution
+  // after that linear, as a rowwise output_grad all-gather) comes first
+  // (counted on sp_decoder.py: down's all-gather, then the recompute).
   std::vector<bool> recomputed(tree.num_modules(), false);
   auto recompute = [&](ModuleId r) {
     if (r < 0 || recomputed[static_cast<size_t>(r)]) return;
@@ -176,18 +362,35 @@ TpComm tp_comm(const Plan& plan) {
     }
   };
   for (size_t k = backward.size(); k-- > 0;) {
-    recompute(region[static_cast<size_t>(backward[k].module)]);
+    const NodeId n = backward_node[k];
+    leave_units_after(n);
+    const ModuleId r = region[static_cast<size_t>(backward[k].module)];
+    if (r >= 0) {
+      const NodeId stop = last_linear[static_cast<size_t>(r)];
+      if (n < stop || (n == stop && std::string(backward[k].cause) != "output_grad")) recompute(r);
+    }
     out.collectives.push_back(backward[k]);
   }
   for (const CheckpointedModule& c : plan.activations.checkpointed) recompute(c.module);
-  // Styles this count does not follow: sequence_parallel's norms and the
-  // Prepare* hooks redistribute activations too, and a styled module the
-  // graph shows no linear / embedding call for.
+  leave_units_after(-1);
+  // Styles this count does not follow: the Prepare* hooks redistribute
+  // activations to layouts the policy does not say, a sequence_parallel
+  // module whose input or output DTensor meets what is not followed above,
+  // and a styled module the graph shows no linear / embedding call for.
+  std::optional<DTensorFlow> flow;
   for (const TpModule& m : tpp.modules) {
     const TpStyle s = policy_tp.plan[static_cast<size_t>(m.entry)].second.style;
-    const bool counted = (s == TpStyle::Colwise || s == TpStyle::Rowwise) && seen[static_cast<size_t>(m.module)];
-    if (!counted && s != TpStyle::Replicate)
-      out.not_modelled.push_back(path_or_root(tree.path(m.module)) + " (" + tp_style_names().name(s) + ")");
+    if (s == TpStyle::Replicate) continue;
+    std::string why;
+    if (s == TpStyle::SequenceParallel) {
+      if (!flow) flow.emplace(tree, *graph, policy_tp, entry_of);
+      why = sequence_parallel_unfollowed(tree, *graph, *flow, entry_of, m.module);
+      if (why.empty()) continue;
+    } else if ((s == TpStyle::Colwise || s == TpStyle::Rowwise) && seen[static_cast<size_t>(m.module)]) {
+      continue;
+    }
+    out.not_modelled.push_back(path_or_root(tree.path(m.module)) + " (" + tp_style_names().name(s) +
+                               (why.empty() ? "" : ": " + why) + ")");
   }
   return out;
 }

@@ -6,8 +6,12 @@
 // redistribute rules (torch/distributed/tensor/_redistribute.py): a Partial
 // output made Replicate is an all-reduce, made Shard a reduce-scatter; a
 // Shard made Replicate an all-gather; in backward the same moves in reverse
-// (a Replicate input's gradient comes back Partial: all-reduced). Counted
-// against CommDebugMode (tests/tensor_parallel/tp_comm_reference.py).
+// (a Replicate input's gradient comes back Partial: all-reduced). Under
+// sequence parallelism a sequence_parallel module's Replicate parameters get
+// Partial gradients, all-reduced in FSDP2's post-backward (cause
+// "param_grad"; the Collective's module is then the one backward entered last
+// in the unit, as CommDebugMode names it). Counted against CommDebugMode
+// (tests/tensor_parallel/tp_comm_reference.py).
 //
 // The sizes are the activations': tokens x features x itemsize at the
 // graph's dimensions, so only a .pt2 graph gives them (TpComm::sizes_known).

@@ -1,14 +1,17 @@
 """Tensor parallelism's collectives against torch 2.13: the plan's comm.tensor_parallel vs tests/tensor_parallel/comm_reference.json.
 
 comm_reference.json is what CommDebugMode counted around one real forward and backward of the
-2-D model (parallelize_module with Hugging Face's plan, fully_shard on each decoder layer and the
-root) under the fake backend (tp_comm_reference.py writes it). For each case this test exports the
-same small model to a .pt2 (fsdp-plan-export, at the reference's batch and sequence length),
-plans it with the same tensor_parallel section, and checks:
+2-D model (parallelize_module with Hugging Face's plan on the corpus Llama, or the sequence-parallel
+plan on sp_decoder.py's model; fully_shard on each decoder layer and the root) under the fake
+backend (tp_comm_reference.py writes it). For each case this test exports the same small model to a
+.pt2 (fsdp-plan-export, at the reference's batch and sequence length), plans it with the same
+tensor_parallel section, and checks:
 
 - every TP collective, in issue order: module, phase, kind, message numel and bytes, dtype, and
   the tp group's size and rank stride equal torch's; the counts per module, phase and kind equal
   CommDebugMode's (and the recorder the reference used saw exactly what CommDebugMode counted);
+  under sequence parallelism that includes the all-reduces of the norms' Partial weight gradients
+  in FSDP's post-backward; and no styled module is left in not_modelled;
 - every FSDP collective of the 2-D plan, in issue order: phase, kind, numel, dtype, and the
   dp_shard group's size and stride (the dp ranks are tp apart) equal torch's;
 - the step-time model charges them: each has a time on the tp group, intra-node, and the units'
@@ -20,12 +23,11 @@ plans it with the same tensor_parallel section, and checks:
 
     /work/main/.venv/bin/python tests/tensor_parallel/test_tp_comm.py BINARY [-k SUBSTRING] [-v]
 
-Exits 1 on any failure. About three minutes (two exports).
+Exits 1 on any failure. About four minutes (three exports).
 """
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import warnings
@@ -34,9 +36,11 @@ from collections import Counter
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
+import sp_decoder  # noqa: E402
+import test_tp_activations  # noqa: E402  (export_sp_decoder)
 import test_tp_plan  # noqa: E402  (save_model, LAYER_CLASS)
 import tp_comm_reference  # noqa: E402
-import tp_reference  # noqa: E402
+import tp_common  # noqa: E402  (write_policy, plan_json)
 
 TP_FIELDS = ("module", "phase", "kind", "numel", "dtype", "group_size", "group_stride")
 FSDP_FIELDS = ("phase", "kind", "numel", "dtype", "group_size", "group_stride")
@@ -49,30 +53,31 @@ def with_group(c: dict, group: dict) -> dict:
     return dict(c, numel=c["bytes"] // ITEMSIZE[c["dtype"]], group_size=group["size"], group_stride=group["stride"])
 
 
+def layer_class(model: str) -> str:
+    return "Block" if model == "sp_decoder" else test_tp_plan.LAYER_CLASS[model]
+
+
 def policy_for(case: dict) -> dict:
     mesh = case["mesh"]
     world = mesh["dp_shard"] * mesh["tp"]
-    return {"module_classes": [test_tp_plan.LAYER_CLASS[case["model"]]],
+    return {"module_classes": [layer_class(case["model"])],
             "fsdp": {"version": 2, "world_size": world, "optimizer": "adamw"},
             "tensor_parallel": {"degree": mesh["tp"], "plan": case["plan"], "mesh": {"dp_shard": mesh["dp_shard"]}},
-            **({"activation_checkpointing": {"module_classes": [test_tp_plan.LAYER_CLASS[case["model"]]]}}
+            **({"activation_checkpointing": {"module_classes": [layer_class(case["model"])]}}
                if case["activation_checkpointing"] else {})}
 
 
 def export_pt2(name: str, tmp: str) -> str:
-    """The small model exported at the reference's batch and length."""
+    """The small model exported at the reference's batch and length (sp_decoder.py's are the same)."""
+    if name == "sp_decoder":
+        return test_tp_activations.export_sp_decoder(tmp)
     return test_tp_plan.export_pt2(name, tmp, ("--batch", str(tp_comm_reference.BATCH),
                                                "--seq", str(tp_comm_reference.SEQ)))
 
 
 def run_plan(binary: str, model_file: str, pfile: str, dims: list) -> dict:
-    args = [binary, model_file, "--policy", pfile, "--format", "json", "--collectives"]
-    for d in dims:
-        args += ["--dim", d]
-    r = subprocess.run(args, capture_output=True, text=True)
-    if r.returncode not in (0, 1):
-        raise RuntimeError(f"exit {r.returncode}: {r.stderr.strip()}")
-    return json.loads(r.stdout)
+    return tp_common.plan_json(binary, model_file, pfile,
+                               ["--collectives"] + [a for d in dims for a in ("--dim", d)])
 
 
 def subtree_counts(calls: list) -> dict:
@@ -97,9 +102,7 @@ def check_case(binary: str, name: str, case: dict, pt2: str, ts: str, tmp: str, 
     for m, per in case["comm_counts"].items():
         if rolled.get(m, {"forward": {}, "backward": {}}) != per:
             fails.append(f"reference: recorder {rolled.get(m)} at {m!r}, CommDebugMode {per}")
-    pfile = os.path.join(tmp, name + ".policy.json")
-    with open(pfile, "w") as f:
-        json.dump(policy_for(case), f)
+    pfile = tp_common.write_policy(tmp, name, policy_for(case))
     plan = run_plan(binary, pt2, pfile, [])  # exported at the reference's (batch, seq)
     if [w["kind"] for w in plan["warnings"] if w["severity"] == "error"]:
         fails.append(f"the plan refuses: {[w['message'] for w in plan['warnings'] if w['severity'] == 'error']}")
@@ -121,6 +124,8 @@ def check_case(binary: str, name: str, case: dict, pt2: str, ts: str, tmp: str, 
     for k in sorted(set(count_t) | set(count_p)):
         if count_t[k] != count_p[k]:
             fails.append(f"{k}: CommDebugMode counts {count_t[k]}, plan {count_p[k]}")
+    if tp["not_modelled"]:  # every style of these plans is followed
+        fails.append(f"not_modelled: {tp['not_modelled']}")
     if tp["mesh_dim"] != "tp" or any(c["bytes"] % ITEMSIZE[c["dtype"]] for c in tp["collectives"]):
         fails.append(f"comm.tensor_parallel: mesh_dim {tp['mesh_dim']}, or bytes not whole elements")
     if tp["calls"] != len(have) or tp["bytes"] != sum(c["bytes"] for c in tp["collectives"]):
@@ -144,9 +149,7 @@ def check_case(binary: str, name: str, case: dict, pt2: str, ts: str, tmp: str, 
     # exported graph and eager autograd's differ by a constant without TP too (tests/timing/FLOPS.md).
     flops = {ph: sum(u["time"][ph + "_flops"] for u in plan["units"]) for ph in ("forward", "backward")}
     whole_policy = {k: v for k, v in policy_for(case).items() if k != "tensor_parallel"}
-    wfile = os.path.join(tmp, name + ".unsplit.json")
-    with open(wfile, "w") as f:
-        json.dump(whole_policy, f)
+    wfile = tp_common.write_policy(tmp, name + ".unsplit", whole_policy)
     whole = run_plan(binary, pt2, wfile, [])
     whole_flops = {ph: sum(u["time"][ph + "_flops"] for u in whole["units"]) for ph in ("forward", "backward")}
     local, unsplit = case["local_flops"], case["unsplit_flops"]
@@ -159,15 +162,33 @@ def check_case(binary: str, name: str, case: dict, pt2: str, ts: str, tmp: str, 
         fails.append(f"backward FLOPs per rank: torch's local share {local['backward']} / {unsplit['backward']}, "
                      f"plan's {flops['backward']} / {whole_flops['backward']}")
     # A TorchScript file of the same model: no activation shapes, so no sizes.
-    ts_plan = run_plan(binary, ts, pfile, [])
-    ts_tp = ts_plan["comm"]["tensor_parallel"]
-    if ts_tp["sizes_known"] or ts_tp["collectives"] or ts_tp["calls"] is not None or not ts_tp.get("unknown_reason"):
+    ts_plan = run_plan(binary, ts, pfile, []) if ts else None
+    ts_tp = ts_plan["comm"]["tensor_parallel"] if ts_plan else None
+    if ts_tp and (ts_tp["sizes_known"] or ts_tp["collectives"] or ts_tp["calls"] is not None or
+                  not ts_tp.get("unknown_reason")):
         fails.append(f"TorchScript: the TP sizes should be unknown, plan says {ts_tp}")
     if verbose:
         kinds = Counter((c["phase"], c["kind"]) for c in have)
         print(f"  {name}: {len(have)} TP collectives {dict(kinds)}, {tp['bytes']} bytes; {len(have_f)} FSDP; "
               f"TP {t['comm_s'] * 1e6:.1f} us blocking; FLOPs {flops}")
     return fails
+
+
+def check_unfollowed(binary: str, pt2: str, tmp: str) -> list:
+    """What the plan does not follow stays in not_modelled: the sequence-parallel plan with q / k / v
+    colwise from the default Replicate input (norm1's Shard(1) DTensor output then meets DTensor's
+    sharding propagation inside the linears, as in torchtitan's plan without its
+    prepare_module_input) and o keeping a DTensor output (what is computed from it, the residual
+    stream, is a DTensor: norm2's and the final norm's inputs are DTensors they redistribute)."""
+    plan = dict(sp_decoder.SP_PLAN)
+    for k in ("q", "k", "v"):
+        plan[f"layers.*.attn.{k}"] = "colwise"
+    plan["layers.*.attn.o"] = {"style": "rowwise", "output_layouts": "shard(1)", "use_local_output": False}
+    case = {"model": "sp_decoder", "mesh": {"dp_shard": 4, "tp": 2}, "plan": plan, "activation_checkpointing": False}
+    got = tp_common.plan_json(binary, pt2, tp_common.write_policy(tmp, "sp_unfollowed", policy_for(case)))
+    listed = sorted(m.split(" ")[0] for m in got["comm"]["tensor_parallel"]["not_modelled"])
+    want = ["layers.0.norm1", "layers.0.norm2", "layers.1.norm1", "layers.1.norm2", "norm"]
+    return [] if listed == want else [f"not_modelled {listed}, want {want}"]
 
 
 def main() -> int:
@@ -188,11 +209,19 @@ def main() -> int:
                 continue
             pt2 = os.path.join(args.pt2_dir, case["model"] + ".pt2") if args.pt2_dir else ""
             if not os.path.exists(pt2):
-                pt2 = export_pt2(case["model"], tmp)
-            ts = test_tp_plan.save_model(case["model"], tmp, cache)
+                pt2 = cache.get(case["model"] + ".pt2") or export_pt2(case["model"], tmp)
+                cache[case["model"] + ".pt2"] = pt2
+            # sp_decoder.py's model has no TorchScript version (the corpus Llama checks that path).
+            ts = "" if case["model"] == "sp_decoder" else test_tp_plan.save_model(case["model"], tmp, cache)
             fails = check_case(args.binary, name, case, pt2, ts, tmp, args.v)
             for line in fails:
                 print(f"FAIL {name}: {line}")
+            failed += bool(fails)
+            passed += not fails
+        if "sp_decoder.pt2" in cache:
+            fails = check_unfollowed(args.binary, cache["sp_decoder.pt2"], tmp)
+            for line in fails:
+                print(f"FAIL sp_decoder_unfollowed: {line}")
             failed += bool(fails)
             passed += not fails
     print(f"{passed} passed, {failed} failed")

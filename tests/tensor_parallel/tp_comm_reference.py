@@ -1,10 +1,11 @@
 """Ground truth for tensor parallelism's collectives: CommDebugMode around one real training step of the 2-D model.
 
-For each case (a corpus decoder, a (dp_shard, tp) mesh, Hugging Face's own tensor-parallel plan),
-this script builds the small model on the CPU, rank 0 of a single-process "fake" process group,
-runs torch 2.13's parallelize_module on the "tp" sub-mesh and fully_shard on each decoder layer and
-the root on the "dp_shard" sub-mesh (as tp_reference.py does), then one forward and backward of a
-(BATCH, SEQ) batch of token ids under torch.distributed.tensor.debug.CommDebugMode, and records:
+For each case (a corpus decoder with Hugging Face's own tensor-parallel plan, or sp_decoder.py's
+model with its sequence-parallel plan; a (dp_shard, tp) mesh), this script builds the small model on
+the CPU, rank 0 of a single-process "fake" process group, runs torch 2.13's parallelize_module on
+the "tp" sub-mesh and fully_shard on each decoder layer and the root on the "dp_shard" sub-mesh (as
+tp_reference.py does), then one forward and backward of a (BATCH, SEQ) batch of token ids under
+torch.distributed.tensor.debug.CommDebugMode (the logits' sum; sp_decoder's loss), and records:
 
 - `comm_counts`: CommDebugMode's own count per module, phase and collective (its
   comm_module_counts, the module's own calls: the counts it adds to the parents are left out);
@@ -25,11 +26,8 @@ data), not FakeTensorMode: Hugging Face's mask code calls .item(), which fake te
 With --check, compares against the stored reference instead of writing it (exit 1 on a
 difference). About half a minute.
 """
-import argparse
-import json
 import os
 import sys
-import warnings
 from typing import Any, Dict, List, Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -37,7 +35,9 @@ sys.path.insert(0, HERE)
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
+import sp_decoder  # noqa: E402
 import tp_reference  # noqa: E402  (its models, HF's plan and the style translation)
+import tp_common  # noqa: E402  (reference_main)
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (  # noqa: E402
     apply_activation_checkpointing,
     checkpoint_wrapper,
@@ -51,6 +51,7 @@ from torch.distributed.tensor.parallel import parallelize_module  # noqa: E402
 from torch.testing._internal.distributed.fake_pg import FakeStore  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from torch.utils._pytree import tree_leaves  # noqa: E402
+from torch.utils import flop_counter  # noqa: E402
 from torch.utils.flop_counter import flop_registry  # noqa: E402
 
 REFERENCE = os.path.join(HERE, "comm_reference.json")
@@ -64,6 +65,11 @@ CASES: Dict[str, Dict[str, Any]] = {
     # does): the recompute in backward issues the layer's forward collectives again, up to where
     # checkpointing stops.
     "llama_hf_4x2_ac": dict(model="llama", mesh={"dp_shard": 4, "tp": 2}, ac=True),
+    # Sequence parallelism (sp_decoder.py: HF's Llama does not run under it) at tp 2 and 4, and with
+    # activation checkpointing on each block.
+    "sp_decoder_sp_4x2": dict(model="sp_decoder", mesh={"dp_shard": 4, "tp": 2}),
+    "sp_decoder_sp_2x4": dict(model="sp_decoder", mesh={"dp_shard": 2, "tp": 4}),
+    "sp_decoder_sp_4x2_ac": dict(model="sp_decoder", mesh={"dp_shard": 4, "tp": 2}, ac=True),
 }
 KIND = {"all_reduce": "all_reduce", "allreduce_": "all_reduce", "all_gather_into_tensor": "all_gather",
         "_allgather_base_": "all_gather", "allgather_": "all_gather", "reduce_scatter_tensor": "reduce_scatter",
@@ -122,7 +128,14 @@ class LocalFlops(TorchDispatchMode):
     a DTensor call is passed on to DTensor (NotImplemented, as CommDebugMode does), which runs the
     local op, counted then; the meta-tensor calls DTensor's sharding propagation makes are not
     computed on the rank and not counted. (FlopCounterMode itself counts a DTensor matmul at its
-    global shape.) Forward and backward apart (inside autograd's graph task: backward)."""
+    global shape.) Forward and backward apart (inside autograd's graph task: backward). SDPA's CPU
+    kernels, which torch's registry does not list, count as its GPU kernels do (torch's own
+    sdpa_flop / sdpa_backward_flop, as tests/timing/flop_oracle.py maps them)."""
+
+    REGISTRY = {**flop_registry,
+                torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: flop_counter.sdpa_flop,
+                torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward:
+                    flop_counter.sdpa_backward_flop}
 
     def __init__(self):
         super().__init__()
@@ -134,8 +147,8 @@ class LocalFlops(TorchDispatchMode):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         packet = func._overloadpacket
-        if packet in flop_registry and not any(isinstance(a, torch.Tensor) and a.is_meta for a in args):
-            n = flop_registry[packet](*args, **kwargs, out_val=out)
+        if packet in self.REGISTRY and not any(isinstance(a, torch.Tensor) and a.is_meta for a in args):
+            n = self.REGISTRY[packet](*args, **kwargs, out_val=out)
             if torch._C._current_graph_task_id() != -1:
                 self.backward += n
             else:
@@ -152,20 +165,41 @@ def strip(fqn: str) -> str:
     return fqn.split(".", 1)[1] if "." in fqn else ""
 
 
+def build(name: str):
+    return sp_decoder.build() if name == "sp_decoder" else tp_reference.MODELS[name]("cpu")
+
+
+def plan_of(name: str) -> Dict[str, Any]:
+    return sp_decoder.SP_PLAN if name == "sp_decoder" else tp_reference.hf_plan(name)
+
+
+def layers_of(model):
+    return model.layers if hasattr(model, "layers") else model.model.layers
+
+
+def step(model, ids: torch.Tensor) -> None:
+    """One forward and backward: the sum of the logits (the corpus models), the loss in the forward
+    (sp_decoder, which returns only the loss)."""
+    if isinstance(model, sp_decoder.SpDecoder):
+        model(input_ids=ids, labels=ids).loss.backward()
+    else:
+        model(input_ids=ids).logits.float().sum().backward()
+
+
 def run_case(case: Dict[str, Any]) -> Dict[str, Any]:
     sizes = [case["mesh"]["dp_shard"], case["mesh"]["tp"]]
     if dist.is_initialized():
         dist.destroy_process_group()
     dist.init_process_group("fake", rank=0, world_size=sizes[0] * sizes[1], store=FakeStore())
     mesh = init_device_mesh("cpu", tuple(sizes), mesh_dim_names=("dp_shard", "tp"))
-    plan = tp_reference.hf_plan(case["model"])
-    model = tp_reference.MODELS[case["model"]]("cpu")
+    plan = plan_of(case["model"])
+    model = build(case["model"])
     parallelize_module(model, mesh["tp"], {k: tp_reference.torch_style(v) for k, v in plan.items()})
     if case.get("ac"):
-        layer_class = type(model.model.layers[0])
+        layer_class = type(layers_of(model)[0])
         apply_activation_checkpointing(model, checkpoint_wrapper_fn=checkpoint_wrapper,
                                        check_fn=lambda m: isinstance(m, layer_class))
-    for layer in model.model.layers:
+    for layer in layers_of(model):
         fully_shard(layer, mesh=mesh["dp_shard"])
     fully_shard(model, mesh=mesh["dp_shard"])
     names = {mesh[d].get_group().group_name: d for d in ("dp_shard", "tp")}
@@ -173,17 +207,17 @@ def run_case(case: Dict[str, Any]) -> Dict[str, Any]:
     mode.ranks = {d: group_ranks(mesh[d].get_group()) for d in ("dp_shard", "tp")}
     ids = torch.randint(3, 200, (BATCH, SEQ), generator=torch.Generator().manual_seed(0))
     with mode:
-        model(input_ids=ids).logits.float().sum().backward()
+        step(model, ids)
     flops = LocalFlops()
     with flops:  # a second step: what each rank computes
-        model(input_ids=ids).logits.float().sum().backward()
-    whole = tp_reference.MODELS[case["model"]]("cpu")  # the unsplit model's step, for the ratio
+        step(model, ids)
+    whole = build(case["model"])  # the unsplit model's step, for the ratio
     if case.get("ac"):
         apply_activation_checkpointing(whole, checkpoint_wrapper_fn=checkpoint_wrapper,
-                                       check_fn=lambda m: isinstance(m, type(whole.model.layers[0])))
+                                       check_fn=lambda m: isinstance(m, type(layers_of(whole)[0])))
     unsplit = LocalFlops()
     with unsplit:
-        whole(input_ids=ids).logits.float().sum().backward()
+        step(whole, ids)
     counts: Dict[str, Dict[str, Dict[str, int]]] = {}
     own: Dict[str, Dict[str, Dict[str, int]]] = {}
     for c in mode.calls:  # each call once, at the module that issued it
@@ -213,24 +247,8 @@ def by_kind(per_op) -> Dict[str, int]:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", default=REFERENCE, help="where to write the reference (default: %(default)s)")
-    ap.add_argument("--check", action="store_true", help="compare with --out instead of writing it")
-    args = ap.parse_args(argv)
-    warnings.filterwarnings("ignore")
-    result = {"torch": torch.__version__.split("+")[0], "cases": {n: run_case(c) for n, c in CASES.items()}}
-    if args.check:
-        with open(args.out) as f:
-            stored = json.load(f)
-        bad = [n for n, c in result["cases"].items() if stored["cases"].get(n) != json.loads(json.dumps(c))]
-        for n in bad:
-            print(f"FAIL {n}: torch's collectives differ from {args.out}")
-        print(f"{len(result['cases']) - len(bad)} passed, {len(bad)} failed")
-        return 1 if bad else 0
-    with open(args.out, "w") as f:
-        f.write(json.dumps(result, indent=1, sort_keys=True) + "\n")
-    print(f"wrote {args.out}: {len(result['cases'])} cases")
-    return 0
+    return tp_common.reference_main(__doc__, REFERENCE, CASES, lambda name, case: run_case(case), "collectives",
+                                    argv=argv)
 
 
 if __name__ == "__main__":
