@@ -1401,19 +1401,20 @@ class Reader {
     const PyValue& pc = top_["parallelism_config"];
     if (pc.kind != PyValue::Dict) fail("parallelism_config must be a mapping");
     if (pc.entries.empty()) return;
+    int64_t replicate = 1, shard = -1, tp = 1;
+    for (const auto& [k, v] : pc.entries) {
+      if (k == "parallelism_config_dp_replicate_size") replicate = parse_int(v, k);
+      else if (k == "parallelism_config_dp_shard_size") shard = parse_int(v, k);
+      else if (k == "parallelism_config_tp_size") tp = parse_int(v, k);
+      else if ((k == "parallelism_config_cp_size" || k == "parallelism_config_sp_size") && parse_int(v, k) != 1)
+        fail(k + " is " + py_str(v) + ": fsdp-plan plans data and tensor parallelism only (context and "
+                                      "sequence parallel sizes must be 1)");
+    }
+    if (tp != 1) return read_tensor_parallel(replicate, shard, tp);
     if (!out_.policy.fsdp.v2()) {
       key_warning("parallelism_config", "is for FSDP2 (fsdp_version 2); under FSDP1 hybrid sharding is "
                                         "fsdp_sharding_strategy: HYBRID_SHARD. fsdp-plan ignores it");
       return;
-    }
-    int64_t replicate = 1, shard = -1;
-    for (const auto& [k, v] : pc.entries) {
-      if (k == "parallelism_config_dp_replicate_size") replicate = parse_int(v, k);
-      else if (k == "parallelism_config_dp_shard_size") shard = parse_int(v, k);
-      else if ((k == "parallelism_config_tp_size" || k == "parallelism_config_cp_size" ||
-                k == "parallelism_config_sp_size") && parse_int(v, k) != 1)
-        fail(k + " is " + py_str(v) + ": fsdp-plan plans data parallelism only (tensor, context and sequence "
-                                      "parallel sizes must be 1)");
     }
     if (replicate < 1) fail("parallelism_config_dp_replicate_size must be at least 1");
     FsdpSettings& fsdp = out_.policy.fsdp;
@@ -1427,6 +1428,60 @@ class Reader {
       note("parallelism_config", "dp_replicate " + std::to_string(replicate) + " x dp_shard " + std::to_string(shard),
            true);
     }
+  }
+
+  // parallelism_config_tp_size other than 1: the launcher exports the sizes
+  // (utils/launch.py: prepare_extend_env_parallelism_config; a size the file
+  // leaves out is the launcher's default, 1), Accelerator builds
+  // ParallelismConfig from them and checks it (parallelism_config.py:
+  // __post_init__, _validate_accelerator), in this order. What it then
+  // shards is a model transformers already split with its own plan
+  // (from_pretrained(..., tp_plan="auto"); Accelerator.prepare_model checks
+  // the model's tp size, _prepare_tp applies no plan): "plan": "model" on the
+  // (dp_replicate, dp_shard, tp) mesh, the dims of size 1 left out as
+  // Accelerate's _get_mesh leaves them out.
+  void read_tensor_parallel(int64_t replicate, int64_t shard, int64_t tp) {
+    if (shard == -1) shard = 1;
+    for (const auto& [name, size] : {std::pair<const char*, int64_t>{"dp_replicate_size", replicate},
+                                     {"dp_shard_size", shard}, {"tp_size", tp}})
+      if (size < 1)
+        refuse("ValueError: " + std::string(name) + " must be at least 1, but got " + std::to_string(size));
+    if (tp > 1 && replicate > 1 && shard == 1)
+      refuse("ValueError: Tensor/Context parallelism (tp/cp_size > 1) cannot be used with pure data parallelism "
+             "(dp_replicate_size > 1 and dp_shard_size == 1). Please set dp_shard_size > 1 and dp_replicate_size "
+             "== 1 to compose FSDP + TP/CP for 2D parallel, or set dp_replicate_size == 1 and dp_shard_size > 1 to "
+             "compose HSDP + TP/CP for 3D parallel.");
+    FsdpSettings& fsdp = out_.policy.fsdp;
+    const int64_t total = replicate * shard * tp;
+    if (total != fsdp.world_size)
+      refuse("ValueError: ParallelismConfig total_size (" + std::to_string(total) + ") does not match num_processes (" +
+             std::to_string(fsdp.world_size) + "). Please adjust dp_replicate_size/ dp_shard_size/tp_size/cp_size/"
+             "sp_size.");
+    if (fsdp.v2() && shard == 1)
+      refuse("ValueError: FSDP is enabled but the parallelism config has no dimension for FSDP to shard across (both "
+             "`dp_shard_size` and `cp_size` are 1). This usually means a model that is already parallelized another "
+             "way -- e.g. loaded with `DistributedConfig(tp_size=N)` or `enable_expert_parallel=True`, which makes the "
+             "whole world size tensor/expert parallel -- was launched under an FSDP config. Either launch it without "
+             "the FSDP config, or leave ranks for FSDP to use by lowering `tp_size`.");
+    if (!fsdp.v2())
+      refuse("ValueError: ParallelismConfig is only compatible DistributedType.FSDP (version 2) or "
+             "DistributedType.Multi{Device} or DistributedType.DEEPSPEED, but got DistributedType.FSDP.");
+    TensorParallel section;
+    section.degree = tp;
+    section.from_model = true;
+    section.dp_replicate = replicate;
+    section.dp_shard = shard;
+    out_.policy.tensor_parallel = section;
+    note("parallelism_config", "dp_replicate " + std::to_string(replicate) + " x dp_shard " + std::to_string(shard) +
+                                   " x tp " + std::to_string(tp) + " (the model's own tp plan)", true);
+    // accelerator.py: Accelerator._prepare_tp, under FSDP2, on a model with DTensor parameters.
+    out_.warnings.push_back(make_warning(
+        "accelerate_tp_refused",
+        "Accelerate would stop: ImportError: cannot import name 'ReplicateParallel' from "
+        "'transformers.integrations.tensor_parallel' (Accelerator.prepare with FSDP2 and tp_size " +
+            std::to_string(tp) + " imports it in _prepare_tp; transformers 5.24 no longer has it). Planned as the "
+            "config sets it up: the model split by its own tp plan (from_pretrained(..., tp_plan=\"auto\")), then "
+            "Accelerate's fully_shard calls on the data-parallel mesh dimensions"));
   }
 
   std::string file_;

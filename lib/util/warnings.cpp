@@ -32,6 +32,7 @@ const std::vector<WarningKind>& warning_table() {
       {"accelerate_config_key", S::Warning, std::nullopt, W::Accelerate},
       {"accelerate_class_missing", S::Error, std::nullopt, W::Accelerate},
       {"accelerate_ac_refused", S::Error, std::nullopt, W::Accelerate},
+      {"accelerate_tp_refused", S::Error, std::nullopt, W::Accelerate},
       // FSDP1's flat parameter (fsdp1/warnings.cpp), and the root (plan/root_warnings.cpp).
       {"mixed_requires_grad", S::Error, S::Warning, W::Fsdp1},
       {"mixed_dtype", S::Error, std::nullopt, W::Fsdp1},
