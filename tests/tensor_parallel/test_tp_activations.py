@@ -33,9 +33,9 @@ import warnings
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-import sp_decoder  # noqa: E402
 import test_tp_plan  # noqa: E402  (export_pt2, LAYER_CLASS)
 import tp_act_reference  # noqa: E402
+import tp_common  # noqa: E402  (write_policy, plan_json)
 
 TOLERANCE = 0.02
 TOLERANCE_PEAK = 0.05
@@ -68,18 +68,12 @@ def export_sp_decoder(tmp: str) -> str:
 
 
 def run_plan(binary: str, model_file: str, pfile: str) -> dict:
-    r = subprocess.run([binary, model_file, "--policy", pfile, "--format", "json", "--device", "cpu", "-q"],
-                       capture_output=True, text=True)
-    if r.returncode not in (0, 1):
-        raise RuntimeError(f"exit {r.returncode}: {r.stderr.strip()}")
-    return json.loads(r.stdout)
+    return tp_common.plan_json(binary, model_file, pfile, ("--device", "cpu", "-q"))
 
 
 def check_case(binary: str, name: str, case: dict, pt2: str, tmp: str, verbose: bool) -> tuple:
     fails = []
-    pfile = os.path.join(tmp, name + ".policy.json")
-    with open(pfile, "w") as f:
-        json.dump(policy_for(case), f)
+    pfile = tp_common.write_policy(tmp, name, policy_for(case))
     plan = run_plan(binary, pt2, pfile)
     errors = [w["message"] for w in plan["warnings"] if w["severity"] == "error"]
     if errors:

@@ -43,6 +43,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "corpus"))
 
 import corpus  # noqa: E402
 import tp_reference  # noqa: E402
+import tp_common  # noqa: E402  (write_policy, plan_json)
 
 # The warning kind each failing case must raise; None: the plan cannot see it from shapes.
 EXPECTED_REFUSAL = {
@@ -80,13 +81,11 @@ def policy_for(case: dict) -> dict:
 
 
 def check_case(binary: str, name: str, case: dict, model_file: str, tmp: str, verbose: bool) -> list:
-    pfile = os.path.join(tmp, name + ".policy.json")
-    with open(pfile, "w") as f:
-        json.dump(policy_for(case), f)
-    r = subprocess.run([binary, model_file, "--policy", pfile, "--format", "json"], capture_output=True, text=True)
-    if r.returncode not in (0, 1):
-        return [f"exit {r.returncode}: {r.stderr.strip()}"]
-    plan = json.loads(r.stdout)
+    pfile = tp_common.write_policy(tmp, name, policy_for(case))
+    try:
+        plan = tp_common.plan_json(binary, model_file, pfile)
+    except RuntimeError as e:
+        return [str(e)]
     kinds = sorted({w["kind"] for w in plan["warnings"] if w["severity"] == "error"})
     fails = []
     if name in EXPECTED_REFUSAL:

@@ -32,11 +32,8 @@ exports it: the CPU flash kernel then runs, under DTensor too.
 
 Output: stable JSON (sorted keys, ints for bytes). About twenty seconds.
 """
-import argparse
-import json
 import os
 import sys
-import warnings
 from typing import Any, Dict, List, Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -56,6 +53,7 @@ import sp_decoder  # noqa: E402
 from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker  # noqa: E402
 from torch.distributed.fsdp import MixedPrecisionPolicy  # noqa: E402
 import tp_reference  # noqa: E402  (the models, HF's plan, the style translation)
+import tp_common  # noqa: E402  (reference_main)
 
 REFERENCE = os.path.join(HERE, "act_reference.json")
 BATCH, SEQ = 2, 16
@@ -163,29 +161,15 @@ def tracked_step(case: Dict[str, Any]) -> Dict[str, Any]:
     return {"peak_bytes": res["peak_bytes"], "peak": {k: v for k, v in res["peak"].items() if v}}
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", default=REFERENCE, help="where to write the reference (default: %(default)s)")
-    ap.add_argument("--check", action="store_true", help="compare with --out instead of writing it")
-    args = ap.parse_args(argv)
-    warnings.filterwarnings("ignore")
-    result = {"torch": torch.__version__.split("+")[0], "cases": {n: run_case(c) for n, c in CASES.items()}}
-    result = json.loads(json.dumps(result))
-    if args.check:
-        with open(args.out) as f:
-            stored = json.load(f)
-        bad = [n for n, c in result["cases"].items() if stored["cases"].get(n) != c]
-        for n in bad:
-            print(f"FAIL {n}: torch's saved bytes differ from {args.out}")
-        print(f"{len(result['cases']) - len(bad)} passed, {len(bad)} failed")
-        return 1 if bad else 0
-    with open(args.out, "w") as f:
-        f.write(json.dumps(result, indent=1, sort_keys=True) + "\n")
+def report(result: Dict[str, Any]) -> None:
     for n, c in result["cases"].items():
         print(f"{n}: {c['total_bytes']} B saved in {c['storages']} storages (params {c['param_saved_bytes']}, "
               f"inputs {c['input_saved_bytes']}); step peak {c['tracker'].get('peak_bytes', c['tracker'])}")
-    print(f"wrote {args.out}: {len(result['cases'])} cases")
-    return 0
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    return tp_common.reference_main(__doc__, REFERENCE, CASES, lambda name, case: run_case(case), "saved bytes",
+                                    report=report, argv=argv)
 
 
 if __name__ == "__main__":

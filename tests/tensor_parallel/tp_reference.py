@@ -31,8 +31,6 @@ on the "dp_shard" (or ("dp_replicate", "dp_shard")) sub-mesh, and records per pa
 With --check, compares against the stored reference instead of writing it (exit 1 on a
 difference). Runs in about half a minute (imports included).
 """
-import argparse
-import json
 import os
 import re
 import sys
@@ -54,6 +52,7 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInp
 from torch.testing._internal.distributed.fake_pg import FakeStore  # noqa: E402
 
 import corpus  # noqa: E402
+import tp_common  # noqa: E402  (reference_main)
 import transformers as T  # noqa: E402
 
 sys.path.insert(0, os.path.join(HERE, "..", "differential"))
@@ -251,26 +250,8 @@ def first_forward(model_name: str, tp_mesh, plan: Dict[str, Any]) -> Optional[Di
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", default=REFERENCE, help="where to write the reference (default: %(default)s)")
-    ap.add_argument("--check", action="store_true", help="compare with --out instead of writing it")
-    ap.add_argument("-k", default="", help="only the cases whose name contains this")
-    args = ap.parse_args(argv)
-    warnings.filterwarnings("ignore")
-    result = {"torch": torch.__version__.split("+")[0], "transformers": T.__version__,
-              "cases": {n: run_case(n, c) for n, c in CASES.items() if args.k in n}}
-    text = json.dumps(result, indent=1, sort_keys=True) + "\n"
-    if args.check:
-        with open(args.out) as f:
-            stored = json.load(f)
-        bad = [n for n, c in result["cases"].items() if stored["cases"].get(n) != c]
-        for n in bad:
-            print(f"FAIL {n}: torch's result differs from {args.out}")
-        return 1 if bad else 0
-    with open(args.out, "w") as f:
-        f.write(text)
-    print(f"wrote {args.out}: {len(result['cases'])} cases")
-    return 0
+    return tp_common.reference_main(__doc__, REFERENCE, CASES, run_case, "result",
+                                    extra={"transformers": T.__version__}, argv=argv)
 
 
 if __name__ == "__main__":
