@@ -100,8 +100,22 @@ class DTensorFlow {
     }
     return vals;
   }
+  // The tensor v is: through a .to() that changes nothing (Tensor.to returns
+  // self), which the export records as a node of the module it ran in (an
+  // RMSNorm's .to(float32) of a float32 input is then the residual stream
+  // the layer adds to, though torch's tensor never entered the norm's style).
+  ValueId origin(ValueId v) const {
+    for (;;) {
+      const NodeId p = g_.value(v).producer;
+      if (p == kNone || g_.op_name(g_.node(p).op).rfind("aten.to.", 0) != 0) return v;
+      const ValueId in = g_.tensor_arg(p, "self");
+      if (in < 0 || !g_.is_tensor(in) || g_.tensor(in).dtype != g_.tensor(v).dtype) return v;
+      v = in;
+    }
+  }
   // Whether value v is a DTensor where a node in module `at` reads it.
   bool seen(ValueId v, ModuleId at) const {
+    v = origin(v);
     const NodeId p = g_.value(v).producer;
     if (p == kNone) return false;  // a parameter, buffer or the batch, outside every style: a plain tensor
     const ModuleId s = styled_at_or_above(tree_, entry_of_, g_.node(p).module, at);
@@ -133,7 +147,8 @@ std::string sequence_parallel_unfollowed(const ModuleTree& tree, const Graph& g,
   const bool dtensor_out = output_is_dtensor(flow.style_of(sp));
   for (NodeId n = 0; n < g.num_nodes(); ++n) {
     const bool in_sp = inside(tree, g.node(n).module, sp);
-    for (ValueId v : flow.inputs(n)) {
+    for (ValueId read : flow.inputs(n)) {
+      const ValueId v = flow.origin(read);
       const NodeId p = g.value(v).producer;
       if (p == kNone) continue;  // a parameter, buffer or the batch
       const bool from_sp = inside(tree, g.node(p).module, sp);
