@@ -50,7 +50,8 @@ struct Collective {
   // reduction; bytes in the parameters' own dtype.
   int64_t host_copy_bytes = 0;
   // Tensor parallelism's collectives only (CommPlan::tp): the module whose
-  // input or output DTensor redistributes (-1 for FSDP's).
+  // input or output DTensor redistributes (for "param_grad", the module
+  // backward entered last in the unit); -1 for FSDP's.
   int module = -1;
 };
 
@@ -81,7 +82,8 @@ struct TpComm {
   std::string unknown_reason;
   RankGroup group;                       // the tp group (contiguous ranks)
   std::vector<Collective> collectives;   // in issue order; cause "output", "input", "input_grad", "output_grad",
-                                         // "recompute" (activation checkpointing's forward again)
+                                         // "recompute" (activation checkpointing's forward again),
+                                         // "param_grad" (a Partial parameter gradient made Replicate)
   std::vector<std::string> not_modelled;  // styled modules whose activations' collectives are not counted
 };
 
