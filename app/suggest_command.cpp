@@ -13,6 +13,7 @@
 #include "fsdp_options.h"
 #include "model/loaders/loader.h"
 #include "planner/planner.h"
+#include "suggest/maximize.h"
 #include "suggest/suggest.h"
 #include "suggest/writer.h"
 #include "util/errors.h"
@@ -28,7 +29,7 @@ const CLI::Validator kSize(
 }  // namespace
 
 int suggest_main(int argc, char** argv) {
-  std::string model, format = "text", output, budget, activations = "0", emit;
+  std::string model, format = "text", output, budget, activations = "0", emit, maximize;
   FsdpOptions fsdp;
   size_t top = 10;
   bool verbose = false;
@@ -48,6 +49,9 @@ int suggest_main(int argc, char** argv) {
                    "memory estimated as FSDP2's (the base policy's fsdp.version otherwise)");
   app.add_option("--top", top, "how many ranked policies to show")->check(CLI::Range(size_t{1}, size_t{100000}))
       ->capture_default_str();
+  app.add_option("--maximize", maximize, "a dynamic dimension of a .pt2 (seq, batch): the largest value at "
+                                         "which some policy fits the budget, and the ranking there (--dim "
+                                         "values of the others stay)");
   app.add_flag("-v,--verbose", verbose, "timings on stderr");
   auto* emit_opt = app.add_option("--emit", emit, "instead of the report, write what applies the best fitting "
                                                   "policy: accelerate (Accelerate config YAML) or torch (Python "
@@ -96,14 +100,24 @@ int suggest_main(int argc, char** argv) {
     const std::optional<FlopProfile> flops = load_flops(fsdp, tree);
     ctx.options.flops = flops ? &*flops : nullptr;
     auto t0 = std::chrono::steady_clock::now();
-    Suggestion s = suggest(tree, base, ctx.options);
+    std::optional<Maximized> maxed;
+    if (!maximize.empty()) maxed = maximize_dim(tree, base, ctx.options, maximize, model);
+    Suggestion s = maxed ? std::move(maxed->suggestion) : suggest(tree, base, ctx.options);
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    spdlog::info("suggest: {} candidates on {} modules evaluated in {} ms ({} candidates/s)", s.tried,
+    spdlog::info("suggest: {} candidates on {} modules evaluated in {} ms ({} candidates/s){}", s.tried,
                  tree.num_modules(), static_cast<int64_t>(ms),
-                 static_cast<int64_t>(static_cast<double>(s.tried) * 1000.0 / std::max(ms, 1e-3)));
+                 static_cast<int64_t>(static_cast<double>(s.tried) * 1000.0 / std::max(ms, 1e-3)),
+                 maxed ? ", " + std::to_string(maxed->probes) + " suggestions for --maximize" : std::string());
     bool fits = !s.ranked.empty() && s.ranked.front().fits;
 
-    std::string report = format == "json" ? suggestion_to_json(s, ctx).dump(1) + "\n" : suggestion_to_text(s, ctx);
+    std::string report;
+    if (format == "json") {
+      nlohmann::ordered_json j = suggestion_to_json(s, ctx);
+      if (maxed) j["maximize"] = maximized_json(*maxed);
+      report = j.dump(1) + "\n";
+    } else {
+      report = (maxed ? maximized_text(*maxed, ctx.options.budget_bytes) : std::string()) + suggestion_to_text(s, ctx);
+    }
     if (!emit.empty()) {
       // stdout carries only the hand-off (it is piped into a file); the ranking is for the person.
       std::cerr << report;

@@ -572,7 +572,7 @@ Suggestion suggest(const ModuleTree& tree, const Policy& base, const SuggestOpti
   }
   s.tried = candidates.size();
   std::stable_sort(s.ranked.begin(), s.ranked.end(), better);
-  if (!s.ranked.empty() && !s.ranked.front().fits) s.advice = fit_advice(tree, s.ranked, opt, matcher);
+  if (opt.advice && !s.ranked.empty() && !s.ranked.front().fits) s.advice = fit_advice(tree, s.ranked, opt, matcher);
   return s;
 }
 

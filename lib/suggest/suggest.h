@@ -24,6 +24,9 @@ struct SuggestOptions {
   // FLOPs per module (--flops): each candidate's step-time estimate gets its
   // compute, and the ranking its step time. Not owned; may be null.
   const FlopProfile* flops = nullptr;
+  // When nothing fits, the single settings that would make a candidate fit
+  // (Suggestion::advice). --maximize's probes skip it.
+  bool advice = true;
 };
 
 // One policy tried, and what its plan says.

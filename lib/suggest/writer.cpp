@@ -239,4 +239,31 @@ nlohmann::ordered_json suggestion_to_json(const Suggestion& s, const SuggestCont
   return out;
 }
 
+std::string maximized_text(const Maximized& m, int64_t budget_bytes) {
+  const std::string at = m.dim + " " + std::to_string(m.value);
+  std::string line = "maximize  ";
+  if (!m.found) {
+    line += m.dim + ": no policy fits " + format_bytes(budget_bytes) + " per rank even at " + at;
+  } else if (m.at_ceiling) {
+    line += at + " fits " + format_bytes(budget_bytes) + " per rank, the most searched (" +
+            (m.ceiling == kMaximizeCeiling ? "2^24: the export records no bound" : "the export's bound") + ")";
+  } else {
+    line += at + " is the largest that fits " + format_bytes(budget_bytes) + " per rank (" + m.dim + " " +
+            std::to_string(m.value + 1) + ": the nearest needs " + format_bytes(m.next_needed_bytes) + ")";
+  }
+  return line + "; " + std::to_string(m.probes) + " suggestions planned; the ranking below is at " + at + "\n";
+}
+
+nlohmann::ordered_json maximized_json(const Maximized& m) {
+  nlohmann::ordered_json j;
+  j["dim"] = m.dim;
+  j["found"] = m.found;
+  j["value"] = m.value;
+  j["at_ceiling"] = m.at_ceiling;
+  j["ceiling"] = m.ceiling;
+  j["next_needed_bytes"] = m.found && !m.at_ceiling ? nlohmann::ordered_json(m.next_needed_bytes) : nullptr;
+  j["probes"] = m.probes;
+  return j;
+}
+
 }  // namespace fsdp_plan
