@@ -319,6 +319,17 @@ def ratio(a: Optional[float], b: Optional[float]) -> str:
     return "-" if a is None or not b else f"{a / b:.3f}"
 
 
+def export_path(workdir: str, layers: int, batch: int, seq: int) -> str:
+    """Where --plan-only keeps a row's export, and where --replan finds it."""
+    return os.path.join(workdir, f"llama3_8b_shape_{layers}l_b{batch}s{seq}.pt2")
+
+
+def write_json(path: Optional[str], doc: Dict[str, Any]) -> None:
+    if path:
+        with open(path, "w") as f:
+            json.dump(doc, f, indent=1, sort_keys=True)
+
+
 def parse_shapes(text: str) -> List[Tuple[int, int]]:
     out = []
     for part in text.split(","):
@@ -421,9 +432,7 @@ def main() -> int:
         doc["ran_on_gpu"] = device == "cuda"
         print_table(doc)
         print(f"total {time.perf_counter() - started:.1f} s")
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(doc, f, indent=1, sort_keys=True)
+        write_json(args.json, doc)
         return 0
 
     if args.replan:
@@ -432,12 +441,10 @@ def main() -> int:
         with open(args.replan) as f:
             doc = json.load(f)
         for r in doc["rows"]:
-            pt2 = os.path.join(args.workdir, f"llama3_8b_shape_{doc['layers']}l_b{r['batch']}s{r['seq']}.pt2")
+            pt2 = export_path(args.workdir, doc["layers"], r["batch"], r["seq"])
             r["plan"] = plan(args.binary, pt2, r["ac"], doc["hardware"], args.workdir)
         print_table(doc)
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(doc, f, indent=1, sort_keys=True)
+        write_json(args.json, doc)
         return 0
 
     cuda = torch.cuda.is_available() and not (args.dry_run or args.plan_only)
@@ -449,7 +456,7 @@ def main() -> int:
         cfg = llama_config(args)
         rows = []
         for batch, seq in parse_shapes(args.shapes):
-            pt2 = os.path.join(workdir, f"llama3_8b_shape_{args.layers}l_b{batch}s{seq}.pt2")
+            pt2 = export_path(workdir, args.layers, batch, seq)
             if os.path.exists(pt2) and args.workdir:  # a kept --workdir: the export is made once
                 print(f"reusing {pt2}")
             else:
@@ -483,9 +490,7 @@ def main() -> int:
         if missing:
             print(f"error: the plan of {', '.join(missing)} has no step time or peak", file=sys.stderr)
             return 1
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(doc, f, indent=1, sort_keys=True)
+        write_json(args.json, doc)
     finally:
         if not args.workdir:
             shutil.rmtree(workdir, ignore_errors=True)

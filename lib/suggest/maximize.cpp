@@ -62,75 +62,37 @@ Maximized maximize_dim(const ModuleTree& tree, const Policy& base, const Suggest
     ++out.probes;
     return suggest(tree, at_value(base, others, s.dim, v), o);
   };
-  auto fits = [](const Suggestion& x) { return !x.ranked.empty() && x.ranked.front().fits; };
-  auto nearest = [](const Suggestion& x) { return x.ranked.empty() ? int64_t{0} : x.ranked.front().needed_bytes; };
 
-  // Below a value that fits, the search needs whole suggestions; above it, only
-  // the candidates that fit there: a candidate's peak grows with the dimension,
-  // so one that misses at v misses above v too. The candidates themselves (the
-  // classes, sizes, groups, their checkpointed and fixed variants) do not
-  // depend on the dimension.
-  const ClassMatcher matcher(tree);
+  // good fits and bad does not (ceiling + 1: none failed); bad_need is the
+  // nearest candidate's need at bad. Above a value known to fit, only the
+  // candidates that fit there are planned again: a candidate's peak grows with
+  // the dimension, so one that misses at v misses above v too, and the
+  // candidates themselves (the classes, sizes, groups, their checkpointed and
+  // fixed variants) do not depend on it. Elsewhere a whole suggestion.
+  int64_t good = 0, bad = out.ceiling + 1, bad_need = 0;
   std::vector<Policy> fitting;  // the policies that fit at `good`
-  auto keep_fitting = [&](const Suggestion& x) {
-    fitting.clear();
-    for (const Candidate& c : x.ranked)
-      if (c.fits) fitting.push_back(c.policy);
-  };
-  // Which of `fitting` fit at v (each planned at v); the nearest need when none does.
-  auto fitting_at = [&](int64_t v, int64_t& need) {
-    ++out.probes;
+  const ClassMatcher matcher(tree);
+  auto probe = [&](int64_t v) {
     std::vector<Policy> still;
-    need = 0;
-    for (const Policy& p : fitting) {
-      Policy q = at_value(p, others, s.dim, v);
-      const int64_t n =
-          make_plan(tree, q, "", matcher, PlanPurpose::Ranking, opt.flops).memory.per_rank.peak_bytes +
-          opt.activation_bytes;
-      if (n <= opt.budget_bytes) {
-        still.push_back(std::move(p));
-      } else if (need == 0 || n < need) {
-        need = n;
+    int64_t need = 0;  // the nearest miss
+    if (good > 0 && v > good) {
+      ++out.probes;
+      for (Policy& p : fitting) {
+        const int64_t n = make_plan(tree, at_value(p, others, s.dim, v), "", matcher, PlanPurpose::Ranking, opt.flops)
+                              .memory.per_rank.peak_bytes +
+                          opt.activation_bytes;
+        if (n <= opt.budget_bytes) {
+          still.push_back(std::move(p));
+        } else if (need == 0 || n < need) {
+          need = n;
+        }
       }
+    } else {
+      const Suggestion x = suggest_at(v, quiet);
+      for (const Candidate& c : x.ranked)
+        if (c.fits) still.push_back(c.policy);
+      if (still.empty() && !x.ranked.empty()) need = x.ranked.front().needed_bytes;
     }
-    return still;
-  };
-
-  int64_t good = 0, bad = out.ceiling + 1;  // good fits; bad does not (ceiling + 1: none failed)
-  int64_t bad_need = 0;
-  Suggestion first = suggest_at(start, quiet);
-  if (fits(first)) {
-    good = start;
-    keep_fitting(first);
-  } else {
-    bad = start;
-    bad_need = nearest(first);
-    int64_t below = start;
-    // Down to the smallest value with whole suggestions, halving the gap.
-    Suggestion at_lo = start == lo ? std::move(first) : suggest_at(lo, quiet);
-    if (!fits(at_lo)) {
-      out.value = lo;
-      out.suggestion = suggest_at(lo, opt);  // with the advice, for the report
-      return out;
-    }
-    good = lo;
-    keep_fitting(at_lo);
-    while (below - good > 1) {
-      const int64_t mid = good + (below - good) / 2;
-      Suggestion x = suggest_at(mid, quiet);
-      if (fits(x)) {
-        good = mid;
-        keep_fitting(x);
-      } else {
-        below = bad = mid;
-        bad_need = nearest(x);
-      }
-    }
-  }
-  // Up from `good`: doublings, then halving the gap, planning only what fits at `good`.
-  auto try_value = [&](int64_t v) {
-    int64_t need = 0;
-    std::vector<Policy> still = fitting_at(v, need);
     if (still.empty()) {
       bad = v;
       bad_need = need;
@@ -140,12 +102,18 @@ Maximized maximize_dim(const ModuleTree& tree, const Policy& base, const Suggest
     fitting = std::move(still);
     return true;
   };
-  if (bad > out.ceiling) {
+
+  if (!probe(start) && (start == lo || !probe(lo))) {
+    out.value = lo;
+    out.suggestion = suggest_at(lo, opt);  // with the advice, for the report
+    return out;
+  }
+  if (bad > out.ceiling) {  // up from what fits: doublings until one fails or the ceiling
     for (int64_t v = std::min(good * 2, out.ceiling); v > good; v = std::min(v * 2, out.ceiling)) {
-      if (!try_value(v) || v == out.ceiling) break;
+      if (!probe(v) || v == out.ceiling) break;
     }
   }
-  while (bad <= out.ceiling && bad - good > 1) try_value(good + (bad - good) / 2);
+  while (bad <= out.ceiling && bad - good > 1) probe(good + (bad - good) / 2);  // then halving the gap
 
   out.found = true;
   out.value = good;
