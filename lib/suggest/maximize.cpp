@@ -64,28 +64,26 @@ Maximized maximize_dim(const ModuleTree& tree, const Policy& base, const Suggest
   };
 
   // good fits and bad does not (ceiling + 1: none failed); bad_need is the
-  // nearest candidate's need at bad. Above a value known to fit, only the
+  // nearest candidate's need at bad when a whole suggestion planned it. Above a value known to fit, only the
   // candidates that fit there are planned again: a candidate's peak grows with
   // the dimension, so one that misses at v misses above v too, and the
   // candidates themselves (the classes, sizes, groups, their checkpointed and
   // fixed variants) do not depend on it. Elsewhere a whole suggestion.
   int64_t good = 0, bad = out.ceiling + 1, bad_need = 0;
+  bool bad_need_whole = false;  // bad was probed by a whole suggestion
   std::vector<Policy> fitting;  // the policies that fit at `good`
   const ClassMatcher matcher(tree);
   auto probe = [&](int64_t v) {
     std::vector<Policy> still;
-    int64_t need = 0;  // the nearest miss
-    if (good > 0 && v > good) {
+    int64_t need = 0;  // the nearest miss, from a whole suggestion
+    const bool pruned = good > 0 && v > good;
+    if (pruned) {
       ++out.probes;
       for (Policy& p : fitting) {
         const int64_t n = make_plan(tree, at_value(p, others, s.dim, v), "", matcher, PlanPurpose::Ranking, opt.flops)
                               .memory.per_rank.peak_bytes +
                           opt.activation_bytes;
-        if (n <= opt.budget_bytes) {
-          still.push_back(std::move(p));
-        } else if (need == 0 || n < need) {
-          need = n;
-        }
+        if (n <= opt.budget_bytes) still.push_back(std::move(p));
       }
     } else {
       const Suggestion x = suggest_at(v, quiet);
@@ -96,6 +94,7 @@ Maximized maximize_dim(const ModuleTree& tree, const Policy& base, const Suggest
     if (still.empty()) {
       bad = v;
       bad_need = need;
+      bad_need_whole = !pruned;
       return false;
     }
     good = v;
@@ -118,7 +117,15 @@ Maximized maximize_dim(const ModuleTree& tree, const Policy& base, const Suggest
   out.found = true;
   out.value = good;
   out.at_ceiling = bad > out.ceiling;
-  if (!out.at_ceiling) out.next_needed_bytes = bad_need;
+  if (!out.at_ceiling) {
+    // A pruned probe planned only the candidates that fit one below; one that
+    // missed there may be the nearest at `bad`: the need is asked of them all.
+    if (!bad_need_whole) {
+      const Suggestion x = suggest_at(bad, quiet);
+      bad_need = x.ranked.empty() ? 0 : x.ranked.front().needed_bytes;
+    }
+    out.next_needed_bytes = bad_need;
+  }
   out.suggestion = suggest_at(good, opt);  // the report's ranking, at the answer
   return out;
 }
