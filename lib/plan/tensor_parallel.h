@@ -17,7 +17,8 @@ namespace fsdp_plan {
 struct TpPlacement {
   enum class Kind : int8_t { None, Replicate, Shard };  // None: no style touched it (a plain tensor)
   Kind kind = Kind::None;
-  int dim = 0;  // Shard only
+  int dim = 0;           // Shard only
+  int split_factor = 1;  // > 1: _StridedShard (transformers' packed styles: gate and up halves each split)
 };
 
 struct TpModule {
@@ -38,7 +39,10 @@ struct TensorParallelPlan {
 // "Shard(dim=0)", "Replicate()", or "" for none: DTensor's repr.
 inline std::string tp_placement_repr(const TpPlacement& p) {
   switch (p.kind) {
-    case TpPlacement::Kind::Shard: return "Shard(dim=" + std::to_string(p.dim) + ")";
+    case TpPlacement::Kind::Shard:
+      if (p.split_factor > 1)
+        return "_StridedShard(dim=" + std::to_string(p.dim) + ", sf=" + std::to_string(p.split_factor) + ")";
+      return "Shard(dim=" + std::to_string(p.dim) + ")";
     case TpPlacement::Kind::Replicate: return "Replicate()";
     case TpPlacement::Kind::None: break;
   }

@@ -80,6 +80,10 @@ class TpReader {
            (near.empty() ? ", not one of " + join(tp_style_names().names()) : "; did you mean \"" + near[0] + "\"?"));
     }
     spec.style = *parsed;
+    if (transformers_only_style(spec.style))
+      fail("\"" + where + "\" names " + s + ", one of transformers' own styles, which transformers applies "
+           "(apply_tensor_parallelism) and parallelize_module does not have; for a model's own plan, give "
+           "\"plan\": \"model\"");
     if (!v.is_object()) return spec;
     for (auto [key, field] : {std::pair{"input_layouts", &TpStyleSpec::input_layouts},
                               std::pair{"output_layouts", &TpStyleSpec::output_layouts}}) {
@@ -120,8 +124,18 @@ const NameTable<TpStyle>& tp_style_names() {
                                          {"sequence_parallel", TpStyle::SequenceParallel},
                                          {"replicate", TpStyle::Replicate},
                                          {"prepare_module_input", TpStyle::PrepareModuleInput},
-                                         {"prepare_module_output", TpStyle::PrepareModuleOutput}});
+                                         {"prepare_module_output", TpStyle::PrepareModuleOutput},
+                                         {"embedding_rowwise", TpStyle::EmbeddingRowwise},
+                                         {"packed_colwise", TpStyle::PackedColwise},
+                                         {"packed_rowwise", TpStyle::PackedRowwise},
+                                         {"moe_tp_experts", TpStyle::MoeExperts},
+                                         {"replicated_with_grad_allreduce", TpStyle::GradAllReduce}});
   return table;
+}
+
+bool transformers_only_style(TpStyle s) {
+  return s == TpStyle::EmbeddingRowwise || s == TpStyle::PackedColwise || s == TpStyle::PackedRowwise ||
+         s == TpStyle::MoeExperts || s == TpStyle::GradAllReduce;
 }
 
 TpMeshSizes tp_mesh_sizes(const TensorParallel& tp, int64_t world_size) {
@@ -240,6 +254,11 @@ std::string tp_style_python(const TpStyleSpec& s) {
     case TpStyle::Replicate: cls = "ReplicateParallel"; break;  // transformers' style, not torch's
     case TpStyle::PrepareModuleInput: cls = "PrepareModuleInput"; break;
     case TpStyle::PrepareModuleOutput: cls = "PrepareModuleOutput"; break;
+    case TpStyle::EmbeddingRowwise: cls = "EmbeddingParallel"; break;  // transformers' classes
+    case TpStyle::PackedColwise: cls = "PackedColwiseParallel"; break;
+    case TpStyle::PackedRowwise: cls = "PackedRowwiseParallel"; break;
+    case TpStyle::MoeExperts: cls = "MoeExpertsParallel"; break;
+    case TpStyle::GradAllReduce: cls = "ReplicatedWithGradAllReduce"; break;
   }
   return std::string(cls) + "(" + join(args, ", ") + ")";
 }

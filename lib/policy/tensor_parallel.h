@@ -19,8 +19,32 @@ namespace fsdp_plan {
 
 // The ParallelStyles a plan entry names. Replicate is Hugging Face's
 // ReplicateParallel: every parameter a Replicate() DTensor on the tp mesh.
-enum class TpStyle { Colwise, Rowwise, SequenceParallel, Replicate, PrepareModuleInput, PrepareModuleOutput };
+// The last five are transformers' own (transformers/distributed/
+// tensor_parallel.py: EmbeddingParallel(shard_dim=0), PackedColwiseParallel,
+// PackedRowwiseParallel, MoeExpertsParallel, ReplicatedWithGradAllReduce):
+// only a model's recorded plan ("plan": "model") has them, applied as
+// transformers applies it (TensorParallel::from_model).
+enum class TpStyle {
+  Colwise,
+  Rowwise,
+  SequenceParallel,
+  Replicate,
+  PrepareModuleInput,
+  PrepareModuleOutput,
+  EmbeddingRowwise,
+  PackedColwise,
+  PackedRowwise,
+  MoeExperts,
+  GradAllReduce,
+};
 const NameTable<TpStyle>& tp_style_names();  // colwise, rowwise, sequence_parallel, replicate, ...
+// transformers' styles, which parallelize_module does not have.
+bool transformers_only_style(TpStyle s);
+// Styles that split a Linear's (or an Embedding's) output features, and those
+// that split its input features with a Partial output: torch's and
+// transformers' colwise / rowwise alike (embedding_rowwise is rowwise).
+inline bool colwise_like(TpStyle s) { return s == TpStyle::Colwise; }
+inline bool rowwise_like(TpStyle s) { return s == TpStyle::Rowwise || s == TpStyle::EmbeddingRowwise; }
 
 // One plan entry's style and the layouts its constructor takes, as written
 // ("replicate", "shard(1)"): they move activations, not parameters, so the
@@ -42,7 +66,12 @@ struct TensorParallel {
   // applies a dict's entries in order, each key matched token by token with
   // fnmatch against child names.
   std::vector<std::pair<std::string, TpStyleSpec>> plan;
-  // "plan": "model": the model file's recorded plan (tp/model_plan.h fills `plan`).
+  // "plan": "model": the model file's recorded plan (tp/model_plan.h fills
+  // `plan`), applied as transformers applies it in from_pretrained with a
+  // DistributedConfig (transformers/distributed/mixin.py: the plan expanded to
+  // modules and parameters, then tensor_parallel.py: apply_tensor_parallelism),
+  // not by parallelize_module: a key may name a parameter, and the styles are
+  // transformers' classes.
   bool from_model = false;
   // The FSDP dimensions; 0: not given (dp_replicate 1, dp_shard the rest).
   int64_t dp_replicate = 0, dp_shard = 0;

@@ -33,6 +33,10 @@ int64_t int_arg(const WalkNode& n, std::string_view name, int64_t fallback) {
   return a && a->value.kind == ArgValue::Kind::Int ? a->value.i : fallback;
 }
 int64_t wrap(int64_t d, int64_t rank) { return rank <= 0 ? 0 : ((d % rank) + rank) % rank; }
+bool is_view(std::string_view b) {
+  return b == "transpose" || b == "t" || b == "permute" || b == "swapaxes" || b == "view" || b == "reshape" ||
+         b == "_unsafe_view" || b == "unsqueeze" || b == "select" || b == "alias";
+}
 
 class Localizer {
  public:
@@ -97,7 +101,7 @@ class Localizer {
     const int e = entry_[static_cast<size_t>(n.module)];
     if (e < 0 || (n.op != "aten.linear.default" && n.op != "aten.embedding.default")) return nullptr;
     const TpStyleSpec* s = &tp_.plan[static_cast<size_t>(e)].second;
-    return s->style == TpStyle::Colwise || s->style == TpStyle::Rowwise ? s : nullptr;
+    return colwise_like(s->style) || rowwise_like(s->style) ? s : nullptr;
   }
 
   void node(const WalkNode& in) {
@@ -130,11 +134,15 @@ class Localizer {
       out_.nodes.push_back(std::move(n));
       return;
     }
-    // Any other op: its outputs follow the first sharded tensor argument.
+    // Any other op: its outputs follow the first sharded tensor argument. A
+    // split parameter only through a view of it (transformers' MoE experts
+    // transpose their 3-D weights for grouped_mm): a styled module's own
+    // linear / embedding is the rule above.
     int32_t src = -1;
+    const bool view = is_view(op_base(n.op));
     for (const WalkArg& a : n.args) {
       for (int32_t t : a.tensors)
-        if (t >= 0 && shard_of(t) >= 0 && !is_param(t)) {
+        if (t >= 0 && shard_of(t) >= 0 && (view || !is_param(t))) {
           src = t;
           break;
         }
@@ -167,6 +175,11 @@ class Localizer {
       return check(d == a ? b : d == b ? a : d);
     }
     if (base == "t") return check(ri == 2 ? 1 - d : d);
+    // Pieces of a split tensor keep its dimensions: each piece of the local
+    // tensor is the local piece (transformers' packed gate/up halves).
+    if (base == "chunk" || base == "split" || base == "split_with_sizes" || base == "unsafe_chunk" ||
+        base == "unsafe_split" || base == "tensor_split")
+      return check(ri == ro ? d : -1);
     if (base == "permute") {
       const WalkArg* dims = arg(n, "dims");
       if (!dims || dims->value.kind != ArgValue::Kind::Ints) return -1;

@@ -48,6 +48,13 @@ bool output_is_dtensor(const TpStyleSpec& s) {
     case TpStyle::Rowwise: return !s.use_local_output.value_or(true);
     case TpStyle::SequenceParallel: return !s.use_local_output.value_or(false);
     case TpStyle::Replicate: return false;
+    // transformers' styles hand on plain tensors (EmbeddingParallel's to_local,
+    // MoeExpertsParallel's all-reduced output); the packed ones hook no forward.
+    case TpStyle::EmbeddingRowwise:
+    case TpStyle::PackedColwise:
+    case TpStyle::PackedRowwise:
+    case TpStyle::MoeExperts:
+    case TpStyle::GradAllReduce: return false;
     case TpStyle::PrepareModuleInput:
     case TpStyle::PrepareModuleOutput: return true;
   }
@@ -211,13 +218,109 @@ TpComm tp_comm(const Plan& plan) {
     const ModuleId r = region[static_cast<size_t>(graph->node(n).module)];
     if (r >= 0 && graph->op_name(graph->node(n).op) == "aten.linear.default") last_linear[static_cast<size_t>(r)] = n;
   }
+  // transformers' MoeExpertsParallel (tensor_parallel.py): each rank runs its
+  // share of every expert on the whole batch; the forward all-reduces the
+  // experts' output (_AllReduceForward), the backward the gradients of their
+  // hidden states and routing weights (_AllReduceBackward). Per experts
+  // module: its first and last graph node, and the values crossing its edge.
+  std::vector<ModuleId> moe_of(tree.num_modules(), -1);
+  for (const TpModule& m : tpp.modules)
+    if (policy_tp.plan[static_cast<size_t>(m.entry)].second.style == TpStyle::MoeExperts)
+      for (ModuleId c : tree.preorder(m.module)) moe_of[static_cast<size_t>(c)] = m.module;
+  std::vector<NodeId> moe_first(tree.num_modules(), -1), moe_last(tree.num_modules(), -1);
+  for (NodeId n = 0; n < graph->num_nodes(); ++n)
+    if (const ModuleId m = moe_of[static_cast<size_t>(graph->node(n).module)]; m >= 0) {
+      if (moe_first[static_cast<size_t>(m)] < 0) moe_first[static_cast<size_t>(m)] = n;
+      moe_last[static_cast<size_t>(m)] = n;
+    }
+  auto moe_collectives = [&](NodeId n) {
+    const ModuleId m = moe_of[static_cast<size_t>(graph->node(n).module)];
+    if (m < 0 || (moe_first[static_cast<size_t>(m)] != n && moe_last[static_cast<size_t>(m)] != n)) return;
+    seen[static_cast<size_t>(m)] = true;
+    const int unit = owner[static_cast<size_t>(m)];
+    const Unit& u = plan.units[static_cast<size_t>(unit)];
+    auto make = [&](ValueId v, StepPhase phase, const char* cause) {
+      const DtypeInfo* dt = dtype_from_export_code(graph->tensor(v).dtype);
+      std::string dtype = dt ? dt->name : "float32";
+      if (mp && mp->param_dtype && u.mixed_precision.value_or(false) && is_floating_dtype(dtype)) dtype = *mp->param_dtype;
+      Collective c;
+      c.kind = CollectiveKind::AllReduce;
+      c.phase = phase;
+      c.unit = unit;
+      c.numel = dims.numel(v);
+      c.bytes = c.numel * (dtype_itemsize(dtype) > 0 ? dtype_itemsize(dtype) : 4);
+      c.dtype = dtype;
+      c.group = out.group;
+      c.cause = cause;
+      c.module = m;
+      return c;
+    };
+    const NodeId first = moe_first[static_cast<size_t>(m)], last = moe_last[static_cast<size_t>(m)];
+    auto inside_moe = [&](NodeId k) { return k >= first && k <= last && moe_of[static_cast<size_t>(graph->node(k).module)] == m; };
+    if (n == first) {
+      // The floating inputs that carry a gradient, read inside, made outside
+      // (not the parameters): the hidden states and the routing weights.
+      // MoeExpertsParallel wraps the hidden states first, and autograd runs
+      // the later-made node first: the smaller routing weights' all-reduce,
+      // then the hidden states' (counted under CommDebugMode on Mixtral).
+      std::vector<std::pair<int64_t, ValueId>> ins;  // (numel, value)
+      for (NodeId k = first; k <= last; ++k) {
+        if (!inside_moe(k)) continue;
+        for (const GraphArg& a : graph->args(k)) {
+          if (a.kind != ArgKind::Tensor || a.i < 0) continue;
+          const ValueId v = static_cast<ValueId>(a.i);
+          const NodeId p = graph->value(v).producer;
+          const DtypeInfo* dt = dtype_from_export_code(graph->tensor(v).dtype);
+          if (p == kNone || inside_moe(p) || !grad[static_cast<size_t>(v)] || !dt || !is_floating_dtype(dt->name))
+            continue;
+          if (std::none_of(ins.begin(), ins.end(), [&](const auto& e) { return e.second == v; }))
+            ins.emplace_back(dims.numel(v), v);
+        }
+      }
+      std::sort(ins.begin(), ins.end(), std::greater<>());  // issued from the end: the smallest first
+      // CommDebugMode names the module whose backward it entered last: the
+      // experts' first submodule (in forward order) that carries a gradient.
+      ModuleId named = m;
+      for (NodeId k = first; k <= last && named == m; ++k) {
+        const ModuleId km = graph->node(k).module;
+        if (!inside_moe(k) || km == m) continue;
+        for (ValueId v : graph->outputs(k))
+          if (v >= 0 && grad[static_cast<size_t>(v)]) named = km;
+      }
+      for (const auto& [numel, v] : ins) {
+        (void)numel;
+        Collective c = make(v, StepPhase::Backward, "input_grad");
+        c.module = named;
+        backward.push_back(c);
+        backward_node.push_back(n);
+      }
+    }
+    if (n == last) {  // the values made inside and read after it: the experts' output
+      std::vector<bool> made(static_cast<size_t>(graph->num_values()), false);
+      for (NodeId k = first; k <= last; ++k)
+        if (inside_moe(k))
+          for (ValueId v : graph->outputs(k))
+            if (v >= 0) made[static_cast<size_t>(v)] = true;
+      std::vector<ValueId> outs;
+      for (NodeId k = last + 1; k < graph->num_nodes(); ++k)
+        for (const GraphArg& a : graph->args(k))
+          if (a.kind == ArgKind::Tensor && a.i >= 0 && made[static_cast<size_t>(a.i)] &&
+              is_floating_dtype(dtype_from_export_code(graph->tensor(static_cast<ValueId>(a.i)).dtype)
+                                    ? dtype_from_export_code(graph->tensor(static_cast<ValueId>(a.i)).dtype)->name
+                                    : "") &&
+              std::find(outs.begin(), outs.end(), static_cast<ValueId>(a.i)) == outs.end())
+            outs.push_back(static_cast<ValueId>(a.i));
+      for (ValueId v : outs) out.collectives.push_back(make(v, StepPhase::Forward, "output"));
+    }
+  };
   const std::string linear = "aten.linear.default", embedding = "aten.embedding.default";
   for (NodeId n = 0; n < graph->num_nodes(); ++n) {
     const GraphNode& node = graph->node(n);
+    moe_collectives(n);
     const int e = entry_of[static_cast<size_t>(node.module)];
     if (e < 0) continue;
     const TpStyleSpec& spec = policy_tp.plan[static_cast<size_t>(e)].second;
-    if (spec.style != TpStyle::Colwise && spec.style != TpStyle::Rowwise) continue;
+    if (!colwise_like(spec.style) && !rowwise_like(spec.style)) continue;
     const std::string& op = graph->op_name(node.op);
     const bool is_linear = op == linear, is_embedding = op == embedding;
     if (!is_linear && !is_embedding) continue;
@@ -401,7 +504,7 @@ TpComm tp_comm(const Plan& plan) {
       if (!flow) flow.emplace(tree, *graph, policy_tp, entry_of);
       why = sequence_parallel_unfollowed(tree, *graph, *flow, entry_of, m.module);
       if (why.empty()) continue;
-    } else if ((s == TpStyle::Colwise || s == TpStyle::Rowwise) && seen[static_cast<size_t>(m.module)]) {
+    } else if ((colwise_like(s) || rowwise_like(s) || s == TpStyle::MoeExperts) && seen[static_cast<size_t>(m.module)]) {
       continue;
     }
     out.not_modelled.push_back(path_or_root(tree.path(m.module)) + " (" + tp_style_names().name(s) +

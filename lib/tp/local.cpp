@@ -16,6 +16,14 @@ std::vector<bool> tp_local_tensors(const WalkGraph& g, const Plan& plan) {
       local[static_cast<size_t>(p.tensor)] = true;
   std::vector<int> entry(plan.tree->num_modules(), -1);
   for (const TpModule& m : tpp.modules) entry[static_cast<size_t>(m.module)] = m.entry;
+  // transformers' moe_tp_experts: the experts run on local weight shards, and
+  // their output leaves the module all-reduced, whole (MoeExpertsParallel).
+  std::vector<ModuleId> moe(plan.tree->num_modules(), -1);
+  for (const TpModule& m : tpp.modules)
+    if (tp.plan[static_cast<size_t>(m.entry)].second.style == TpStyle::MoeExperts)
+      for (ModuleId c : plan.tree->preorder(m.module)) moe[static_cast<size_t>(c)] = m.module;
+  auto moe_at = [&](ModuleId m) { return m >= 0 && static_cast<size_t>(m) < moe.size() ? moe[static_cast<size_t>(m)] : -1; };
+  std::vector<ModuleId> made_in(g.tensors.size(), -1);  // the experts module a tensor was computed in
   for (const WalkNode& n : g.nodes) {
     bool out_local = false;
     const int e = n.module >= 0 && static_cast<size_t>(n.module) < entry.size() ? entry[static_cast<size_t>(n.module)] : -1;
@@ -24,13 +32,18 @@ std::vector<bool> tp_local_tensors(const WalkGraph& g, const Plan& plan) {
     const bool shard_out = spec && spec->output_layouts && spec->output_layouts->rfind("shard", 0) == 0;
     if (spec && spec->style == TpStyle::Colwise) {
       out_local = !spec->output_layouts || shard_out;  // Shard(-1) kept, unless gathered to Replicate
-    } else if (spec && spec->style == TpStyle::Rowwise) {
+    } else if (spec && rowwise_like(spec->style)) {
       out_local = shard_out;  // Partial reduced: all-reduced whole, or reduce-scattered to a share
     } else {
       for (const WalkArg& a : n.args)
         for (int32_t t : a.tensors)
-          if (t >= 0 && local[static_cast<size_t>(t)]) out_local = true;
+          if (t >= 0 && local[static_cast<size_t>(t)] &&
+              (made_in[static_cast<size_t>(t)] < 0 || made_in[static_cast<size_t>(t)] == moe_at(n.module)))
+            out_local = true;
     }
+    if (const ModuleId m = moe_at(n.module); m >= 0)
+      for (int32_t t : n.outputs)
+        if (t >= 0) made_in[static_cast<size_t>(t)] = m;
     if (out_local)
       for (int32_t t : n.outputs)
         if (t >= 0) local[static_cast<size_t>(t)] = true;

@@ -1,15 +1,16 @@
 #include "tp/model_plan.h"
 
+#include "model/class_names.h"
 #include "util/errors.h"
 #include "util/strings.h"
 
 namespace fsdp_plan {
 namespace {
 
-// transformers/distributed/tensor_parallel.py (5.24): the ALL_PARALLEL_STYLES
-// that are torch's own styles, with the layouts transformers gives them.
+// transformers/distributed/tensor_parallel.py (5.24): ALL_PARALLEL_STYLES.
 // "colwise" is ColwiseParallel(input Replicate, output Shard(-1)) and
-// "rowwise" RowwiseParallel(input Shard(-1), output Replicate): torch's defaults.
+// "rowwise" RowwiseParallel(input Shard(-1), output Replicate), torch's
+// defaults; the rest are transformers' own classes (policy/tensor_parallel.h).
 bool hf_style(const std::string& name, TpStyleSpec& spec) {
   spec = TpStyleSpec{};
   if (name == "colwise") {
@@ -25,10 +26,18 @@ bool hf_style(const std::string& name, TpStyleSpec& spec) {
   } else if (name == "sequence_parallel") {
     spec.style = TpStyle::SequenceParallel;
     spec.use_local_output = true;
+  } else if (auto s = tp_style_names().parse(name); s && transformers_only_style(*s)) {
+    spec.style = *s;
   } else {
     return false;
   }
   return true;
+}
+
+bool is_embedding(const ModuleTree& tree, ModuleId m) {
+  for (const auto& c : class_lineage(demangle(tree.module(m).type_name)))
+    if (c == "torch.nn.modules.sparse.Embedding") return true;
+  return false;
 }
 
 }  // namespace
@@ -53,9 +62,18 @@ void resolve_model_tp_plan(TensorParallel& tp, const ModuleTree& tree, const std
     }
     tp.plan.emplace_back(key, spec);
   };
-  const std::string prefix = r->base_model_prefix.empty() ? "" : r->base_model_prefix + ".";
-  for (const auto& [key, style] : r->tp_plan) add(prefix + key, style);
+  // PreTrainedModel.tp_plan (transformers/distributed/mixin.py: init_parallel_plans):
+  // the head's _tp_plan, then the base model's, which starts with
+  // "embed_tokens": "embedding_rowwise" when it has a plan and an nn.Embedding
+  // of that name (a key the config gives wins).
   for (const auto& [key, style] : r->head_tp_plan) add(key, style);
+  const std::string prefix = r->base_model_prefix.empty() ? "" : r->base_model_prefix + ".";
+  bool names_embed = false;
+  for (const auto& [key, style] : r->tp_plan) names_embed = names_embed || key == "embed_tokens";
+  if (!names_embed)
+    for (ModuleId m = 0; m < static_cast<ModuleId>(tree.num_modules()); ++m)
+      if (tree.path(m) == prefix + "embed_tokens" && is_embedding(tree, m)) add(prefix + "embed_tokens", "embedding_rowwise");
+  for (const auto& [key, style] : r->tp_plan) add(prefix + key, style);
   if (!unknown.empty())
     throw InputError(model_path, "\"tensor_parallel.plan\": \"model\": the recorded plan has transformers styles "
                                  "fsdp-plan does not plan (" + join(unknown) +

@@ -85,13 +85,17 @@ const char* style_class(TpStyle s) {
   return s == TpStyle::Colwise ? "ColwiseParallel" : "RowwiseParallel";
 }
 
+}  // namespace
+
+bool fnmatch_token(const std::string& pattern, const std::string& name) { return fnmatch_at(pattern, 0, name, 0); }
+
 // Where the file records the attention's head counts (fsdp-plan-export's
 // "tp_model"): a colwise key projection must keep whole key-value heads, as
 // transformers checks (transformers/distributed/tensor_parallel.py:
 // get_kv_heads_per_rank: a "k_proj" / "qkv_proj" / "query_key_value" key
 // planned colwise needs num_key_value_heads % tp == 0). Parameter shapes
 // cannot show it: tp 4 splits 2 heads of 8 rows into 4 chunks of 4 rows.
-void heads_check(const ModuleTree& tree, const TensorParallel& tp, int64_t T, std::vector<Warning>& warnings) {
+void tp_heads_check(const ModuleTree& tree, const TensorParallel& tp, int64_t T, std::vector<Warning>& warnings) {
   const ModelRecord* r = tree.record();
   if (!r || r->num_key_value_heads < 1 || T <= 1) return;
   std::string key;
@@ -115,9 +119,6 @@ void heads_check(const ModuleTree& tree, const TensorParallel& tp, int64_t T, st
           "divides " + std::to_string(kv_fails ? kv : heads)));
 }
 
-}  // namespace
-
-bool fnmatch_token(const std::string& pattern, const std::string& name) { return fnmatch_at(pattern, 0, name, 0); }
 
 std::string tp_mesh_text(const TpMeshSizes& m) {
   return std::string("(") + (m.dp_replicate > 1 ? "dp_replicate " + std::to_string(m.dp_replicate) + ", " : "") +
@@ -126,6 +127,7 @@ std::string tp_mesh_text(const TpMeshSizes& m) {
 
 TensorParallelPlan plan_tensor_parallel(const ModuleTree& tree, const TensorParallel& tp, int64_t world_size,
                                         std::vector<Warning>& warnings) {
+  if (tp.from_model) return plan_transformers_tensor_parallel(tree, tp, world_size, warnings);
   TensorParallelPlan out;
   out.mesh = tp_mesh_sizes(tp, world_size);
   const int64_t T = out.mesh.tp;
@@ -266,7 +268,7 @@ TensorParallelPlan plan_tensor_parallel(const ModuleTree& tree, const TensorPara
               "invalid for input of size 44, in the first forward); fix: a tp that divides the heads, the "
               "key-value heads, the FFN width and the vocabulary"));
   }
-  heads_check(tree, tp, T, warnings);
+  tp_heads_check(tree, tp, T, warnings);
   return out;
 }
 
@@ -280,7 +282,7 @@ Fsdp2TpParam fsdp2_tp_param(const TensorParallelPlan& plan, const ModuleTree& tr
   // _fsdp_param.py: FSDPParam._init_sharding_spec_tp: FSDP's Shard(0) on the dp
   // dimension, _StridedShard(0, split_factor=tp) when TP already shards dim 0,
   // then the parameter's own placement on tp. A plain parameter stays 1-D on dp.
-  if (p.kind == TpPlacement::Kind::Shard && p.dim == 0)
+  if (p.kind == TpPlacement::Kind::Shard && p.dim == 0)  // num_shards_map[0]: tp, strided or not
     out.placements.push_back("_StridedShard(dim=0, sf=" + std::to_string(plan.mesh.tp) + ")");
   else
     out.placements.push_back("Shard(dim=0)");

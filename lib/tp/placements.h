@@ -21,6 +21,16 @@ namespace fsdp_plan {
 TensorParallelPlan plan_tensor_parallel(const ModuleTree& tree, const TensorParallel& tp, int64_t world_size,
                                         std::vector<Warning>& warnings);
 
+// The same for a model's own plan ("plan": "model"), as transformers applies
+// it (tp/transformers_apply.cpp); plan_tensor_parallel calls it.
+TensorParallelPlan plan_transformers_tensor_parallel(const ModuleTree& tree, const TensorParallel& tp,
+                                                     int64_t world_size, std::vector<Warning>& warnings);
+
+// Where the file records the attention's head counts: tp_uneven_split when
+// tp does not divide the key-value heads (or the heads) and a key projection
+// is planned colwise.
+void tp_heads_check(const ModuleTree& tree, const TensorParallel& tp, int64_t T, std::vector<Warning>& warnings);
+
 // parallelize_module's key matching: the key's dot-separated tokens, each
 // matched with Python's fnmatch against child names, level by level ("" is
 // the module itself).

@@ -51,7 +51,7 @@ const std::vector<WarningKind>& warning_table() {
       {"fsdp2_reshard_ranks", S::Error, std::nullopt, W::Fsdp2},
       {"fsdp2_not_called", S::Warning, std::nullopt, W::Fsdp2},  // a .pt2 module whose forward never ran
       // Tensor parallelism on the mesh's tp dimension (tp/placements.cpp).
-      {"tp_unmatched_pattern", S::Error, std::nullopt, W::Fsdp2},
+      {"tp_unmatched_pattern", S::Error, S::Warning, W::Fsdp2},  // a warning in a model's own plan
       {"tp_style_class", S::Error, std::nullopt, W::Fsdp2},
       {"tp_applied_twice", S::Error, std::nullopt, W::Fsdp2},
       {"tp_uneven_split", S::Error, std::nullopt, W::Fsdp2},

@@ -51,7 +51,8 @@ def policy_for(case: dict) -> dict:
     pol = {"module_classes": [layer],
            "fsdp": {"version": 2, "world_size": 2 * tp, "optimizer": "adamw", "optimizer_impl": "for-loop"}}
     if tp > 1:
-        pol["tensor_parallel"] = {"degree": tp, "plan": case["plan"], "mesh": {"dp_shard": 2}}
+        plan = "model" if case.get("runtime") == "transformers" else case["plan"]
+        pol["tensor_parallel"] = {"degree": tp, "plan": plan, "mesh": {"dp_shard": 2}}
     return pol
 
 

@@ -62,7 +62,9 @@ def policy_for(case: dict) -> dict:
     world = mesh["dp_shard"] * mesh["tp"]
     return {"module_classes": [layer_class(case["model"])],
             "fsdp": {"version": 2, "world_size": world, "optimizer": "adamw"},
-            "tensor_parallel": {"degree": mesh["tp"], "plan": case["plan"], "mesh": {"dp_shard": mesh["dp_shard"]}},
+            "tensor_parallel": {"degree": mesh["tp"],
+                                "plan": "model" if case.get("runtime") == "transformers" else case["plan"],
+                                "mesh": {"dp_shard": mesh["dp_shard"]}},
             **({"activation_checkpointing": {"module_classes": [layer_class(case["model"])]}}
                if case["activation_checkpointing"] else {})}
 
@@ -157,8 +159,13 @@ def check_case(binary: str, name: str, case: dict, pt2: str, ts: str, tmp: str, 
         fails.append(f"forward FLOPs per rank: torch's local ops {local['forward']}, plan {flops['forward']}")
     # Under activation checkpointing the unsplit export's recompute already differs from eager's
     # (plan 1,048,576, torch 524,288 on this Llama: not a TP question), so the share is not compared.
+    # Mixtral's experts (transformers' grouped_mm_fallback, eager on the CPU): the export's backward
+    # and eager's differ by 65,536 of 2,129,920 FLOPs unsplit, and by half of that at tp 2, so the
+    # shares agree to 0.05%, not exactly (the linears' agree exactly).
+    share_tol = 1e-3 if case["model"].startswith(("mixtral", "qwen2_moe")) else 0.0
     if not case["activation_checkpointing"] and \
-            flops["backward"] * unsplit["backward"] != local["backward"] * whole_flops["backward"]:
+            abs(flops["backward"] * unsplit["backward"] - local["backward"] * whole_flops["backward"]) > \
+            share_tol * local["backward"] * whole_flops["backward"]:
         fails.append(f"backward FLOPs per rank: torch's local share {local['backward']} / {unsplit['backward']}, "
                      f"plan's {flops['backward']} / {whole_flops['backward']}")
     # A TorchScript file of the same model: no activation shapes, so no sizes.
@@ -211,8 +218,10 @@ def main() -> int:
             if not os.path.exists(pt2):
                 pt2 = cache.get(case["model"] + ".pt2") or export_pt2(case["model"], tmp)
                 cache[case["model"] + ".pt2"] = pt2
-            # sp_decoder.py's model has no TorchScript version (the corpus Llama checks that path).
-            ts = "" if case["model"] == "sp_decoder" else test_tp_plan.save_model(case["model"], tmp, cache)
+            # sp_decoder.py's model has no TorchScript version (the corpus Llama checks that path), and
+            # the model's own plan ("plan": "model") needs the .pt2's record.
+            ts = "" if case["model"] == "sp_decoder" or case.get("runtime") == "transformers" \
+                else test_tp_plan.save_model(case["model"], tmp, cache)
             fails = check_case(args.binary, name, case, pt2, ts, tmp, args.v)
             for line in fails:
                 print(f"FAIL {name}: {line}")

@@ -1,4 +1,4 @@
-"""`fsdp-plan suggest` varying the tensor-parallel degree: tp > 1 where tp 1 does not fit, tp 1 where it does.
+"""`fsdp-plan suggest` varying the tensor-parallel degree: tp > 1 where tp 1 does not fit, the fastest where all do.
 
 A policy with a "tensor_parallel" section makes suggest try every wrapping at tp 1, 2, 4 and 8
 (within --gpus-per-node; the model's own plan, "plan": "model"), ranked by whether they fit, then
@@ -12,8 +12,10 @@ mixed precision, AdamW:
 
 - seq 32768: no tp 1 candidate fits without activation checkpointing, and the best is a tp > 1
   plan without it, which fits;
-- seq 4096: the best is tp 1 (every degree fits; tp 1 has no TP collectives and is the fastest
-  per sample);
+- seq 4096: every degree fits without checkpointing, and the best is the fastest per sample (on
+  this 4-layer cut tp 8, 951 ms per sample against tp 1's 1009 ms: the root's embedding and head,
+  2.1B of its 3.9B parameters, are all-gathered exposed before the first layer at tp 1, and split
+  8 ways at tp 8, where transformers' plan splits the embedding's vocabulary too);
 - every tp in the ranking is one of 1, 2, 4, 8, and --gpus-per-node 2 keeps them at 1 and 2;
 - the policy suggest writes (-o) for the best plans, with the same tp, to the figures it reported;
 - the small corpus Llama (4 heads, 2 key-value heads) at 8 ranks: the best is tp 1; every tp 4
@@ -111,8 +113,16 @@ def main() -> int:
                     fails.append("seq 32768: a tp 1 plan without checkpointing fits; the case needs one that does not")
                 if tp_of(best) == 1 or "activation checkpointing" in best["label"]:
                     fails.append(f"seq 32768: best {best['label']!r}, not tp > 1 without checkpointing")
-            elif tp_of(best) != 1:
-                fails.append(f"seq 4096: best {best['label']!r}, not tp 1")
+            else:
+                if sorted(tp for tp, ac in by_tp if not ac) != [1, 2, 4, 8]:
+                    fails.append(f"seq 4096: not every degree fits without checkpointing: {sorted(by_tp)}")
+                # Among the plans that wrap the decoder layers (suggest ranks those that leave a layer
+                # in the root behind them, whatever their time: docs/suggest.md).
+                fastest = min(c["time"]["step_s"] * tp_of(c) for c in fit
+                              if "LlamaDecoderLayer" in c["policy"].get("module_classes", []))
+                if best["label"] != ranked[0]["label"] or \
+                        abs(ranked[0]["time"]["step_s"] * tp_of(ranked[0]) - fastest) > 1e-12:
+                    fails.append(f"seq 4096: best {best['label']!r} is not the fastest per sample")
         # The advice's world size stays at one node's ranks: --gpus-per-node 2 allows tp 1 and 2 only.
         s = suggest(args.binary, pt2, pfile, 4096, ("--gpus-per-node", "2"))
         degrees = sorted({tp_of(c) for c in s["candidates"]})

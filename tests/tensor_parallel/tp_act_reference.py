@@ -67,6 +67,10 @@ CASES: Dict[str, Dict[str, Any]] = {
     "sp_decoder_tp1": dict(model="sp_decoder", tp=1),
     "sp_decoder_sp_tp2": dict(model="sp_decoder", tp=2),
     "sp_decoder_sp_tp4": dict(model="sp_decoder", tp=4),
+    # Mixtral with its own plan as transformers applies it (tp_reference.transformers_tp): the
+    # experts on local gate_up / down shards (moe_tp_experts), their output all-reduced whole.
+    "mixtral_tp1": dict(model="mixtral", tp=1),
+    "mixtral_tfm_tp2": dict(model="mixtral", tp=2, runtime="transformers"),
 }
 
 
@@ -74,8 +78,19 @@ def build(name: str):
     return sp_decoder.build() if name == "sp_decoder" else sdpa_model(name)
 
 
-def plan_of(name: str) -> Dict[str, Any]:
+def plan_of(name: str, case: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    if case and case.get("runtime") == "transformers":
+        return tp_reference.model_plan(name)
     return sp_decoder.SP_PLAN if name == "sp_decoder" else tp_reference.hf_plan(name)
+
+
+def apply_tp(model, mesh, case: Dict[str, Any]) -> None:
+    """parallelize_module with the case's plan, or the model's own plan as transformers applies it."""
+    if case.get("runtime") == "transformers":
+        tp_reference.transformers_tp(model, mesh["tp"], {"dp_shard": mesh.size() // case["tp"], "tp": case["tp"]})
+    else:
+        parallelize_module(model, mesh["tp"], {k: tp_reference.torch_style(v)
+                                               for k, v in plan_of(case["model"]).items()})
 
 
 def layers_of(model):
@@ -113,10 +128,10 @@ def run_case(case: Dict[str, Any]) -> Dict[str, Any]:
     dist.init_process_group("fake", rank=0, world_size=tp, store=FakeStore())
     torch.manual_seed(0)
     model = build(case["model"])
-    plan = plan_of(case["model"])
+    plan = plan_of(case["model"], case)
     if tp > 1:
         mesh = init_device_mesh("cpu", (tp,), mesh_dim_names=("tp",))
-        parallelize_module(model, mesh["tp"], {k: tp_reference.torch_style(v) for k, v in plan.items()})
+        apply_tp(model, mesh, case)
     model.train()
     ids = torch.randint(3, 200, (BATCH, SEQ), generator=torch.Generator().manual_seed(0))
     params = list(model.parameters()) + list(model.buffers())
@@ -127,7 +142,8 @@ def run_case(case: Dict[str, Any]) -> Dict[str, Any]:
     loss.backward()
     rec.remove()
     res = saved_oracle.summarise(rec, model, detail=True)
-    res.update(model=case["model"], tp=tp, batch=BATCH, seq=SEQ, plan=plan if tp > 1 else None)
+    res.update(model=case["model"], tp=tp, batch=BATCH, seq=SEQ, plan=plan if tp > 1 else None,
+               runtime=case.get("runtime", "torch"))
     for r in res["saved"]:
         r.pop("nodes", None)  # backward node names: not compared, and differ between DTensor and plain runs
     res.pop("by_op", None)
@@ -144,8 +160,7 @@ def tracked_step(case: Dict[str, Any]) -> Dict[str, Any]:
     torch.manual_seed(0)
     model = build(case["model"])
     if tp > 1:
-        plan = plan_of(case["model"])
-        parallelize_module(model, mesh["tp"], {k: tp_reference.torch_style(v) for k, v in plan.items()})
+        apply_tp(model, mesh, case)
     model.train()
     peak_oracle.apply_fully_shard(model, (type(layers_of(model)[0]),), mesh["dp_shard"], MixedPrecisionPolicy())
     optim = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)

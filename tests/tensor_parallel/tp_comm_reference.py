@@ -70,6 +70,11 @@ CASES: Dict[str, Dict[str, Any]] = {
     "sp_decoder_sp_4x2": dict(model="sp_decoder", mesh={"dp_shard": 4, "tp": 2}),
     "sp_decoder_sp_2x4": dict(model="sp_decoder", mesh={"dp_shard": 2, "tp": 4}),
     "sp_decoder_sp_4x2_ac": dict(model="sp_decoder", mesh={"dp_shard": 4, "tp": 2}, ac=True),
+    # The model's own plan as transformers applies it (tp_reference.transformers_tp): the embedding's
+    # vocabulary split (its output all-reduced), and Mixtral's experts under moe_tp_experts (their
+    # output all-reduced in forward, their hidden states' and routing weights' gradients in backward).
+    "llama_tfm_4x2": dict(model="llama", mesh={"dp_shard": 4, "tp": 2}, runtime="transformers"),
+    "mixtral_tfm_4x2": dict(model="mixtral", mesh={"dp_shard": 4, "tp": 2}, runtime="transformers"),
 }
 KIND = {"all_reduce": "all_reduce", "allreduce_": "all_reduce", "all_gather_into_tensor": "all_gather",
         "_allgather_base_": "all_gather", "allgather_": "all_gather", "reduce_scatter_tensor": "reduce_scatter",
@@ -192,9 +197,13 @@ def run_case(case: Dict[str, Any]) -> Dict[str, Any]:
         dist.destroy_process_group()
     dist.init_process_group("fake", rank=0, world_size=sizes[0] * sizes[1], store=FakeStore())
     mesh = init_device_mesh("cpu", tuple(sizes), mesh_dim_names=("dp_shard", "tp"))
-    plan = plan_of(case["model"])
     model = build(case["model"])
-    parallelize_module(model, mesh["tp"], {k: tp_reference.torch_style(v) for k, v in plan.items()})
+    if case.get("runtime") == "transformers":
+        plan = tp_reference.model_plan(case["model"])
+        tp_reference.transformers_tp(model, mesh["tp"], case["mesh"])
+    else:
+        plan = plan_of(case["model"])
+        parallelize_module(model, mesh["tp"], {k: tp_reference.torch_style(v) for k, v in plan.items()})
     if case.get("ac"):
         layer_class = type(layers_of(model)[0])
         apply_activation_checkpointing(model, checkpoint_wrapper_fn=checkpoint_wrapper,
@@ -230,6 +239,7 @@ def run_case(case: Dict[str, Any]) -> Dict[str, Any]:
             continue  # the same module as its checkpoint_wrapper (whose count holds it), by the plan's path
         counts[strip(fqn)] = {ph: by_kind(per[ph]) for ph in ("forward", "backward")}
     return {"model": case["model"], "mesh": case["mesh"], "batch": BATCH, "seq": SEQ, "plan": plan,
+            "runtime": case.get("runtime", "torch"),
             "activation_checkpointing": bool(case.get("ac")),
             "collectives": mode.calls, "comm_counts": counts, "own_counts": own,
             "total_counts": by_kind(mode.get_comm_counts()),

@@ -54,6 +54,8 @@ from torch.testing._internal.distributed.fake_pg import FakeStore  # noqa: E402
 import corpus  # noqa: E402
 import tp_common  # noqa: E402  (reference_main)
 import transformers as T  # noqa: E402
+from transformers.distributed.configuration_utils import DistributedConfig  # noqa: E402
+from transformers.distributed.tensor_parallel import apply_tensor_parallelism  # noqa: E402
 
 sys.path.insert(0, os.path.join(HERE, "..", "differential"))
 import test_fsdp2  # noqa: E402  (its FSDPMemTracker with the non-activation peak, two_tracked_steps)
@@ -62,12 +64,19 @@ REFERENCE = os.path.join(HERE, "reference.json")
 
 # A Llama with as many key-value heads as heads, so that tp 4 divides both (the corpus Llama has
 # 4 heads and 2 key-value heads: tp 4 is its failing case).
+_KV4 = {**corpus._LLAMA_SMALL, "num_key_value_heads": 4}
 MODELS = {
     "llama": corpus.SMALL["llama"],
     "mistral": corpus.SMALL["mistral"],
-    "llama_kv4": corpus._decoder(T.LlamaConfig, T.LlamaForCausalLM,
-                                 **{**corpus._LLAMA_SMALL, "num_key_value_heads": 4},
-                                 tie_word_embeddings=False),
+    "llama_kv4": corpus._decoder(T.LlamaConfig, T.LlamaForCausalLM, **_KV4, tie_word_embeddings=False),
+    "mixtral": corpus.SMALL["mixtral"],
+    "qwen2_moe": corpus.SMALL["qwen2_moe"],
+    # The MoE decoders with 4 key-value heads, so that tp 4 divides them (as llama_kv4).
+    "mixtral_kv4": corpus._decoder(T.MixtralConfig, T.MixtralForCausalLM, **_KV4, num_local_experts=4,
+                                   num_experts_per_tok=2),
+    "qwen2_moe_kv4": corpus._decoder(T.Qwen2MoeConfig, T.Qwen2MoeForCausalLM, **_KV4, num_experts=4,
+                                     num_experts_per_tok=2, moe_intermediate_size=32,
+                                     shared_expert_intermediate_size=64, decoder_sparse_step=1),
 }
 
 # torchtitan's Llama plan (torchtitan/models/llama3/infra/parallelize.py: apply_tp), with HF's
@@ -116,6 +125,19 @@ CASES: Dict[str, Dict[str, Any]] = {
     "llama_kv_heads_2x4": dict(model="llama", mesh={"dp_shard": 2, "tp": 4}, plan="hf", forward=True),
     # tp 3 divides neither the 4 heads nor the 2 key-value heads (world 6 as 2 x 3).
     "llama_heads_2x3": dict(model="llama", mesh={"dp_shard": 2, "tp": 3}, plan="hf", forward=True),
+    # The model's own plan as transformers applies it (runtime "transformers": plan "model"):
+    # model.tp_plan, expanded by _resolve_parallel_plans, applied by apply_tensor_parallelism,
+    # then fully_shard as above. MoE experts: packed_colwise / rowwise on their 3-D parameters.
+    "llama_tfm_4x2": dict(model="llama", mesh={"dp_shard": 4, "tp": 2}, plan="model", forward=True),
+    "llama_tfm_kv_heads_2x4": dict(model="llama", mesh={"dp_shard": 2, "tp": 4}, plan="model", forward=True),
+    "mixtral_tfm_4x2": dict(model="mixtral", mesh={"dp_shard": 4, "tp": 2}, plan="model", forward=True),
+    "mixtral_kv4_tfm_2x4": dict(model="mixtral_kv4", mesh={"dp_shard": 2, "tp": 4}, plan="model", forward=True),
+    "mixtral_tfm_kv_heads_2x4": dict(model="mixtral", mesh={"dp_shard": 2, "tp": 4}, plan="model", forward=True),
+    "mixtral_tfm_hsdp_2x2x2": dict(model="mixtral", mesh={"dp_replicate": 2, "dp_shard": 2, "tp": 2},
+                                   plan="model"),
+    "qwen2_moe_tfm_4x2": dict(model="qwen2_moe", mesh={"dp_shard": 4, "tp": 2}, plan="model", forward=True),
+    "qwen2_moe_kv4_tfm_2x4": dict(model="qwen2_moe_kv4", mesh={"dp_shard": 2, "tp": 4}, plan="model",
+                                  forward=True),
 }
 
 LAYOUT = re.compile(r"^(replicate|shard\((-?\d+)\))$")
@@ -160,7 +182,9 @@ def run_case(name: str, case: Dict[str, Any]) -> Dict[str, Any]:
     world = 1
     for s in sizes:
         world *= s
-    plan = hf_plan(case["model"]) if case["plan"] == "hf" else case["plan"]
+    runtime = "transformers" if case["plan"] == "model" else "torch"
+    plan = {"hf": hf_plan, "model": model_plan}[case["plan"]](case["model"]) \
+        if isinstance(case["plan"], str) else case["plan"]
     if dist.is_initialized():
         dist.destroy_process_group()
     dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
@@ -169,17 +193,20 @@ def run_case(name: str, case: Dict[str, Any]) -> Dict[str, Any]:
     model = MODELS[case["model"]]("meta")
     full = {n: list(p.shape) for n, p in model.named_parameters()}
     out: Dict[str, Any] = {"model": case["model"], "mesh": mesh_shape, "world_size": world,
-                           "plan": plan, "error": None}
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        try:
-            parallelize_module(model, mesh["tp"], {k: torch_style(v) for k, v in plan.items()})
-        except Exception as e:  # a style on a module it cannot split: the error is the point
-            out["error"] = {"type": type(e).__name__, "message": str(e).splitlines()[0]}
-            out["params"], out["warnings"] = {}, []
-            return out
-    out["warnings"] = sorted({re.sub(r" in module .*, skipping", ", skipping", str(w.message), flags=re.S)
-                              for w in caught if "could not be resolved" in str(w.message)})
+                           "plan": plan, "runtime": runtime, "error": None}
+    if runtime == "transformers":
+        out["warnings"] = transformers_tp(model, mesh["tp"], mesh_shape)
+    else:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                parallelize_module(model, mesh["tp"], {k: torch_style(v) for k, v in plan.items()})
+            except Exception as e:  # a style on a module it cannot split: the error is the point
+                out["error"] = {"type": type(e).__name__, "message": str(e).splitlines()[0]}
+                out["params"], out["warnings"] = {}, []
+                return out
+        out["warnings"] = sorted({re.sub(r" in module .*, skipping", ", skipping", str(w.message), flags=re.S)
+                                  for w in caught if "could not be resolved" in str(w.message)})
     params: Dict[str, Dict[str, Any]] = {}
     for n, p in model.named_parameters():
         if isinstance(p, DTensor):
@@ -204,8 +231,8 @@ def run_case(name: str, case: Dict[str, Any]) -> Dict[str, Any]:
                          local_shape=list(p.to_local().shape), padded_shard_shape=padded[id(p)])
     out["params"] = params
     if case.get("forward"):
-        out["error"] = first_forward(case["model"], mesh["tp"], plan)
-    if out["error"] is None and not out["warnings"]:
+        out["error"] = first_forward(case["model"], mesh["tp"], plan, mesh_shape if runtime == "transformers" else None)
+    if out["error"] is None and (not out["warnings"] or runtime == "transformers"):
         try:
             out["tracker"] = tracked_steps(model)
         except Exception as e:  # noqa: BLE001  (HF's model under sequence parallelism: recorded)
@@ -234,19 +261,57 @@ def tracked_steps(model: nn.Module) -> Dict[str, Any]:
             "at_peak": {k: v for k, v in sorted(tracker.non_act_snap.items()) if v}}
 
 
-def first_forward(model_name: str, tp_mesh, plan: Dict[str, Any]) -> Optional[Dict[str, str]]:
+def first_forward(model_name: str, tp_mesh, plan: Dict[str, Any],
+                  tfm_mesh: Optional[Dict[str, int]] = None) -> Optional[Dict[str, str]]:
     """One forward of the tensor-parallel model (no FSDP: fully_shard refuses meta parameters in
     forward; nor do meta tensors: HF's mask calls .item()) on the CPU, where the small model's
     real weights cost a few hundred KB and the fake backend's collectives do nothing: its error,
-    or None."""
+    or None. With `tfm_mesh`, transformers applies the model's own plan (transformers_tp)."""
     model = MODELS[model_name]("cpu")
-    parallelize_module(model, tp_mesh, {k: torch_style(v) for k, v in plan.items()})
+    if tfm_mesh is not None:
+        transformers_tp(model, tp_mesh, tfm_mesh)
+    else:
+        parallelize_module(model, tp_mesh, {k: torch_style(v) for k, v in plan.items()})
     ids = torch.randint(3, 200, (1, 4))
     try:
         model(input_ids=ids)
     except Exception as e:  # the failure is the point: record it
         return {"type": type(e).__name__, "message": str(e).splitlines()[0]}
     return None
+
+
+def model_plan(name: str) -> Dict[str, str]:
+    """The model's own plan as transformers 5.x resolves it (PreTrainedModel.tp_plan: the head's
+    _tp_plan, then the base model's, which init_parallel_plans starts with "embed_tokens":
+    "embedding_rowwise"), in its order."""
+    return dict(MODELS[name]("meta").tp_plan)
+
+
+def transformers_tp(model: nn.Module, tp_mesh, mesh_shape: Dict[str, int]) -> List[str]:
+    """What from_pretrained(distributed_config=DistributedConfig(tp_size=...)) does for tensor
+    parallelism (transformers/distributed/mixin.py: maybe_distribute_model): the model's plan
+    expanded to its modules and parameters (_resolve_parallel_plans), applied by
+    apply_tensor_parallelism. The rules that match nothing, as transformers logs them."""
+    import logging
+    logged: List[str] = []
+
+    class Catch(logging.Handler):
+        def emit(self, record):
+            logged.append(record.getMessage())
+    handler = Catch()
+    log = T.utils.logging.get_logger("transformers")
+    log.addHandler(handler)
+    level = T.utils.logging.get_verbosity()
+    T.utils.logging.set_verbosity_warning()
+    try:
+        cfg = DistributedConfig(tp_size=mesh_shape["tp"], fsdp_size=mesh_shape["dp_shard"],
+                                dp_replicate_size=mesh_shape.get("dp_replicate", 1))
+        tp_plan, _, _ = model._resolve_parallel_plans(cfg)
+        apply_tensor_parallelism(model, tp_mesh, tp_plan)
+    finally:
+        log.removeHandler(handler)
+        T.utils.logging.set_verbosity(level)
+    return sorted(m for m in logged if "match nothing" in m)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
