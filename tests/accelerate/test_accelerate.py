@@ -145,12 +145,10 @@ def plan_units(plan):
     return sorted(u["path"] for u in plan["units"] if u["path"])
 
 
-def accelerate_plugin(config_path, launch_flags=()):
-    """(plugin, launch args) as `accelerate launch --config_file CONFIG [FLAGS]` makes them."""
-    from accelerate import FullyShardedDataParallelPlugin
+def accelerate_launch_env(config_path, launch_flags=()):
+    """(launch args, environment) as `accelerate launch --config_file CONFIG [FLAGS]` makes them."""
     from accelerate.commands.config.config_args import load_config_from_file
     from accelerate.commands.launch import _validate_launch_command, launch_command_parser
-    from accelerate.utils import patch_environment
     from accelerate.utils.launch import prepare_multi_gpu_env
 
     load_config_from_file(config_path)  # the loader's own checks (top-level keys)
@@ -162,6 +160,15 @@ def accelerate_plugin(config_path, launch_flags=()):
     # A CPU-only box cannot sync module states (FullyShardedDataParallelPlugin broadcasts from a CUDA
     # device); nothing else changes.
     env.update(FSDP_SYNC_MODULE_STATES="false", FSDP_CPU_RAM_EFFICIENT_LOADING="false")
+    return args, env
+
+
+def accelerate_plugin(config_path, launch_flags=()):
+    """(plugin, launch args) as `accelerate launch --config_file CONFIG [FLAGS]` makes them."""
+    from accelerate import FullyShardedDataParallelPlugin
+    from accelerate.utils import patch_environment
+
+    args, env = accelerate_launch_env(config_path, launch_flags)
     with patch_environment(**env):
         plugin = FullyShardedDataParallelPlugin()
         if env["ACCELERATE_MIXED_PRECISION"] != "no":  # AcceleratorState does this
@@ -178,6 +185,40 @@ def fake_world(size):
         yield
     finally:
         dist.destroy_process_group()
+
+
+def accelerator_parallelism(config_path):
+    """What Accelerate's own Accelerator() makes of the config's parallelism_config, on rank 0 of
+    num_processes ranks (fake backend) in the environment the launcher sets: ("raised", "Type: message"),
+    or ("built", fsdp_version, (mesh dim names, mesh shape)) of the ParallelismConfig's device mesh
+    (() when it builds none). Accelerator.__init__ builds ParallelismConfig from the environment, then
+    its device mesh (torch's init_device_mesh), then runs _validate_accelerator: all three run here."""
+    from unittest import mock
+
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState, PartialState
+    from accelerate.utils import DistributedType, patch_environment
+
+    args, env = accelerate_launch_env(config_path)
+    world = int(args.num_processes)
+    env.update(WORLD_SIZE=str(world), RANK="0", LOCAL_RANK="0", ACCELERATE_TORCH_DEVICE="cpu")
+    # PartialState as on a CUDA box (nccl: MULTI_GPU, which AcceleratorState makes FSDP), on the fake
+    # process group already up and the CPU device.
+    backend = mock.patch.object(PartialState, "_prepare_backend",
+                                lambda *a, **k: ("fake", DistributedType.MULTI_GPU))
+    with fake_world(world), backend, patch_environment(**env):
+        try:
+            accelerator = Accelerator()
+            config = accelerator.parallelism_config
+            mesh = config._get_mesh() if config is not None else ()
+            if accelerator.state.device_mesh is not None:
+                assert tuple(accelerator.state.device_mesh.shape) == tuple(mesh[1]), mesh
+            return "built", 2 if accelerator.is_fsdp2 else 1, tuple(tuple(m) for m in mesh)
+        except (ValueError, RuntimeError) as e:
+            return "raised", f"{type(e).__name__}: {e}"
+        finally:
+            AcceleratorState._reset_state(True)
+            PartialState._reset_state()
 
 
 def fsdp_units(wrapped):
@@ -765,6 +806,89 @@ class RecordedNoSplitModules(unittest.TestCase):
         r = run_plan(self.files["llama"]["pt"], "--policy", size, "--module-classes", "LlamaDecoderLayer")
         self.assertEqual((r.returncode, r.stdout), (2, ""))
         self.assertIn("fsdp_auto_wrap_policy is SIZE_BASED_WRAP, which wraps no class", r.stderr)
+
+
+# parallelism_config as Accelerator() takes it: name -> (fsdp_version, num_processes, {parallelism_config_KEY:
+# value}, what fsdp-plan's refusal says besides Accelerate's error: the fix). A size the file leaves out is the
+# launcher's default, 1 (commands/launch.py), dp_shard_size included.
+PARALLELISM = {
+    "fsdp2_hsdp": (2, 8, {"dp_replicate_size": 2, "dp_shard_size": 4}, None),
+    "fsdp2_shard_only": (2, 8, {"dp_shard_size": 8}, None),
+    "fsdp2_all_ones": (2, 8, {"cp_size": 1, "tp_size": 1}, None),
+    "fsdp1_all_ones": (1, 8, {"dp_replicate_size": 1, "tp_size": 1}, None),
+    "fsdp1_hsdp": (1, 8, {"dp_replicate_size": 2, "dp_shard_size": 4}, "fsdp_sharding_strategy: HYBRID_SHARD"),
+    "fsdp1_shard_only": (1, 8, {"dp_shard_size": 8}, "set fsdp_version: 2"),
+    "fsdp1_replicate_only": (1, 8, {"dp_replicate_size": 2}, "dp_shard_size is 1, the launcher's default"),
+    "fsdp2_replicate_only": (2, 8, {"dp_replicate_size": 2}, "dp_shard_size is 1, the launcher's default"),
+    "fsdp2_replicate_whole_world": (2, 8, {"dp_replicate_size": 8}, "dp_shard_size is 1, the launcher's default"),
+    "fsdp2_shard_short": (2, 8, {"dp_shard_size": 4}, None),
+    "fsdp2_mesh_too_big": (2, 8, {"dp_replicate_size": 4, "dp_shard_size": 4}, "16 ranks"),
+    "fsdp2_tp_mesh_too_big": (2, 8, {"dp_shard_size": 4, "tp_size": 4}, "16 ranks"),
+    "fsdp2_replicate0": (2, 8, {"dp_replicate_size": 0, "dp_shard_size": 8}, None),
+}
+
+
+class ParallelismConfigs(SavedModels):
+    """parallelism_config read as Accelerate's own Accelerator() takes it from the launcher
+    (accelerator_parallelism): where it raises, fsdp-plan refuses (exit 2) with its error word
+    for word and the fix; where it builds a mesh, the plan is on that mesh (HSDP for a
+    dp_replicate dimension), FSDP1 or FSDP2 as Accelerate runs it."""
+
+    MODEL_NAMES = {"llama"}
+
+    def write(self, name):
+        version, world, sizes, _ = PARALLELISM[name]
+        path = os.path.join(self.tmp.name, name + ".yaml")
+        with open(path, "w") as f:
+            f.write("compute_environment: LOCAL_MACHINE\ndistributed_type: FSDP\nfsdp_config:\n"
+                    "  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n"
+                    "  fsdp_transformer_layer_cls_to_wrap: LlamaDecoderLayer\n"
+                    f"  fsdp_version: {version}\nmixed_precision: 'no'\nnum_processes: {world}\n"
+                    "parallelism_config:\n" + "".join(f"  parallelism_config_{k}: {v}\n" for k, v in sizes.items()))
+        return path
+
+    def test_as_accelerator(self):
+        outcomes = {}
+        for name, (version, world, _, fix) in PARALLELISM.items():
+            with self.subTest(config=name):
+                path = self.write(name)
+                want = accelerator_parallelism(path)
+                outcomes[name] = want
+                r = run_plan(self.models["llama"], "--policy", path, "--format", "json")
+                if want[0] == "raised":
+                    self.assertEqual((r.returncode, r.stdout), (2, ""), f"{name}: Accelerate: {want[1]}; {r.stderr}")
+                    self.assertIn("accelerate launch would stop: " + want[1], r.stderr, name)
+                    if fix:
+                        self.assertIn(fix, r.stderr, name)
+                    continue
+                self.assertEqual(r.returncode, 0, f"{name}: {r.stderr}")
+                plan = json.loads(r.stdout)
+                _, accelerate_version, mesh = want
+                self.assertEqual((plan["fsdp_version"], accelerate_version), (version, version), name)
+                memory = plan["memory"]
+                self.assertEqual(memory["world_size"], world, name)
+                dims = dict(zip(*mesh)) if mesh else {}
+                if "dp_replicate" in dims:
+                    self.assertEqual(memory["sharding_strategy"], "HYBRID_SHARD", name)
+                    self.assertEqual((memory["replicate_size"], memory["shard_group_size"]),
+                                     (dims["dp_replicate"], dims["dp_shard"]), name)
+                else:
+                    self.assertEqual(memory["sharding_strategy"], "FULL_SHARD", name)
+                    self.assertEqual(dims.get("dp_shard", world), world, name)
+                if version == 1:  # sizes of 1: Accelerate builds no mesh and says nothing; fsdp-plan says so
+                    keys = [w["message"] for w in plan["warnings"] if w["kind"] == "accelerate_config_key"]
+                    self.assertTrue(any(m.startswith("parallelism_config: ") for m in keys), keys)
+        # The oracle itself: FSDP1 with a size above 1 is Accelerate's error, after the size check.
+        fsdp1 = ("raised", "ValueError: ParallelismConfig is only compatible DistributedType.FSDP (version 2) or "
+                 "DistributedType.Multi{Device} or DistributedType.DEEPSPEED, but got DistributedType.FSDP.")
+        self.assertEqual(outcomes["fsdp1_hsdp"], fsdp1)
+        self.assertEqual(outcomes["fsdp1_shard_only"], fsdp1)
+        self.assertIn("total_size (2) does not match num_processes (8)", outcomes["fsdp1_replicate_only"][1])
+        self.assertIn("no dimension for FSDP to shard across", outcomes["fsdp2_replicate_whole_world"][1])
+        self.assertEqual(outcomes["fsdp2_mesh_too_big"][1],
+                         "RuntimeError: Mesh should not be bigger than default world size 8, but found 16 ranks!")
+        self.assertEqual(outcomes["fsdp2_hsdp"], ("built", 2, (("dp_replicate", "dp_shard"), (2, 4))))
+        self.assertEqual(outcomes["fsdp1_all_ones"], ("built", 1, ()))
 
 
 class EmitRules(unittest.TestCase):
