@@ -1396,32 +1396,35 @@ class Reader {
     out_.policy.mixed_precision = accelerate_dtypes(mp, out_.policy.fsdp.version);
   }
 
+  // The launcher exports every size, one the file leaves out as its default 1, dp_shard_size included
+  // (commands/launch.py; utils/launch.py: prepare_extend_env_parallelism_config).
   void read_parallelism() {
     if (!top_.count("parallelism_config") || top_["parallelism_config"].kind == PyValue::None) return;
     const PyValue& pc = top_["parallelism_config"];
     if (pc.kind != PyValue::Dict) fail("parallelism_config must be a mapping");
-    if (pc.entries.empty()) return;
-    int64_t replicate = 1, shard = -1, tp = 1;
+    if (pc.entries.empty()) return;  // _validate_launch_command: parallelism_config != {}
+    int64_t replicate = 1, shard = 1, tp = 1;
+    bool shard_given = false;
     for (const auto& [k, v] : pc.entries) {
       if (k == "parallelism_config_dp_replicate_size") replicate = parse_int(v, k);
-      else if (k == "parallelism_config_dp_shard_size") shard = parse_int(v, k);
+      else if (k == "parallelism_config_dp_shard_size") {
+        shard = parse_int(v, k);
+        shard_given = true;
+      }
       else if (k == "parallelism_config_tp_size") tp = parse_int(v, k);
       else if ((k == "parallelism_config_cp_size" || k == "parallelism_config_sp_size") && parse_int(v, k) != 1)
         fail(k + " is " + py_str(v) + ": fsdp-plan plans data and tensor parallelism only (context and "
                                       "sequence parallel sizes must be 1)");
     }
+    check_parallelism(replicate, shard, tp, shard_given);
     if (tp != 1) return read_tensor_parallel(replicate, shard, tp);
-    if (!out_.policy.fsdp.v2()) {
-      key_warning("parallelism_config", "is for FSDP2 (fsdp_version 2); under FSDP1 hybrid sharding is "
-                                        "fsdp_sharding_strategy: HYBRID_SHARD. fsdp-plan ignores it");
+    FsdpSettings& fsdp = out_.policy.fsdp;
+    if (!fsdp.v2()) {  // every size 1, else check_parallelism refused
+      key_warning("parallelism_config", "does nothing: every size is 1, so Accelerate builds no mesh; a size above 1 "
+                                        "is its error under fsdp_version 1 (FSDP1's hybrid sharding is "
+                                        "fsdp_sharding_strategy: HYBRID_SHARD)");
       return;
     }
-    if (replicate < 1) fail("parallelism_config_dp_replicate_size must be at least 1");
-    FsdpSettings& fsdp = out_.policy.fsdp;
-    if (shard == -1) shard = fsdp.world_size / replicate;
-    if (shard < 1 || replicate * shard != fsdp.world_size)
-      refuse("parallelism_config: dp_replicate_size " + std::to_string(replicate) + " x dp_shard_size " +
-             std::to_string(shard) + " is not num_processes " + std::to_string(fsdp.world_size));
     if (replicate > 1) {
       fsdp.strategy = ShardingStrategy::HybridShard;
       fsdp.shard_group_size = shard;
@@ -1430,18 +1433,9 @@ class Reader {
     }
   }
 
-  // parallelism_config_tp_size other than 1: the launcher exports the sizes
-  // (utils/launch.py: prepare_extend_env_parallelism_config; a size the file
-  // leaves out is the launcher's default, 1), Accelerator builds
-  // ParallelismConfig from them and checks it (parallelism_config.py:
-  // __post_init__, _validate_accelerator), in this order. What it then
-  // shards is a model transformers already split with its own plan
-  // (from_pretrained(..., tp_plan="auto"); Accelerator.prepare_model checks
-  // the model's tp size, _prepare_tp applies no plan): "plan": "model" on the
-  // (dp_replicate, dp_shard, tp) mesh, the dims of size 1 left out as
-  // Accelerate's _get_mesh leaves them out.
-  void read_tensor_parallel(int64_t replicate, int64_t shard, int64_t tp) {
-    if (shard == -1) shard = 1;
+  // What Accelerator.__init__ raises for these sizes, in its order: ParallelismConfig() (__post_init__),
+  // get_device_mesh (torch's init_device_mesh), _validate_accelerator (accelerate/parallelism_config.py).
+  void check_parallelism(int64_t replicate, int64_t shard, int64_t tp, bool shard_given) {
     for (const auto& [name, size] : {std::pair<const char*, int64_t>{"dp_replicate_size", replicate},
                                      {"dp_shard_size", shard}, {"tp_size", tp}})
       if (size < 1)
@@ -1451,21 +1445,49 @@ class Reader {
              "(dp_replicate_size > 1 and dp_shard_size == 1). Please set dp_shard_size > 1 and dp_replicate_size "
              "== 1 to compose FSDP + TP/CP for 2D parallel, or set dp_replicate_size == 1 and dp_shard_size > 1 to "
              "compose HSDP + TP/CP for 3D parallel.");
-    FsdpSettings& fsdp = out_.policy.fsdp;
-    const int64_t total = replicate * shard * tp;
-    if (total != fsdp.world_size)
+    const FsdpSettings& fsdp = out_.policy.fsdp;
+    const int64_t total = replicate * shard * tp, world = fsdp.world_size;
+    if (total == 1) return;  // no mesh; _validate_accelerator returns at once (not multi_device under FSDP)
+    // The fixes, after Accelerate's words.
+    std::vector<std::string> fix;
+    if (!shard_given) {
+      const int64_t fits = world % (replicate * tp) == 0 ? world / (replicate * tp) : 0;
+      fix.push_back("parallelism_config_dp_shard_size is 1, the launcher's default, when the file leaves it out" +
+                    (fits > 1 ? ": set it to " + std::to_string(fits) : std::string()));
+    }
+    if (!fsdp.v2())
+      fix.push_back("parallelism_config is for fsdp_version 2: set fsdp_version: 2, or remove parallelism_config "
+                    "and take fsdp_sharding_strategy: HYBRID_SHARD for FSDP1's hybrid sharding");
+    const std::string why = fix.empty() ? "" : " (" + join(fix, "; ") + ")";
+    if (total > world) {  // Accelerator builds the mesh before it checks the sizes
+      fix.insert(fix.begin(), "torch's init_device_mesh, for the parallelism_config sizes, whose product " +
+                                  std::to_string(total) + " must be num_processes");
+      refuse("RuntimeError: Mesh should not be bigger than default world size " + std::to_string(world) +
+             ", but found " + std::to_string(total) + " ranks! (" + join(fix, "; ") + ")");
+    }
+    if (total != world)
       refuse("ValueError: ParallelismConfig total_size (" + std::to_string(total) + ") does not match num_processes (" +
-             std::to_string(fsdp.world_size) + "). Please adjust dp_replicate_size/ dp_shard_size/tp_size/cp_size/"
-             "sp_size.");
+             std::to_string(world) + "). Please adjust dp_replicate_size/ dp_shard_size/tp_size/cp_size/"
+             "sp_size." + why);
     if (fsdp.v2() && shard == 1)
       refuse("ValueError: FSDP is enabled but the parallelism config has no dimension for FSDP to shard across (both "
              "`dp_shard_size` and `cp_size` are 1). This usually means a model that is already parallelized another "
              "way -- e.g. loaded with `DistributedConfig(tp_size=N)` or `enable_expert_parallel=True`, which makes the "
              "whole world size tensor/expert parallel -- was launched under an FSDP config. Either launch it without "
-             "the FSDP config, or leave ranks for FSDP to use by lowering `tp_size`.");
+             "the FSDP config, or leave ranks for FSDP to use by lowering `tp_size`." + why);
     if (!fsdp.v2())
       refuse("ValueError: ParallelismConfig is only compatible DistributedType.FSDP (version 2) or "
-             "DistributedType.Multi{Device} or DistributedType.DEEPSPEED, but got DistributedType.FSDP.");
+             "DistributedType.Multi{Device} or DistributedType.DEEPSPEED, but got DistributedType.FSDP." + why);
+  }
+
+  // parallelism_config_tp_size other than 1, sizes that check_parallelism
+  // let through. What Accelerate then shards is a model transformers
+  // already split with its own plan
+  // (from_pretrained(..., tp_plan="auto"); Accelerator.prepare_model checks
+  // the model's tp size, _prepare_tp applies no plan): "plan": "model" on the
+  // (dp_replicate, dp_shard, tp) mesh, the dims of size 1 left out as
+  // Accelerate's _get_mesh leaves them out.
+  void read_tensor_parallel(int64_t replicate, int64_t shard, int64_t tp) {
     TensorParallel section;
     section.degree = tp;
     section.from_model = true;
