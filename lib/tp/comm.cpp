@@ -67,6 +67,15 @@ bool inside(const ModuleTree& tree, ModuleId m, ModuleId ancestor) {
   return false;
 }
 
+// The ops that save their inputs for backward on every path: a checkpointed
+// region's last one stands for where the recompute stops (a linear; the MoE
+// experts' grouped matmuls after the router's linear).
+bool is_matmul(const std::string& op) {
+  return op == "aten.linear.default" || op == "aten.mm.default" || op == "aten.bmm.default" ||
+         op == "aten.matmul.default" || op == "aten._grouped_mm.default" ||
+         op == "transformers.grouped_mm_fallback.default";
+}
+
 // The nearest module at or above `m` a plan entry styled, below `stop` (the
 // styled module whose inputs are asked about: its own ancestors do not
 // redistribute what flows inside them); -1 if none.
@@ -213,10 +222,10 @@ TpComm tp_comm(const Plan& plan) {
     Collective c;
   };
   std::vector<std::vector<Forward>> region_forward(tree.num_modules());  // a region's forward TP collectives
-  std::vector<NodeId> last_linear(tree.num_modules(), -1);
+  std::vector<NodeId> last_matmul(tree.num_modules(), -1);
   for (NodeId n = 0; n < graph->num_nodes(); ++n) {
     const ModuleId r = region[static_cast<size_t>(graph->node(n).module)];
-    if (r >= 0 && graph->op_name(graph->node(n).op) == "aten.linear.default") last_linear[static_cast<size_t>(r)] = n;
+    if (r >= 0 && is_matmul(graph->op_name(graph->node(n).op))) last_matmul[static_cast<size_t>(r)] = n;
   }
   // transformers' MoeExpertsParallel (tensor_parallel.py): each rank runs its
   // share of every expert on the whole batch; the forward all-reduces the
@@ -460,18 +469,20 @@ TpComm tp_comm(const Plan& plan) {
   // reaches it: its forward runs again, collectives included, but
   // non-reentrant checkpointing stops at the last op that saves a tensor
   // (torch/utils/checkpoint.py: _StopRecomputationError); the region's last
-  // linear stands for that op here (counted on HF's Llama: o_proj's
-  // all-reduce recurs, down_proj's, after the last matmul, does not). The
-  // recompute starts at the first saved tensor backward unpacks, the last
-  // linear's: what backward does before it (a gradient's redistribution
-  // after that linear, as a rowwise output_grad all-gather) comes first
-  // (counted on sp_decoder.py: down's all-gather, then the recompute).
+  // matmul stands for that op here (counted on HF's Llama: o_proj's
+  // all-reduce recurs, down_proj's, after the last matmul, does not; on
+  // Mixtral the experts' grouped matmuls come after the router's linear, and
+  // their output's all-reduce does not recur). The recompute starts at the
+  // first saved tensor backward unpacks, the last matmul's: what backward
+  // does before it (a gradient's redistribution after that matmul, as a
+  // rowwise output_grad all-gather) comes first (counted on sp_decoder.py:
+  // down's all-gather, then the recompute).
   std::vector<bool> recomputed(tree.num_modules(), false);
   auto recompute = [&](ModuleId r) {
     if (r < 0 || recomputed[static_cast<size_t>(r)]) return;
     recomputed[static_cast<size_t>(r)] = true;
     for (const Forward& f : region_forward[static_cast<size_t>(r)]) {
-      const NodeId stop = last_linear[static_cast<size_t>(r)];
+      const NodeId stop = last_matmul[static_cast<size_t>(r)];
       if (f.node > stop || (f.node == stop && std::string(f.c.cause) != "input")) continue;
       Collective c = f.c;
       c.phase = StepPhase::Backward;
@@ -484,7 +495,7 @@ TpComm tp_comm(const Plan& plan) {
     leave_units_after(n);
     const ModuleId r = region[static_cast<size_t>(backward[k].module)];
     if (r >= 0) {
-      const NodeId stop = last_linear[static_cast<size_t>(r)];
+      const NodeId stop = last_matmul[static_cast<size_t>(r)];
       if (n < stop || (n == stop && std::string(backward[k].cause) != "output_grad")) recompute(r);
     }
     out.collectives.push_back(backward[k]);

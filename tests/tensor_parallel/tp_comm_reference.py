@@ -75,6 +75,7 @@ CASES: Dict[str, Dict[str, Any]] = {
     # output all-reduced in forward, their hidden states' and routing weights' gradients in backward).
     "llama_tfm_4x2": dict(model="llama", mesh={"dp_shard": 4, "tp": 2}, runtime="transformers"),
     "mixtral_tfm_4x2": dict(model="mixtral", mesh={"dp_shard": 4, "tp": 2}, runtime="transformers"),
+    "mixtral_tfm_4x2_ac": dict(model="mixtral", mesh={"dp_shard": 4, "tp": 2}, runtime="transformers", ac=True),
 }
 KIND = {"all_reduce": "all_reduce", "allreduce_": "all_reduce", "all_gather_into_tensor": "all_gather",
         "_allgather_base_": "all_gather", "allgather_": "all_gather", "reduce_scatter_tensor": "reduce_scatter",
