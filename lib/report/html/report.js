@@ -150,9 +150,9 @@
     if (tpPlan && tpPlan.mesh) {
       kv(settings, "device mesh", "(" + tpPlan.mesh.dim_names.map((d, i) => d + " " + tpPlan.mesh.shape[i]).join(", ") +
          "): init_device_mesh, fully_shard on the dp dimension" + (tpPlan.mesh.dim_names.length > 2 ? "s" : "") +
-         ", parallelize_module on tp");
+         ", the tensor-parallel plan on tp");
       const params = tpPlan.params || [];
-      const split = params.filter((p) => p.tp_placement && p.tp_placement.startsWith("Shard")).length;
+      const split = params.filter((p) => p.tp_placement && /^(_Strided)?Shard\(/.test(p.tp_placement)).length;
       const repl = params.filter((p) => p.tp_placement === "Replicate()").length;
       kv(settings, "tensor parallel", (tpPlan.modules || []).length + " modules styled; " + split +
          " parameters split on tp, " + repl + " replicated, " + (params.length - split - repl) + " untouched");
