@@ -254,7 +254,7 @@ std::string tp_style_python(const TpStyleSpec& s) {
     case TpStyle::Replicate: cls = "ReplicateParallel"; break;  // transformers' style, not torch's
     case TpStyle::PrepareModuleInput: cls = "PrepareModuleInput"; break;
     case TpStyle::PrepareModuleOutput: cls = "PrepareModuleOutput"; break;
-    case TpStyle::EmbeddingRowwise: cls = "EmbeddingParallel"; break;  // transformers' classes
+    case TpStyle::EmbeddingRowwise: return "EmbeddingParallel(shard_dim=0)";  // transformers' classes
     case TpStyle::PackedColwise: cls = "PackedColwiseParallel"; break;
     case TpStyle::PackedRowwise: cls = "PackedRowwiseParallel"; break;
     case TpStyle::MoeExperts: cls = "MoeExpertsParallel"; break;
