@@ -73,16 +73,14 @@ std::string plan_to_torch_fsdp2_tp(const Plan& plan) {
                         "ReplicateParallel, which torch's parallelize_module has no style for (and transformers "
                         "5.24 no longer exports); plan the module's parameters sequence_parallel, or leave the "
                         "key out (its parameters then stay plain tensors on the dp_shard mesh)");
-      case TpStyle::PrepareModuleInput:
-      case TpStyle::PrepareModuleOutput:
-        throw EmitError("the tensor_parallel plan key '" + pattern + "' is planned " +
-                        tp_style_names().name(spec.style) + ": torch's PrepareModuleInput/Output need the desired "
-                        "layouts too, which the policy does not say; write that entry by hand");
       default: break;
     }
     const std::string py = tp_style_python(spec);
     style_classes.insert(py.substr(0, py.find('(')));
-    for (const auto& l : {spec.input_layouts, spec.output_layouts})
+    std::vector<std::optional<std::string>> used{spec.input_layouts, spec.output_layouts};
+    used.insert(used.end(), spec.prepare_layouts.begin(), spec.prepare_layouts.end());
+    used.insert(used.end(), spec.prepare_desired.begin(), spec.prepare_desired.end());
+    for (const auto& l : used)
       if (l) (*l == "replicate" ? replicate_layout : shard_layout) = true;
   }
 

@@ -13,8 +13,9 @@ using json = nlohmann::json;
 
 const std::vector<std::string> kKeys = {"degree", "plan", "mesh"};
 const std::vector<std::string> kMeshKeys = {"dp_replicate", "dp_shard"};
-const std::vector<std::string> kStyleKeys = {"style", "input_layouts", "output_layouts", "use_local_output",
-                                             "sequence_dim"};
+const std::vector<std::string> kStyleKeys = {"style",           "input_layouts",         "output_layouts",
+                                             "use_local_output", "sequence_dim",         "desired_input_layouts",
+                                             "desired_output_layouts"};
 
 // torch's layouts as a plan writes them: Replicate() or Shard(d), spelled
 // "replicate" or "shard(N)" with N an optional '-' and ASCII digits. By hand,
@@ -80,6 +81,8 @@ class TpReader {
            (near.empty() ? ", not one of " + join(tp_style_names().names()) : "; did you mean \"" + near[0] + "\"?"));
     }
     spec.style = *parsed;
+    if (spec.style == TpStyle::PrepareModuleInput || spec.style == TpStyle::PrepareModuleOutput)
+      return prepare(v, where, spec);
     if (transformers_only_style(spec.style))
       fail("\"" + where + "\" names " + s + ", one of transformers' own styles, which transformers applies "
            "(apply_tensor_parallelism) and parallelize_module does not have; for a model's own plan, give "
@@ -105,11 +108,61 @@ class TpReader {
     }
     // The layouts each style's constructor takes (torch/distributed/tensor/parallel/style.py).
     const bool io = spec.style == TpStyle::Colwise || spec.style == TpStyle::Rowwise;
-    if (spec.input_layouts && !io && spec.style != TpStyle::PrepareModuleInput)
+    if (spec.input_layouts && !io)
       fail("\"" + where + ".input_layouts\": the style " + s + " takes no input_layouts");
-    if (spec.output_layouts && !io && spec.style != TpStyle::PrepareModuleOutput)
+    if (spec.output_layouts && !io)
       fail("\"" + where + ".output_layouts\": the style " + s + " takes no output_layouts");
+    for (const char* key : {"desired_input_layouts", "desired_output_layouts"})
+      if (v.contains(key)) fail("\"" + where + "." + key + "\": the style " + s + " takes no " + key);
     return spec;
+  }
+
+  // PrepareModuleInput(input_layouts, desired_input_layouts, use_local_output)
+  // and PrepareModuleOutput(output_layouts, desired_output_layouts, ...): a
+  // layout or a list of layouts and nulls, the two lists as long as each other
+  // (style.py: the constructor's AssertionErrors).
+  TpStyleSpec prepare(const json& v, const std::string& where, TpStyleSpec spec) const {
+    const bool in = spec.style == TpStyle::PrepareModuleInput;
+    const std::string have = in ? "input_layouts" : "output_layouts", want = "desired_" + have;
+    if (v.is_object()) {
+      for (const char* key : {"input_layouts", "output_layouts", "desired_input_layouts", "desired_output_layouts",
+                              "sequence_dim"})
+        if (v.contains(key) && key != have && key != want)
+          fail("\"" + where + "." + key + "\": " + tp_style_names().name(spec.style) + " takes " + have + " and " +
+               want);
+      if (v.contains(have)) spec.prepare_layouts = layouts(v[have], where + "." + have);
+      if (v.contains(want)) spec.prepare_desired = layouts(v[want], where + "." + want);
+      if (auto it = v.find("use_local_output"); it != v.end()) {
+        if (!it->is_boolean())
+          fail("\"" + where + ".use_local_output\" must be true or false, not " + json_type_name(*it));
+        spec.use_local_output = it->get<bool>();
+      }
+    }
+    if (!spec.prepare_layouts.empty() && spec.prepare_desired.empty())
+      fail("\"" + where + "\" has " + have + " but no " + want + " (torch: AssertionError \"desired module " +
+           (in ? "inputs" : "outputs") + " should not be None!\")");
+    if (spec.prepare_layouts.size() != spec.prepare_desired.size())
+      fail("\"" + where + "." + have + "\" and \"" + want + "\" must be as long as each other (torch: " +
+           "AssertionError \"" + have + " and " + want + " should have same length!\")");
+    return spec;
+  }
+
+  TpStyleSpec::Layouts layouts(const json& v, const std::string& where) const {
+    TpStyleSpec::Layouts out;
+    auto one = [&](const json& x) {
+      if (x.is_null()) return std::optional<std::string>();
+      if (!x.is_string() || !valid_layout(x.get<std::string>()))
+        fail("\"" + where + "\" must be \"replicate\", \"shard(DIM)\" or a list of those and nulls, not " + x.dump());
+      return std::optional<std::string>(x.get<std::string>());
+    };
+    if (v.is_array()) {
+      if (v.empty()) fail("\"" + where + "\" is an empty list");
+      for (const json& x : v) out.push_back(one(x));
+    } else {
+      out.push_back(one(v));
+      if (!out.back()) fail("\"" + where + "\" must be a layout or a list, not null");
+    }
+    return out;
   }
 
  private:
@@ -204,12 +257,25 @@ std::string tensor_parallel_error(const TensorParallel& tp, const FsdpSettings& 
   return "";
 }
 
+static nlohmann::ordered_json layouts_json(const TpStyleSpec::Layouts& l) {
+  if (l.size() == 1 && l[0]) return *l[0];
+  nlohmann::ordered_json a = nlohmann::ordered_json::array();
+  for (const auto& x : l) a.push_back(x ? nlohmann::ordered_json(*x) : nlohmann::ordered_json());
+  return a;
+}
+
 static nlohmann::ordered_json style_json(const TpStyleSpec& s) {
-  const bool bare = !s.input_layouts && !s.output_layouts && !s.use_local_output && !s.sequence_dim;
+  const bool bare = !s.input_layouts && !s.output_layouts && !s.use_local_output && !s.sequence_dim &&
+                    s.prepare_layouts.empty();
   if (bare) return tp_style_names().name(s.style);
   nlohmann::ordered_json j = {{"style", tp_style_names().name(s.style)}};
   if (s.input_layouts) j["input_layouts"] = *s.input_layouts;
   if (s.output_layouts) j["output_layouts"] = *s.output_layouts;
+  if (!s.prepare_layouts.empty()) {
+    const bool in = s.style == TpStyle::PrepareModuleInput;
+    j[in ? "input_layouts" : "output_layouts"] = layouts_json(s.prepare_layouts);
+    j[in ? "desired_input_layouts" : "desired_output_layouts"] = layouts_json(s.prepare_desired);
+  }
   if (s.use_local_output) j["use_local_output"] = *s.use_local_output;
   if (s.sequence_dim) j["sequence_dim"] = *s.sequence_dim;
   return j;
@@ -240,10 +306,18 @@ nlohmann::ordered_json tensor_parallel_to_json(const TensorParallel& tp, int64_t
 
 std::string tp_style_python(const TpStyleSpec& s) {
   std::vector<std::string> args;
-  const bool prepare = s.style == TpStyle::PrepareModuleInput || s.style == TpStyle::PrepareModuleOutput;
-  auto layouts = [&](const std::string& l) { return prepare ? "(" + layout_python(l) + ",)" : layout_python(l); };
-  if (s.input_layouts) args.push_back("input_layouts=" + layouts(*s.input_layouts));
-  if (s.output_layouts) args.push_back("output_layouts=" + layouts(*s.output_layouts));
+  if (s.input_layouts) args.push_back("input_layouts=" + layout_python(*s.input_layouts));
+  if (s.output_layouts) args.push_back("output_layouts=" + layout_python(*s.output_layouts));
+  if (!s.prepare_layouts.empty()) {  // tuples: (Shard(1), None)
+    auto tuple = [](const TpStyleSpec::Layouts& l) {
+      std::vector<std::string> items;
+      for (const auto& x : l) items.push_back(x ? layout_python(*x) : "None");
+      return "(" + join(items, ", ") + (items.size() == 1 ? ",)" : ")");
+    };
+    const std::string side = s.style == TpStyle::PrepareModuleInput ? "input" : "output";
+    args.push_back(side + "_layouts=" + tuple(s.prepare_layouts));
+    args.push_back("desired_" + side + "_layouts=" + tuple(s.prepare_desired));
+  }
   if (s.sequence_dim) args.push_back("sequence_dim=" + std::to_string(*s.sequence_dim));
   if (s.use_local_output) args.push_back(std::string("use_local_output=") + (*s.use_local_output ? "True" : "False"));
   const char* cls = "ColwiseParallel";

@@ -51,12 +51,17 @@ inline bool rowwise_like(TpStyle s) { return s == TpStyle::Rowwise || s == TpSty
 // plan keeps them for the code it writes and the activation model.
 struct TpStyleSpec {
   TpStyle style = TpStyle::Colwise;
-  std::optional<std::string> input_layouts, output_layouts;
+  std::optional<std::string> input_layouts, output_layouts;  // colwise / rowwise
   std::optional<bool> use_local_output;
   std::optional<int64_t> sequence_dim;  // sequence_parallel only
+  // prepare_module_input / _output: one layout per positional input (output),
+  // nullopt where torch's tuple has None, and the layouts to redistribute to.
+  using Layouts = std::vector<std::optional<std::string>>;
+  Layouts prepare_layouts, prepare_desired;
   bool operator==(const TpStyleSpec& o) const {
     return style == o.style && input_layouts == o.input_layouts && output_layouts == o.output_layouts &&
-           use_local_output == o.use_local_output && sequence_dim == o.sequence_dim;
+           use_local_output == o.use_local_output && sequence_dim == o.sequence_dim &&
+           prepare_layouts == o.prepare_layouts && prepare_desired == o.prepare_desired;
   }
 };
 

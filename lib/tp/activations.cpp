@@ -1,5 +1,6 @@
 #include "tp/activations.h"
 
+#include <map>
 #include <string_view>
 
 #include "plan/plan.h"
@@ -51,6 +52,20 @@ class Localizer {
     for (size_t t = 0; t < remap_.size(); ++t) remap_[t] = static_cast<int32_t>(t);
     entry_.assign(plan_.tree->num_modules(), -1);
     for (const TpModule& m : tpp_.modules) entry_[static_cast<size_t>(m.module)] = m.entry;
+    // PrepareModuleInput modules that gather a sharded input (style.py:
+    // _prepare_input_arg, Shard to Replicate): each module below one reads
+    // the one gathered copy made as it is entered.
+    prep_.assign(plan_.tree->num_modules(), -1);
+    for (const TpModule& m : tpp_.modules) {
+      const TpStyleSpec& s = tp_.plan[static_cast<size_t>(m.entry)].second;
+      if (s.style != TpStyle::PrepareModuleInput) continue;
+      bool gathers = false;
+      for (size_t i = 0; i < s.prepare_layouts.size(); ++i)
+        gathers = gathers || (is_shard(s.prepare_layouts[i]) && s.prepare_desired[i] && !is_shard(s.prepare_desired[i]));
+      if (gathers)
+        for (ModuleId c : plan_.tree->preorder(m.module)) prep_[static_cast<size_t>(c)] = m.module;
+    }
+    made_in_.assign(g_.tensors.size(), -1);
     // Split parameters: the local shard the style made (TensorParallelPlan::placement).
     for (const WalkPlaceholder& p : g_.placeholders)
       if (p.kind == WalkInput::Parameter && p.tensor >= 0 && p.param >= 0 &&
@@ -106,9 +121,20 @@ class Localizer {
 
   void node(const WalkNode& in) {
     WalkNode n = in;
+    const ModuleId p = n.module >= 0 && static_cast<size_t>(n.module) < prep_.size() ? prep_[static_cast<size_t>(n.module)] : -1;
     for (WalkArg& a : n.args)
-      for (int32_t& t : a.tensors)
-        if (t >= 0) t = remap_[static_cast<size_t>(t)];
+      for (int32_t& t : a.tensors) {
+        if (t < 0) continue;
+        t = remap_[static_cast<size_t>(t)];
+        // A sharded activation entering a gathering PrepareModuleInput: its copy.
+        if (p >= 0 && shard_of(t) >= 0 && !is_param(t) && !inside_prep(t, p)) {
+          auto it = gathered_.find({p, t});
+          if (it == gathered_.end()) it = gathered_.emplace(std::make_pair(p, t), copy(t, -1, p)).first;
+          t = it->second;
+        }
+      }
+    for (int32_t o : n.outputs)
+      if (o >= 0 && static_cast<size_t>(o) < made_in_.size()) made_in_[static_cast<size_t>(o)] = n.module;
     const int32_t y = n.outputs.empty() ? -1 : n.outputs[0];
     if (const TpStyleSpec* spec = styled_call(n); spec && y >= 0) {
       const bool linear = n.op == "aten.linear.default";
@@ -152,6 +178,14 @@ class Localizer {
       for (int32_t o : n.outputs)
         if (o >= 0) shard_[static_cast<size_t>(o)] = follow(n, src, o);
     out_.nodes.push_back(std::move(n));
+  }
+
+  // Whether tensor t was made inside module p's subtree (a copy made at p counts).
+  bool inside_prep(int32_t t, ModuleId p) const {
+    ModuleId m = static_cast<size_t>(t) < made_in_.size() ? made_in_[static_cast<size_t>(t)] : p;
+    for (; m >= 0; m = plan_.tree->module(m).parent)
+      if (m == p) return true;
+    return false;
   }
 
   bool is_param(int32_t t) const {
@@ -243,6 +277,9 @@ class Localizer {
   std::vector<int64_t> shard_;   // per tensor: its sharded dimension, -1: whole
   std::vector<int32_t> remap_;   // per original tensor: the tensor later nodes read (a gathered copy)
   std::vector<int> entry_;       // per module: its plan entry, -1: none
+  std::vector<ModuleId> prep_;   // per module: the gathering PrepareModuleInput at or above it, -1: none
+  std::vector<ModuleId> made_in_;  // per original tensor: the module of the node that made it, -1: an input
+  std::map<std::pair<ModuleId, int32_t>, int32_t> gathered_;  // (PrepareModuleInput, tensor) -> its gathered copy
   mutable std::vector<bool> param_;
 };
 

@@ -6,6 +6,7 @@
 #include "model/dtype.h"
 #include "model/graph.h"
 #include "plan/plan.h"
+#include "tp/module_edge.h"
 #include "util/strings.h"
 
 namespace fsdp_plan {
@@ -161,6 +162,18 @@ class DTensorFlow {
 std::string sequence_parallel_unfollowed(const ModuleTree& tree, const Graph& g, const DTensorFlow& flow,
                                          const std::vector<int>& entry_of, ModuleId sp) {
   const bool dtensor_out = output_is_dtensor(flow.style_of(sp));
+  // A PrepareModuleInput around the reader that takes a sharded input
+  // redistributes it as it is entered (counted at its edge).
+  auto prepared = [&](ModuleId m) {
+    for (; m >= 0 && !inside(tree, sp, m); m = tree.module(m).parent) {
+      if (entry_of[static_cast<size_t>(m)] < 0) continue;
+      const TpStyleSpec& c = flow.style_of(m);
+      if (c.style == TpStyle::PrepareModuleInput)
+        for (const auto& l : c.prepare_layouts)
+          if (is_shard(l)) return true;
+    }
+    return false;
+  };
   for (NodeId n = 0; n < g.num_nodes(); ++n) {
     const bool in_sp = inside(tree, g.node(n).module, sp);
     for (ValueId read : flow.inputs(n)) {
@@ -173,7 +186,7 @@ std::string sequence_parallel_unfollowed(const ModuleTree& tree, const Graph& g,
       } else if (!in_sp && from_sp && dtensor_out) {  // its output, a DTensor, read outside
         const ModuleId s = styled_at_or_above(tree, entry_of, g.node(n).module, sp);
         const TpStyleSpec* c = s >= 0 ? &flow.style_of(s) : nullptr;
-        if (!c || c->style != TpStyle::Colwise || !is_shard(c->input_layouts))
+        if ((!c || c->style != TpStyle::Colwise || !is_shard(c->input_layouts)) && !prepared(g.node(n).module))
           return "its output DTensor reaches " + (s >= 0 ? path_or_root(tree.path(s)) : g.op_name(g.node(n).op)) +
                  ", whose redistribution DTensor decides";
       }
@@ -227,105 +240,106 @@ TpComm tp_comm(const Plan& plan) {
     const ModuleId r = region[static_cast<size_t>(graph->node(n).module)];
     if (r >= 0 && is_matmul(graph->op_name(graph->node(n).op))) last_matmul[static_cast<size_t>(r)] = n;
   }
+  // Styles whose collectives sit at their module's edge (tp/module_edge.h).
   // transformers' MoeExpertsParallel (tensor_parallel.py): each rank runs its
   // share of every expert on the whole batch; the forward all-reduces the
   // experts' output (_AllReduceForward), the backward the gradients of their
-  // hidden states and routing weights (_AllReduceBackward). Per experts
-  // module: its first and last graph node, and the values crossing its edge.
-  std::vector<ModuleId> moe_of(tree.num_modules(), -1);
-  for (const TpModule& m : tpp.modules)
-    if (policy_tp.plan[static_cast<size_t>(m.entry)].second.style == TpStyle::MoeExperts)
-      for (ModuleId c : tree.preorder(m.module)) moe_of[static_cast<size_t>(c)] = m.module;
-  std::vector<NodeId> moe_first(tree.num_modules(), -1), moe_last(tree.num_modules(), -1);
-  for (NodeId n = 0; n < graph->num_nodes(); ++n)
-    if (const ModuleId m = moe_of[static_cast<size_t>(graph->node(n).module)]; m >= 0) {
-      if (moe_first[static_cast<size_t>(m)] < 0) moe_first[static_cast<size_t>(m)] = n;
-      moe_last[static_cast<size_t>(m)] = n;
+  // hidden states and routing weights (_AllReduceBackward). torch's
+  // PrepareModuleInput (style.py: _prepare_input_arg): each input given a
+  // layout is redistributed to its desired one as the module is entered.
+  std::vector<ModuleEdge> edges(tree.num_modules());
+  std::vector<ModuleId> edge_at_first(static_cast<size_t>(graph->num_nodes()), -1),
+      edge_at_last(static_cast<size_t>(graph->num_nodes()), -1);
+  std::vector<ModuleId> prepared_by(tree.num_modules(), -1);  // the PrepareModuleInput with DTensor inputs above
+  for (const TpModule& m : tpp.modules) {
+    const TpStyleSpec& spec = policy_tp.plan[static_cast<size_t>(m.entry)].second;
+    const bool prep = spec.style == TpStyle::PrepareModuleInput && !spec.prepare_layouts.empty();
+    if (spec.style != TpStyle::MoeExperts && !prep) continue;
+    ModuleEdge& e = edges[static_cast<size_t>(m.module)];
+    e = module_edge(*graph, tree, m.module, grad);
+    if (e.first < 0) continue;
+    if (prep) {
+      size_t given = 0;
+      for (const auto& l : spec.prepare_layouts) given += l.has_value();
+      if (given != e.inputs.size()) continue;  // not matched: listed in not_modelled below
+      if (!spec.use_local_output.value_or(false))  // its children get DTensors
+        for (ModuleId c : tree.preorder(m.module)) prepared_by[static_cast<size_t>(c)] = m.module;
     }
-  auto moe_collectives = [&](NodeId n) {
-    const ModuleId m = moe_of[static_cast<size_t>(graph->node(n).module)];
-    if (m < 0 || (moe_first[static_cast<size_t>(m)] != n && moe_last[static_cast<size_t>(m)] != n)) return;
-    seen[static_cast<size_t>(m)] = true;
-    const int unit = owner[static_cast<size_t>(m)];
-    const Unit& u = plan.units[static_cast<size_t>(unit)];
-    auto make = [&](ValueId v, StepPhase phase, const char* cause) {
-      const DtypeInfo* dt = dtype_from_export_code(graph->tensor(v).dtype);
-      std::string dtype = dt ? dt->name : "float32";
-      if (mp && mp->param_dtype && u.mixed_precision.value_or(false) && is_floating_dtype(dtype)) dtype = *mp->param_dtype;
-      Collective c;
-      c.kind = CollectiveKind::AllReduce;
-      c.phase = phase;
-      c.unit = unit;
-      c.numel = dims.numel(v);
-      c.bytes = c.numel * (dtype_itemsize(dtype) > 0 ? dtype_itemsize(dtype) : 4);
-      c.dtype = dtype;
-      c.group = out.group;
-      c.cause = cause;
-      c.module = m;
-      return c;
-    };
-    const NodeId first = moe_first[static_cast<size_t>(m)], last = moe_last[static_cast<size_t>(m)];
-    auto inside_moe = [&](NodeId k) { return k >= first && k <= last && moe_of[static_cast<size_t>(graph->node(k).module)] == m; };
-    if (n == first) {
-      // The floating inputs that carry a gradient, read inside, made outside
-      // (not the parameters): the hidden states and the routing weights.
-      // MoeExpertsParallel wraps the hidden states first, and autograd runs
-      // the later-made node first: the smaller routing weights' all-reduce,
-      // then the hidden states' (counted under CommDebugMode on Mixtral).
-      std::vector<std::pair<int64_t, ValueId>> ins;  // (numel, value)
-      for (NodeId k = first; k <= last; ++k) {
-        if (!inside_moe(k)) continue;
-        for (const GraphArg& a : graph->args(k)) {
-          if (a.kind != ArgKind::Tensor || a.i < 0) continue;
-          const ValueId v = static_cast<ValueId>(a.i);
-          const NodeId p = graph->value(v).producer;
-          const DtypeInfo* dt = dtype_from_export_code(graph->tensor(v).dtype);
-          if (p == kNone || inside_moe(p) || !grad[static_cast<size_t>(v)] || !dt || !is_floating_dtype(dt->name))
-            continue;
-          if (std::none_of(ins.begin(), ins.end(), [&](const auto& e) { return e.second == v; }))
-            ins.emplace_back(dims.numel(v), v);
+    edge_at_first[static_cast<size_t>(e.first)] = m.module;
+    edge_at_last[static_cast<size_t>(e.last)] = m.module;
+  }
+  auto edge_collectives = [&](NodeId n) {
+    const ModuleId at_first = edge_at_first[static_cast<size_t>(n)], at_last = edge_at_last[static_cast<size_t>(n)];
+    for (const ModuleId m : {at_first, at_last == at_first ? ModuleId{-1} : at_last}) {
+      if (m < 0) continue;
+      const ModuleEdge& e = edges[static_cast<size_t>(m)];
+      const TpStyleSpec& spec = policy_tp.plan[static_cast<size_t>(entry_of[static_cast<size_t>(m)])].second;
+      seen[static_cast<size_t>(m)] = true;
+      const int unit = owner[static_cast<size_t>(m)];
+      const Unit& u = plan.units[static_cast<size_t>(unit)];
+      auto make = [&](CollectiveKind kind, ValueId v, StepPhase phase, const char* cause) {
+        const DtypeInfo* dt = dtype_from_export_code(graph->tensor(v).dtype);
+        std::string dtype = dt ? dt->name : "float32";
+        if (mp && mp->param_dtype && u.mixed_precision.value_or(false)) dtype = *mp->param_dtype;
+        Collective c;
+        c.kind = kind;
+        c.phase = phase;
+        c.unit = unit;
+        c.numel = dims.numel(v);
+        c.bytes = c.numel * (dtype_itemsize(dtype) > 0 ? dtype_itemsize(dtype) : 4);
+        c.dtype = dtype;
+        c.group = out.group;
+        c.cause = cause;
+        c.module = phase == StepPhase::Backward ? e.named_in_backward : m;
+        return c;
+      };
+      auto forward = [&](Collective c) {
+        out.collectives.push_back(c);
+        if (const ModuleId r = region[static_cast<size_t>(m)]; r >= 0) region_forward[static_cast<size_t>(r)].push_back({n, c});
+      };
+      auto backward_at_entry = [&](Collective c) {  // issued when backward leaves the module (from the list's end)
+        backward.push_back(c);
+        backward_node.push_back(e.first);
+      };
+      const bool moe = spec.style == TpStyle::MoeExperts;
+      if (moe && n == e.first) {
+        // MoeExpertsParallel wraps the hidden states first, and autograd runs
+        // the later-made node first: the smaller routing weights' all-reduce,
+        // then the hidden states' (counted under CommDebugMode on Mixtral).
+        std::vector<std::pair<int64_t, ValueId>> ins;
+        for (ValueId v : e.inputs)
+          if (grad[static_cast<size_t>(v)]) ins.emplace_back(dims.numel(v), v);
+        std::sort(ins.begin(), ins.end(), std::greater<>());
+        for (const auto& in : ins) backward_at_entry(make(CollectiveKind::AllReduce, in.second, StepPhase::Backward, "input_grad"));
+      }
+      if (moe && n == e.last)
+        for (ValueId v : e.outputs) forward(make(CollectiveKind::AllReduce, v, StepPhase::Forward, "output"));
+      if (!moe && n == e.first) {
+        // PrepareModuleInput: the inputs given a layout, in order; Shard to
+        // Replicate all-gathers (the gradient reduce-scattered back), Replicate
+        // to Shard takes a local chunk (the gradient all-gathered).
+        size_t k = 0;
+        for (size_t i = 0; i < spec.prepare_layouts.size(); ++i) {
+          if (!spec.prepare_layouts[i]) continue;
+          const ValueId v = e.inputs[k++];
+          const auto& have = spec.prepare_layouts[i];
+          const auto& want = spec.prepare_desired[i];
+          if (!want || *want == *have) continue;
+          if (is_shard(have) && !is_shard(want)) {
+            forward(make(CollectiveKind::AllGather, v, StepPhase::Forward, "input"));
+            if (grad[static_cast<size_t>(v)])
+              backward_at_entry(make(CollectiveKind::ReduceScatter, v, StepPhase::Backward, "input_grad"));
+          } else if (!is_shard(have) && is_shard(want) && grad[static_cast<size_t>(v)]) {
+            backward_at_entry(make(CollectiveKind::AllGather, v, StepPhase::Backward, "input_grad"));
+          }
         }
       }
-      std::sort(ins.begin(), ins.end(), std::greater<>());  // issued from the end: the smallest first
-      // CommDebugMode names the module whose backward it entered last: the
-      // experts' first submodule (in forward order) that carries a gradient.
-      ModuleId named = m;
-      for (NodeId k = first; k <= last && named == m; ++k) {
-        const ModuleId km = graph->node(k).module;
-        if (!inside_moe(k) || km == m) continue;
-        for (ValueId v : graph->outputs(k))
-          if (v >= 0 && grad[static_cast<size_t>(v)]) named = km;
-      }
-      for (const auto& [numel, v] : ins) {
-        (void)numel;
-        Collective c = make(v, StepPhase::Backward, "input_grad");
-        c.module = named;
-        backward.push_back(c);
-        backward_node.push_back(n);
-      }
-    }
-    if (n == last) {  // the values made inside and read after it: the experts' output
-      std::vector<bool> made(static_cast<size_t>(graph->num_values()), false);
-      for (NodeId k = first; k <= last; ++k)
-        if (inside_moe(k))
-          for (ValueId v : graph->outputs(k))
-            if (v >= 0) made[static_cast<size_t>(v)] = true;
-      std::vector<ValueId> outs;
-      for (NodeId k = last + 1; k < graph->num_nodes(); ++k)
-        for (const GraphArg& a : graph->args(k))
-          if (a.kind == ArgKind::Tensor && a.i >= 0 && made[static_cast<size_t>(a.i)] &&
-              is_floating_dtype(dtype_from_export_code(graph->tensor(static_cast<ValueId>(a.i)).dtype)
-                                    ? dtype_from_export_code(graph->tensor(static_cast<ValueId>(a.i)).dtype)->name
-                                    : "") &&
-              std::find(outs.begin(), outs.end(), static_cast<ValueId>(a.i)) == outs.end())
-            outs.push_back(static_cast<ValueId>(a.i));
-      for (ValueId v : outs) out.collectives.push_back(make(v, StepPhase::Forward, "output"));
     }
   };
   const std::string linear = "aten.linear.default", embedding = "aten.embedding.default";
   for (NodeId n = 0; n < graph->num_nodes(); ++n) {
     const GraphNode& node = graph->node(n);
-    moe_collectives(n);
+    edge_collectives(n);
     const int e = entry_of[static_cast<size_t>(node.module)];
     if (e < 0) continue;
     const TpStyleSpec& spec = policy_tp.plan[static_cast<size_t>(e)].second;
@@ -378,7 +392,10 @@ TpComm tp_comm(const Plan& plan) {
       // nothing; Replicate: all-gathered, its gradient a local chunk).
       if (spec.output_layouts && !is_shard(spec.output_layouts))
         out.collectives.push_back(make(CollectiveKind::AllGather, StepPhase::Forward, out_numel, "output"));
-      if (input_grad)
+      // Inside a PrepareModuleInput that hands on DTensors the input already is
+      // one (no from_local): its Partial gradient goes back to that module's
+      // redistribution, counted there.
+      if (input_grad && prepared_by[static_cast<size_t>(node.module)] < 0)
         bwd_here.push_back(make(is_shard(spec.input_layouts) ? CollectiveKind::ReduceScatter : CollectiveKind::AllReduce,
                                 StepPhase::Backward, in_numel, "input_grad"));
     } else {
@@ -502,10 +519,11 @@ TpComm tp_comm(const Plan& plan) {
   }
   for (const CheckpointedModule& c : plan.activations.checkpointed) recompute(c.module);
   leave_units_after(-1);
-  // Styles this count does not follow: the Prepare* hooks redistribute
-  // activations to layouts the policy does not say, a sequence_parallel
-  // module whose input or output DTensor meets what is not followed above,
-  // and a styled module the graph shows no linear / embedding call for.
+  // Styles this count does not follow: PrepareModuleOutput, a
+  // PrepareModuleInput whose layouts do not match the activations it takes,
+  // a sequence_parallel module whose input or output DTensor meets what is
+  // not followed above, and a styled module the graph shows no linear /
+  // embedding call for.
   std::optional<DTensorFlow> flow;
   for (const TpModule& m : tpp.modules) {
     const TpStyle s = policy_tp.plan[static_cast<size_t>(m.entry)].second.style;
@@ -517,6 +535,11 @@ TpComm tp_comm(const Plan& plan) {
       if (why.empty()) continue;
     } else if ((colwise_like(s) || rowwise_like(s) || s == TpStyle::MoeExperts) && seen[static_cast<size_t>(m.module)]) {
       continue;
+    } else if (s == TpStyle::PrepareModuleInput) {
+      const TpStyleSpec& spec = policy_tp.plan[static_cast<size_t>(m.entry)].second;
+      if (spec.prepare_layouts.empty() || seen[static_cast<size_t>(m.module)]) continue;  // no layouts: a no-op
+      why = "its layouts do not match the " + std::to_string(edges[static_cast<size_t>(m.module)].inputs.size()) +
+            " activation(s) the graph shows it takes";
     }
     out.not_modelled.push_back(path_or_root(tree.path(m.module)) + " (" + tp_style_names().name(s) +
                                (why.empty() ? "" : ": " + why) + ")");

@@ -346,6 +346,12 @@ CASES = {
                                           '"tensor_parallel": {"degree": 2, "plan": {"blocks.*.fc1": "colwse"}}}'),
     "policy-tp-bad-layout": lambda: policy('{"fsdp": {"version": 2, "world_size": 4}, "tensor_parallel": {"degree": 2, '
                                            '"plan": {"blocks.*.fc2": {"style": "rowwise", "output_layouts": "Shard(1)"}}}}'),
+    "policy-tp-prepare-lengths": lambda: policy(
+        '{"fsdp": {"version": 2, "world_size": 4}, "tensor_parallel": {"degree": 2, "plan": {"blocks.*": '
+        '{"style": "prepare_module_input", "input_layouts": ["shard(1)", null], "desired_input_layouts": "replicate"}}}}'),
+    "policy-tp-transformers-style": lambda: policy(
+        '{"fsdp": {"version": 2, "world_size": 4}, "tensor_parallel": {"degree": 2, "plan": {"blocks.*.fc1": '
+        '"packed_colwise"}}}'),
     # The message names the model file: a copy here, so that the row's path is relative.
     "policy-tp-model-plan": lambda: [shutil.copy(GPT, "tiny_gpt.pt")] + policy(
         '{"fsdp": {"version": 2, "world_size": 4}, "tensor_parallel": {"degree": 2, "plan": "model"}}')[1:],

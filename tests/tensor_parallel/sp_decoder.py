@@ -36,6 +36,28 @@ SP_PLAN = {
 }
 
 
+# torchtitan's own plan (torchtitan/models/llama3/infra/parallelize.py: apply_tp): each block's
+# attention and MLP gather the sequence-sharded input once, with prepare_module_input, for all their
+# colwise linears (whose input is then a Replicate DTensor: no collective of their own).
+TITAN_SP_PLAN = {
+    "embed": {"style": "rowwise", "input_layouts": "replicate", "output_layouts": "shard(1)"},
+    "layers.*.norm1": "sequence_parallel",
+    "layers.*.attn": {"style": "prepare_module_input", "input_layouts": ["shard(1)"],
+                      "desired_input_layouts": ["replicate"]},
+    "layers.*.attn.q": "colwise",
+    "layers.*.attn.k": "colwise",
+    "layers.*.attn.v": "colwise",
+    "layers.*.attn.o": {"style": "rowwise", "output_layouts": "shard(1)"},
+    "layers.*.norm2": "sequence_parallel",
+    "layers.*.mlp": {"style": "prepare_module_input", "input_layouts": ["shard(1)"],
+                     "desired_input_layouts": ["replicate"]},
+    "layers.*.mlp.up": "colwise",
+    "layers.*.mlp.down": {"style": "rowwise", "output_layouts": "shard(1)"},
+    "norm": "sequence_parallel",
+    "head": {"style": "colwise", "input_layouts": "shard(1)", "output_layouts": "replicate"},
+}
+
+
 class Output(NamedTuple):
     """`.loss`, as a Hugging Face model's output has it (and a pytree torch.export can return)."""
     loss: torch.Tensor

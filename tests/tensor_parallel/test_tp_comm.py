@@ -106,6 +106,11 @@ def check_case(binary: str, name: str, case: dict, pt2: str, ts: str, tmp: str, 
             fails.append(f"reference: recorder {rolled.get(m)} at {m!r}, CommDebugMode {per}")
     pfile = tp_common.write_policy(tmp, name, policy_for(case))
     plan = run_plan(binary, pt2, pfile, [])  # exported at the reference's (batch, seq)
+    if any(isinstance(s, dict) and s.get("style") == "prepare_module_input" for s in case["plan"].values()) \
+            and not case["activation_checkpointing"]:
+        # torchtitan's plan: --emit torch writes its PrepareModuleInput; run, it builds the plan's placements.
+        world = case["mesh"]["dp_shard"] * case["mesh"]["tp"]
+        fails += test_tp_plan.check_emit_torch(binary, name, {**case, "world_size": world}, pt2, pfile, plan, tmp)
     if [w["kind"] for w in plan["warnings"] if w["severity"] == "error"]:
         fails.append(f"the plan refuses: {[w['message'] for w in plan['warnings'] if w['severity'] == 'error']}")
     tp = plan["comm"]["tensor_parallel"]

@@ -65,7 +65,7 @@ EXPECTED_WARNING = {"qwen2_moe_tfm_4x2": "tp_unmatched_pattern", "qwen2_moe_kv4_
 PEAK_TOLERANCE = 0.05
 LAYER_CLASS = {"llama": "LlamaDecoderLayer", "llama_kv4": "LlamaDecoderLayer", "mistral": "MistralDecoderLayer",
                "mixtral": "MixtralDecoderLayer", "mixtral_kv4": "MixtralDecoderLayer",
-               "qwen2_moe": "Qwen2MoeDecoderLayer", "qwen2_moe_kv4": "Qwen2MoeDecoderLayer"}
+               "qwen2_moe": "Qwen2MoeDecoderLayer", "qwen2_moe_kv4": "Qwen2MoeDecoderLayer", "sp_decoder": "Block"}
 
 
 def save_model(name: str, tmp: str, cache: dict) -> str:

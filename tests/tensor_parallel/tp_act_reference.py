@@ -67,6 +67,8 @@ CASES: Dict[str, Dict[str, Any]] = {
     "sp_decoder_tp1": dict(model="sp_decoder", tp=1),
     "sp_decoder_sp_tp2": dict(model="sp_decoder", tp=2),
     "sp_decoder_sp_tp4": dict(model="sp_decoder", tp=4),
+    # torchtitan's own plan: each block's input gathered once (prepare_module_input), not per linear.
+    "sp_decoder_titan_tp2": dict(model="sp_decoder", tp=2, plan="titan"),
     # Mixtral with its own plan as transformers applies it (tp_reference.transformers_tp): the
     # experts on local gate_up / down shards (moe_tp_experts), their output all-reduced whole.
     "mixtral_tp1": dict(model="mixtral", tp=1),
@@ -81,6 +83,8 @@ def build(name: str):
 def plan_of(name: str, case: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     if case and case.get("runtime") == "transformers":
         return tp_reference.model_plan(name)
+    if case and case.get("plan") == "titan":
+        return sp_decoder.TITAN_SP_PLAN
     return sp_decoder.SP_PLAN if name == "sp_decoder" else tp_reference.hf_plan(name)
 
 
@@ -90,7 +94,7 @@ def apply_tp(model, mesh, case: Dict[str, Any]) -> None:
         tp_reference.transformers_tp(model, mesh["tp"], {"dp_shard": mesh.size() // case["tp"], "tp": case["tp"]})
     else:
         parallelize_module(model, mesh["tp"], {k: tp_reference.torch_style(v)
-                                               for k, v in plan_of(case["model"]).items()})
+                                               for k, v in plan_of(case["model"], case).items()})
 
 
 def layers_of(model):

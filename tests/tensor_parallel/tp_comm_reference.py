@@ -70,6 +70,9 @@ CASES: Dict[str, Dict[str, Any]] = {
     "sp_decoder_sp_4x2": dict(model="sp_decoder", mesh={"dp_shard": 4, "tp": 2}),
     "sp_decoder_sp_2x4": dict(model="sp_decoder", mesh={"dp_shard": 2, "tp": 4}),
     "sp_decoder_sp_4x2_ac": dict(model="sp_decoder", mesh={"dp_shard": 4, "tp": 2}, ac=True),
+    # torchtitan's own plan: prepare_module_input gathers each block's input once (sp_decoder.py).
+    "sp_decoder_titan_4x2": dict(model="sp_decoder", mesh={"dp_shard": 4, "tp": 2}, plan="titan"),
+    "sp_decoder_titan_4x2_ac": dict(model="sp_decoder", mesh={"dp_shard": 4, "tp": 2}, plan="titan", ac=True),
     # The model's own plan as transformers applies it (tp_reference.transformers_tp): the embedding's
     # vocabulary split (its output all-reduced), and Mixtral's experts under moe_tp_experts (their
     # output all-reduced in forward, their hidden states' and routing weights' gradients in backward).
@@ -203,7 +206,7 @@ def run_case(case: Dict[str, Any]) -> Dict[str, Any]:
         plan = tp_reference.model_plan(case["model"])
         tp_reference.transformers_tp(model, mesh["tp"], case["mesh"])
     else:
-        plan = plan_of(case["model"])
+        plan = sp_decoder.TITAN_SP_PLAN if case.get("plan") == "titan" else plan_of(case["model"])
         parallelize_module(model, mesh["tp"], {k: tp_reference.torch_style(v) for k, v in plan.items()})
     if case.get("ac"):
         layer_class = type(layers_of(model)[0])

@@ -52,6 +52,7 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInp
 from torch.testing._internal.distributed.fake_pg import FakeStore  # noqa: E402
 
 import corpus  # noqa: E402
+import sp_decoder  # noqa: E402
 import tp_common  # noqa: E402  (reference_main)
 import transformers as T  # noqa: E402
 from transformers.distributed.configuration_utils import DistributedConfig  # noqa: E402
@@ -77,6 +78,8 @@ MODELS = {
     "qwen2_moe_kv4": corpus._decoder(T.Qwen2MoeConfig, T.Qwen2MoeForCausalLM, **_KV4, num_experts=4,
                                      num_experts_per_tok=2, moe_intermediate_size=32,
                                      shared_expert_intermediate_size=64, decoder_sparse_step=1),
+    # sp_decoder.py's model (sequence parallelism; the emitted code of torchtitan's plan is run on it).
+    "sp_decoder": sp_decoder.build,
 }
 
 # torchtitan's Llama plan (torchtitan/models/llama3/infra/parallelize.py: apply_tp), with HF's
@@ -143,7 +146,9 @@ CASES: Dict[str, Dict[str, Any]] = {
 LAYOUT = re.compile(r"^(replicate|shard\((-?\d+)\))$")
 
 
-def layout(text: str):
+def layout(text: Optional[str]):
+    if text is None:
+        return None
     m = LAYOUT.match(text)
     if not m:
         raise ValueError(f"bad layout {text!r}")
@@ -155,13 +160,21 @@ def torch_style(spec: Any):
     ParallelStyle."""
     if isinstance(spec, str):
         spec = {"style": spec}
+    style = spec["style"]
+    if style in ("prepare_module_input", "prepare_module_output"):
+        side = "input" if style.endswith("input") else "output"
+        have, want = spec.get(side + "_layouts"), spec.get("desired_" + side + "_layouts")
+        as_tuple = (lambda v: tuple(layout(x) for x in (v if isinstance(v, list) else [v])))
+        kw = {side + "_layouts": as_tuple(have), "desired_" + side + "_layouts": as_tuple(want)} if have else {}
+        if "use_local_output" in spec:
+            kw["use_local_output"] = spec["use_local_output"]
+        return (PrepareModuleInput if side == "input" else PrepareModuleOutput)(**kw)
     kw = {}
     for key in ("input_layouts", "output_layouts"):
         if key in spec:
             kw[key] = layout(spec[key])
     if "use_local_output" in spec:
         kw["use_local_output"] = spec["use_local_output"]
-    style = spec["style"]
     if style == "colwise":
         return ColwiseParallel(**kw)
     if style == "rowwise":

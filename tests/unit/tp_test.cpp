@@ -179,6 +179,25 @@ TEST_CASE("the tensor_parallel section: parser, mesh checks and writers") {
   REQUIRE(back.tensor_parallel);
   CHECK(back.tensor_parallel->plan == q.tensor_parallel->plan);
   CHECK(tp_style_python(q.tensor_parallel->plan[0].second) == "RowwiseParallel(output_layouts=Shard(1))");
+  // prepare_module_input: a layout or a list with nulls, as long as the desired ones (torch's asserts).
+  const Policy prep = tp_policy(R"J({"layers.*.attn": {"style": "prepare_module_input",
+      "input_layouts": ["shard(1)", null], "desired_input_layouts": ["replicate", null]}})J");
+  const TpStyleSpec& ps = prep.tensor_parallel->plan[0].second;
+  CHECK(ps.prepare_layouts == TpStyleSpec::Layouts{std::string("shard(1)"), std::nullopt});
+  CHECK(tp_style_python(ps) ==
+        "PrepareModuleInput(input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None))");
+  CHECK(parse_policy(policy_file_json(prep).dump(), "back.json").tensor_parallel->plan == prep.tensor_parallel->plan);
+  CHECK(tp_style_python(tp_policy(R"J({"m": {"style": "prepare_module_input", "input_layouts": "shard(1)",
+      "desired_input_layouts": "replicate"}})J").tensor_parallel->plan[0].second) ==
+        "PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))");
+  CHECK_THROWS_AS(tp_policy(R"J({"m": {"style": "prepare_module_input", "input_layouts": "shard(1)"}})J"), InputError);
+  CHECK_THROWS_AS(tp_policy(R"J({"m": {"style": "prepare_module_input", "input_layouts": ["shard(1)"],
+      "desired_input_layouts": ["replicate", null]}})J"), InputError);
+  CHECK_THROWS_AS(tp_policy(R"J({"m": {"style": "prepare_module_input", "output_layouts": "shard(1)",
+      "desired_output_layouts": "replicate"}})J"), InputError);
+  CHECK_THROWS_AS(tp_policy(R"J({"m": {"style": "colwise", "desired_input_layouts": "replicate"}})J"), InputError);
+  // transformers' own styles belong to a model's plan, not to parallelize_module's.
+  CHECK_THROWS_AS(tp_policy(R"J({"m": "moe_tp_experts"})J"), InputError);
 }
 
 namespace {
