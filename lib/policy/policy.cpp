@@ -313,6 +313,25 @@ class Parser {
     return b;
   }
 
+  // parallelize_module applies its plan's entries in the dict's order, and
+  // the emitted code and the plan's JSON keep it; nlohmann::json sorts an
+  // object's keys, so the order is taken from an order-keeping parse.
+  static void in_written_order(TensorParallel& tp, const std::string& text) {
+    if (tp.plan.size() < 2) return;
+    const auto doc = nlohmann::ordered_json::parse(text, nullptr, false);
+    if (doc.is_discarded() || !doc.contains("tensor_parallel") || !doc["tensor_parallel"].is_object() ||
+        !doc["tensor_parallel"].contains("plan") || !doc["tensor_parallel"]["plan"].is_object())
+      return;
+    std::vector<std::string> order;
+    for (const auto& [key, value] : doc["tensor_parallel"]["plan"].items()) {
+      (void)value;
+      order.push_back(key);
+    }
+    auto rank = [&](const std::string& key) { return std::find(order.begin(), order.end(), key) - order.begin(); };
+    std::stable_sort(tp.plan.begin(), tp.plan.end(),
+                     [&](const auto& a, const auto& b) { return rank(a.first) < rank(b.first); });
+  }
+
   Policy parse(const std::string& text) const {
     const json doc = parse_json(text, file_);
     if (!doc.is_object()) fail("a policy must be a JSON object, not " + json_type_name(doc));
@@ -361,8 +380,10 @@ class Parser {
       p.ignored_params = string_list(*it, "ignored_params", false);
     if (auto it = doc.find("checks"); it != doc.end() && !it->is_null()) p.checks = checks(*it);
     if (auto it = doc.find("groups"); it != doc.end() && !it->is_null()) p.groups = groups(*it);
-    if (auto it = doc.find("tensor_parallel"); it != doc.end() && !it->is_null())
+    if (auto it = doc.find("tensor_parallel"); it != doc.end() && !it->is_null()) {
       p.tensor_parallel = parse_tensor_parallel(*it, file_);
+      in_written_order(*p.tensor_parallel, text);
+    }
     if (auto it = doc.find("activation_checkpointing"); it != doc.end() && !it->is_null())
       p.activation_checkpointing = activation_checkpointing(*it);
     return p;

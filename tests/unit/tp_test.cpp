@@ -196,6 +196,12 @@ TEST_CASE("the tensor_parallel section: parser, mesh checks and writers") {
   CHECK_THROWS_AS(tp_policy(R"J({"m": {"style": "prepare_module_input", "output_layouts": "shard(1)",
       "desired_output_layouts": "replicate"}})J"), InputError);
   CHECK_THROWS_AS(tp_policy(R"J({"m": {"style": "colwise", "desired_input_layouts": "replicate"}})J"), InputError);
+  // The plan keeps the order written (parallelize_module applies a dict in order), not JSON's sorted keys.
+  const Policy order = tp_policy(R"J({"z": "colwise", "a": "rowwise", "m": "sequence_parallel"})J");
+  REQUIRE(order.tensor_parallel->plan.size() == 3);
+  CHECK(order.tensor_parallel->plan[0].first == "z");
+  CHECK(order.tensor_parallel->plan[2].first == "m");
+  CHECK(parse_policy(policy_file_json(order).dump(), "back.json").tensor_parallel->plan[0].first == "z");
   // transformers' own styles belong to a model's plan, not to parallelize_module's.
   CHECK_THROWS_AS(tp_policy(R"J({"m": "moe_tp_experts"})J"), InputError);
 }
