@@ -9,6 +9,7 @@
 #include "tp/placements.h"
 
 #include <set>
+#include <unordered_map>
 
 #include "model/class_names.h"
 #include "plan/memory.h"
@@ -100,10 +101,12 @@ TensorParallelPlan plan_transformers_tensor_parallel(const ModuleTree& tree, con
   out.local_shape.resize(tree.num_tensors());
   for (TensorId t = 0; t < static_cast<TensorId>(tree.num_tensors()); ++t)
     out.local_shape[static_cast<size_t>(t)] = tree.tensor(t).shape;
+  // The plan is a dict: a key given twice is its last value (dict.update).
+  std::unordered_map<std::string, int> entries;
+  for (size_t e = 0; e < tp.plan.size(); ++e) entries[tp.plan[e].first] = static_cast<int>(e);
   auto entry_of = [&](const std::string& key) {
-    for (size_t e = 0; e < tp.plan.size(); ++e)
-      if (tp.plan[e].first == key) return static_cast<int>(e);
-    return -1;
+    auto it = entries.find(key);
+    return it == entries.end() ? -1 : it->second;
   };
   std::set<std::string> names;  // generic module and parameter names, for the keys that match nothing
   for (ModuleId m : tree.preorder(0)) {
