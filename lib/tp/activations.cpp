@@ -243,6 +243,23 @@ class Localizer {
       }
       return -1;
     }
+    // A matmul contracts its first operand's last dimension and its second's
+    // one before last: a split there leaves a Partial, whole-sized output
+    // (the MoE experts' down projection on the local intermediate columns),
+    // whatever the sizes say; the second operand's last one is the output's.
+    if (base == "mm" || base == "bmm" || base == "matmul" || base == "linear" || base == "grouped_mm_fallback" ||
+        base == "_grouped_mm" || base == "grouped_mm") {
+      int operand = -1, k = 0;  // which of the first two tensor arguments t is
+      for (const WalkArg& a : n.args)
+        for (int32_t x : a.tensors)
+          if (x >= 0 && k < 2) {
+            if (x == t && operand < 0) operand = k;
+            ++k;
+          }
+      if (operand == 0 && d == ri - 1) return -1;
+      if (operand == 1 && base != "linear" && ri >= 2 && d == ri - 2) return -1;
+      if (operand == 1 && base != "linear" && d == ri - 1) return check(ro - 1);
+    }
     // Elementwise, broadcasting, reductions, matmul: the dimension of the same
     // size aligned from the right (broadcasting's rule), else from the left.
     const int64_t right = d + (ro - ri);

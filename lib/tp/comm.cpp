@@ -336,12 +336,46 @@ TpComm tp_comm(const Plan& plan) {
       }
     }
   };
+  // transformers' ReplicatedWithGradAllReduce (Qwen3's per-head q / k norms):
+  // a post-accumulate-grad hook all-reduces each parameter's gradient as
+  // autograd makes it, which is when backward passes the module's first op
+  // (counted under CommDebugMode on Qwen3-MoE: between the next and the
+  // previous linear's input-gradient all-reduces), in the unsharded
+  // parameter's dtype.
+  auto grad_all_reduces = [&](NodeId n, ModuleId m) {
+    if (seen[static_cast<size_t>(m)]) return;
+    seen[static_cast<size_t>(m)] = true;
+    const int unit = owner[static_cast<size_t>(m)];
+    const Unit& u = plan.units[static_cast<size_t>(unit)];
+    for (const auto& slot : tree.module(m).params) {
+      const TensorInfo& info = tree.tensor(slot.tensor);
+      if (!info.requires_grad) continue;
+      std::string dtype = info.dtype;
+      if (mp && mp->param_dtype && u.mixed_precision.value_or(false)) dtype = *mp->param_dtype;
+      Collective c;
+      c.kind = CollectiveKind::AllReduce;
+      c.phase = StepPhase::Backward;
+      c.unit = unit;
+      c.numel = tree.numel(slot.tensor);
+      c.bytes = c.numel * (dtype_itemsize(dtype) > 0 ? dtype_itemsize(dtype) : info.itemsize);
+      c.dtype = dtype;
+      c.group = out.group;
+      c.cause = "param_grad";
+      c.module = m;
+      backward.push_back(c);
+      backward_node.push_back(n);
+    }
+  };
   const std::string linear = "aten.linear.default", embedding = "aten.embedding.default";
   for (NodeId n = 0; n < graph->num_nodes(); ++n) {
     const GraphNode& node = graph->node(n);
     edge_collectives(n);
     const int e = entry_of[static_cast<size_t>(node.module)];
     if (e < 0) continue;
+    if (policy_tp.plan[static_cast<size_t>(e)].second.style == TpStyle::GradAllReduce) {
+      grad_all_reduces(n, node.module);
+      continue;
+    }
     const TpStyleSpec& spec = policy_tp.plan[static_cast<size_t>(e)].second;
     if (!colwise_like(spec.style) && !rowwise_like(spec.style)) continue;
     const std::string& op = graph->op_name(node.op);
@@ -533,7 +567,8 @@ TpComm tp_comm(const Plan& plan) {
       if (!flow) flow.emplace(tree, *graph, policy_tp, entry_of);
       why = sequence_parallel_unfollowed(tree, *graph, *flow, entry_of, m.module);
       if (why.empty()) continue;
-    } else if ((colwise_like(s) || rowwise_like(s) || s == TpStyle::MoeExperts) && seen[static_cast<size_t>(m.module)]) {
+    } else if ((colwise_like(s) || rowwise_like(s) || s == TpStyle::MoeExperts || s == TpStyle::GradAllReduce) &&
+               seen[static_cast<size_t>(m.module)]) {
       continue;
     } else if (s == TpStyle::PrepareModuleInput) {
       const TpStyleSpec& spec = policy_tp.plan[static_cast<size_t>(m.entry)].second;

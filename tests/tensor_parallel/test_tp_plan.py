@@ -60,12 +60,14 @@ EXPECTED_REFUSAL = {
 }
 # The warning (not refusal) kind where transformers logs and goes on: Qwen2-MoE's plan names dense
 # MLP projections its all-sparse layers do not have.
-EXPECTED_WARNING = {"qwen2_moe_tfm_4x2": "tp_unmatched_pattern", "qwen2_moe_kv4_tfm_2x4": "tp_unmatched_pattern"}
+EXPECTED_WARNING = {"qwen2_moe_tfm_4x2": "tp_unmatched_pattern", "qwen2_moe_kv4_tfm_2x4": "tp_unmatched_pattern",
+                    "qwen3_moe_tfm_4x2": "tp_unmatched_pattern"}
 # The plan's non-activation peak against FSDPMemTracker's on the 2-D mesh (issue 26: 5%).
 PEAK_TOLERANCE = 0.05
 LAYER_CLASS = {"llama": "LlamaDecoderLayer", "llama_kv4": "LlamaDecoderLayer", "mistral": "MistralDecoderLayer",
                "mixtral": "MixtralDecoderLayer", "mixtral_kv4": "MixtralDecoderLayer",
-               "qwen2_moe": "Qwen2MoeDecoderLayer", "qwen2_moe_kv4": "Qwen2MoeDecoderLayer", "sp_decoder": "Block"}
+               "qwen2_moe": "Qwen2MoeDecoderLayer", "qwen2_moe_kv4": "Qwen2MoeDecoderLayer", "sp_decoder": "Block",
+               "qwen3_moe": "Qwen3MoeDecoderLayer"}
 
 
 def save_model(name: str, tmp: str, cache: dict) -> str:

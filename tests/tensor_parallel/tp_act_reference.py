@@ -73,6 +73,8 @@ CASES: Dict[str, Dict[str, Any]] = {
     # experts on local gate_up / down shards (moe_tp_experts), their output all-reduced whole.
     "mixtral_tp1": dict(model="mixtral", tp=1),
     "mixtral_tfm_tp2": dict(model="mixtral", tp=2, runtime="transformers"),
+    # Qwen3-MoE: per-head q / k norms on the local heads (replicated_with_grad_allreduce).
+    "qwen3_moe_tfm_tp2": dict(model="qwen3_moe", tp=2, runtime="transformers"),
 }
 
 

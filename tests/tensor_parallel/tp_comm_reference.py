@@ -78,6 +78,8 @@ CASES: Dict[str, Dict[str, Any]] = {
     # output all-reduced in forward, their hidden states' and routing weights' gradients in backward).
     "llama_tfm_4x2": dict(model="llama", mesh={"dp_shard": 4, "tp": 2}, runtime="transformers"),
     "mixtral_tfm_4x2": dict(model="mixtral", mesh={"dp_shard": 4, "tp": 2}, runtime="transformers"),
+    # Qwen3-MoE: replicated_with_grad_allreduce all-reduces the q / k norms' gradients as autograd makes them.
+    "qwen3_moe_tfm_4x2": dict(model="qwen3_moe", mesh={"dp_shard": 4, "tp": 2}, runtime="transformers"),
     "mixtral_tfm_4x2_ac": dict(model="mixtral", mesh={"dp_shard": 4, "tp": 2}, runtime="transformers", ac=True),
 }
 KIND = {"all_reduce": "all_reduce", "allreduce_": "all_reduce", "all_gather_into_tensor": "all_gather",

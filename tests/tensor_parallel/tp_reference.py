@@ -78,6 +78,9 @@ MODELS = {
     "qwen2_moe_kv4": corpus._decoder(T.Qwen2MoeConfig, T.Qwen2MoeForCausalLM, **_KV4, num_experts=4,
                                      num_experts_per_tok=2, moe_intermediate_size=32,
                                      shared_expert_intermediate_size=64, decoder_sparse_step=1),
+    # Qwen3-MoE: its plan adds replicated_with_grad_allreduce on the per-head q / k norms.
+    "qwen3_moe": corpus._decoder(T.Qwen3MoeConfig, T.Qwen3MoeForCausalLM, **corpus._LLAMA_SMALL, num_experts=4,
+                                 num_experts_per_tok=2, moe_intermediate_size=32, decoder_sparse_step=1),
     # sp_decoder.py's model (sequence parallelism; the emitted code of torchtitan's plan is run on it).
     "sp_decoder": sp_decoder.build,
 }
@@ -141,6 +144,7 @@ CASES: Dict[str, Dict[str, Any]] = {
     "qwen2_moe_tfm_4x2": dict(model="qwen2_moe", mesh={"dp_shard": 4, "tp": 2}, plan="model", forward=True),
     "qwen2_moe_kv4_tfm_2x4": dict(model="qwen2_moe_kv4", mesh={"dp_shard": 2, "tp": 4}, plan="model",
                                   forward=True),
+    "qwen3_moe_tfm_4x2": dict(model="qwen3_moe", mesh={"dp_shard": 4, "tp": 2}, plan="model", forward=True),
 }
 
 LAYOUT = re.compile(r"^(replicate|shard\((-?\d+)\))$")
