@@ -125,16 +125,21 @@ std::string tp_mesh_text(const TpMeshSizes& m) {
          "dp_shard " + std::to_string(m.dp_shard) + ", tp " + std::to_string(m.tp) + ")";
 }
 
-TensorParallelPlan plan_tensor_parallel(const ModuleTree& tree, const TensorParallel& tp, int64_t world_size,
-                                        std::vector<Warning>& warnings) {
-  if (tp.from_model) return plan_transformers_tensor_parallel(tree, tp, world_size, warnings);
+TensorParallelPlan untouched_tp_plan(const ModuleTree& tree, const TensorParallel& tp, int64_t world_size) {
   TensorParallelPlan out;
   out.mesh = tp_mesh_sizes(tp, world_size);
-  const int64_t T = out.mesh.tp;
   out.placement.assign(tree.num_tensors(), TpPlacement{});
   out.local_shape.resize(tree.num_tensors());
   for (TensorId t = 0; t < static_cast<TensorId>(tree.num_tensors()); ++t)
     out.local_shape[static_cast<size_t>(t)] = tree.tensor(t).shape;
+  return out;
+}
+
+TensorParallelPlan plan_tensor_parallel(const ModuleTree& tree, const TensorParallel& tp, int64_t world_size,
+                                        std::vector<Warning>& warnings) {
+  if (tp.from_model) return plan_transformers_tensor_parallel(tree, tp, world_size, warnings);
+  TensorParallelPlan out = untouched_tp_plan(tree, tp, world_size);
+  const int64_t T = out.mesh.tp;
   // distribute_module refuses a module it has seen (torch/distributed/tensor/_api.py: distribute_module).
   std::vector<int> styled(tree.num_modules(), -1);
   for (int e = 0; e < static_cast<int>(tp.plan.size()); ++e) {

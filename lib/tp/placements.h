@@ -21,6 +21,10 @@ namespace fsdp_plan {
 TensorParallelPlan plan_tensor_parallel(const ModuleTree& tree, const TensorParallel& tp, int64_t world_size,
                                         std::vector<Warning>& warnings);
 
+// The mesh at `world_size`, and every parameter as no style touched it
+// (placement None, its full shape): where both appliers start.
+TensorParallelPlan untouched_tp_plan(const ModuleTree& tree, const TensorParallel& tp, int64_t world_size);
+
 // The same for a model's own plan ("plan": "model"), as transformers applies
 // it (tp/transformers_apply.cpp); plan_tensor_parallel calls it.
 TensorParallelPlan plan_transformers_tensor_parallel(const ModuleTree& tree, const TensorParallel& tp,

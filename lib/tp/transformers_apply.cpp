@@ -94,13 +94,8 @@ int64_t local_extent(int64_t n, int64_t T, int sf) {
 TensorParallelPlan plan_transformers_tensor_parallel(const ModuleTree& tree, const TensorParallel& tp,
                                                      int64_t world_size, std::vector<Warning>& warnings) {
   using namespace hf_tp;
-  TensorParallelPlan out;
-  out.mesh = tp_mesh_sizes(tp, world_size);
+  TensorParallelPlan out = untouched_tp_plan(tree, tp, world_size);
   const int64_t T = out.mesh.tp;
-  out.placement.assign(tree.num_tensors(), TpPlacement{});
-  out.local_shape.resize(tree.num_tensors());
-  for (TensorId t = 0; t < static_cast<TensorId>(tree.num_tensors()); ++t)
-    out.local_shape[static_cast<size_t>(t)] = tree.tensor(t).shape;
   // The plan is a dict: a key given twice is its last value (dict.update).
   std::unordered_map<std::string, int> entries;
   for (size_t e = 0; e < tp.plan.size(); ++e) entries[tp.plan[e].first] = static_cast<int>(e);
