@@ -115,16 +115,16 @@ ALIAS_OF = {
     "fix_.default": "trunc_.default", "arccos.default": "acos.default", "arcsin.default": "asin.default",
     "arctan.default": "atan.default", "arccosh.default": "acosh.default", "arcsinh.default": "asinh.default",
     "arctanh.default": "atanh.default", "arctan2.default": "atan2.default", "special_expit.default": "sigmoid.default",
-    "special_erf.default": "erf.default", "special_erfc.default": "erfc.default", "special_exp2.default": "exp2.default",
+    "special_erf.default": "erf.default", "special_erfc.default": "erfc.default",
+    "special_exp2.default": "exp2.default",
     "special_expm1.default": "expm1.default", "special_log1p.default": "log1p.default",
     "special_psi.default": "digamma.default", "special_digamma.default": "digamma.default",
-    "special_gammaln.default": "lgamma.default", "special_ndtr.default": None,
+    "special_gammaln.default": "lgamma.default",
     "greater.Tensor": "gt.Tensor", "greater.Scalar": "gt.Scalar", "greater_equal.Tensor": "ge.Tensor",
     "greater_equal.Scalar": "ge.Scalar", "less.Tensor": "lt.Tensor", "less.Scalar": "lt.Scalar",
     "less_equal.Tensor": "le.Tensor", "less_equal.Scalar": "le.Scalar", "not_equal.Tensor": "ne.Tensor",
     "not_equal.Scalar": "ne.Scalar", "concat.default": "cat.default", "concatenate.default": "cat.default",
 }
-ALIAS_OF = {k: v for k, v in ALIAS_OF.items() if v is not None}
 
 # Operators given no row, and why (their outputs break the generator's rules).
 EXCLUDED = {
@@ -139,6 +139,7 @@ EXCLUDED = {
     "aten.set_.source_Tensor_storage_offset": "storage swap: the output shares `source`'s storage",
     "aten.resize_as_.default": "autograd refuses to resize a tensor that requires grad",
 }
+
 
 def op_name(f: NativeFunction) -> str:
     name = f.func.name

@@ -614,7 +614,8 @@ def check_generated(args, failures: List[str]) -> int:
     elementwise_sample()."""
     gen_path = os.path.join(os.path.dirname(args.table), "saved_ops_generated.yaml")
     with open(gen_path) as f:
-        gen_table = saved_ops.yaml.load(f, Loader=getattr(saved_ops.yaml, "CSafeLoader", saved_ops.yaml.SafeLoader))["ops"]
+        loader = getattr(saved_ops.yaml, "CSafeLoader", saved_ops.yaml.SafeLoader)
+        gen_table = saved_ops.yaml.load(f, Loader=loader)["ops"]
     calls: Dict[str, Dict[tuple, Tuple[Any, dict]]] = {}
     for target, a, kw in generated_calls() + elementwise_sample(gen_table):
         name = op_key(target)

@@ -584,7 +584,8 @@ def factory_case(run: Runner, work: str) -> None:
     run.report(bool(rec) and rec["no_split_modules"] == ["Block"] and rec["source"]["kind"] == "factory",
                f"{label} / metadata", [f"record {rec}"])
     want = {n: f"{type(m).__module__}.{type(m).__qualname__}" for n, m in live.named_modules(remove_duplicate=False)}
-    run.report(bool(rec) and rec.get("module_classes") == want and want["blocks"] == "torch.nn.modules.container.ModuleList",
+    container = "torch.nn.modules.container.ModuleList"
+    run.report(bool(rec) and rec.get("module_classes") == want and want["blocks"] == container,
                f"{label} / module_classes (the ModuleList the graph never enters too)",
                [f"recorded {rec.get('module_classes') if rec else None}, live {want}"])
     m = check_plan(run.args.binary, out, live, {"module_classes": ["Block"]}, work, "factory")
