@@ -4,8 +4,8 @@
 saved_ops.yaml is the reviewed source: one row per operator, each citing derivatives.yaml or the
 decomposition it follows; its rows override saved_ops_generated.yaml's (gen_op_rows.py: a row for
 every ATen operator, from the installed torch's autograd metadata), and the .inc holds the merge;
-tests/activations/saved_ops.py is its reference evaluator and checks every row against autograd. This script turns the rows
-into constant arrays that lib/activations/saved_ops.cpp reads: the row's expressions (`when`,
+tests/activations/saved_ops.py is its reference evaluator and test_saved_ops.py checks every row
+against autograd. This script turns the rows into constant arrays that lib/activations/saved_ops.cpp reads: the row's expressions (`when`,
 shapes, dtypes, `alias_when`, `output_strides`) are parsed here with Python's own `ast`, checked
 against the grammar saved_ops.py accepts, and written as a flat array of expression nodes, so the
 C++ side evaluates them without a parser.
