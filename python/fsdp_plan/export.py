@@ -243,6 +243,7 @@ def _common_metadata(module: Any, ep: Any) -> Dict[str, Any]:
         "dtype": _param_dtype(module),
         "training": bool(module.training),
         "tied_parameters": _tied_parameters(module),
+        "module_classes": _module_classes(module),
         "num_parameters": sum(p.numel() for p in module.parameters()),
         "weights": "stand-in",
         "stack_traces": False,
@@ -265,7 +266,8 @@ def _stand_in_weights(ep: Any) -> None:
     def stand_in(t):
         key = id(t)
         if key not in made:
-            s = torch.zeros(1, dtype=t.dtype).expand(t.shape)
+            # A 0-dim tensor (Gemma 3's embed_scale) has no dimension to expand: its own one element.
+            s = torch.zeros(1, dtype=t.dtype).expand(t.shape) if t.dim() else torch.zeros((), dtype=t.dtype)
             made[key] = torch.nn.Parameter(s, requires_grad=t.requires_grad) if isinstance(t, torch.nn.Parameter) else s
         return made[key]
 
@@ -291,6 +293,13 @@ def _tied_parameters(module: Any) -> List[List[str]]:
     for name, p in module.named_parameters(remove_duplicate=False):
         groups.setdefault(id(p), []).append(name)
     return [names for names in groups.values() if len(names) > 1]
+
+
+def _module_classes(module: Any) -> Dict[str, str]:
+    """Every module's class by its qualified name ("" the root), including those whose forward
+    never runs in the graph (a ModuleList has no nn_module_stack entry): what FSDP2's refusals of
+    containers and class policies need to be exact from a .pt2."""
+    return {name: _class_name(type(m)) for name, m in module.named_modules(remove_duplicate=False)}
 
 
 def _param_dtype(module: Any) -> Optional[str]:
