@@ -315,13 +315,20 @@ class Analysis {
       for (const auto& c : matcher_.lineage(t)) known.insert(std::string(short_name(c)));
     const std::vector<std::string> candidates(known.begin(), known.end());
 
+    // Suggestions are for a person reading the first few: past them a flood of unknown names
+    // (100,000 classes in a policy) would cost an edit distance each, for every suggest candidate.
+    constexpr size_t kSuggested = 16;
+    size_t unmatched = 0;
     auto check = [&](const std::vector<std::string>& patterns, const std::string& key) {
       for (const auto& p : patterns) {
+        // name_matches needs the short names equal: a name no lineage has matches nothing.
         bool hit = false;
-        for (const auto& t : types) hit = hit || matcher_.is_instance(t, {p});
+        if (known.count(std::string(short_name(p))))
+          for (const auto& t : types) hit = hit || matcher_.is_instance(t, {p});
         if (hit) continue;
-        auto near = closest(std::string(short_name(p)), candidates);
-        const std::string exact = exact_fix(p, types);
+        const bool suggest = unmatched++ < kSuggested;
+        auto near = suggest ? closest(std::string(short_name(p)), candidates) : std::vector<std::string>{};
+        const std::string exact = suggest ? exact_fix(p, types) : std::string();
         if (!exact.empty()) {
           near.erase(std::remove(near.begin(), near.end(), exact), near.end());
           near.insert(near.begin(), exact);
