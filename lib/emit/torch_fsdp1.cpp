@@ -68,11 +68,10 @@ std::string plan_to_torch(const Plan& plan) {
   }
   const std::string mp_code = o.str();  // torch.<dtype> appears only here
   if (hybrid) {
-    int64_t g = hybrid_group_size(s);
+    const int64_t r = plan.mesh.size(MeshDim::DpReplicate), g = plan.mesh.size(MeshDim::DpShard);
     o << "    from torch.distributed.device_mesh import init_device_mesh\n"
-      << "    # HYBRID_SHARD: replicate over " << s.world_size / g << " groups of " << g << " ranks, shard within each.\n"
-      << "    fsdp_kwargs.setdefault(\"device_mesh\", init_device_mesh(device_type, (" << s.world_size / g << ", " << g
-      << ")))\n";
+      << "    # HYBRID_SHARD: replicate over " << r << " groups of " << g << " ranks, shard within each.\n"
+      << "    fsdp_kwargs.setdefault(\"device_mesh\", init_device_mesh(device_type, (" << r << ", " << g << ")))\n";
   }
   o << "    if IGNORED_PARAMS:\n"
        "        fsdp_kwargs[\"ignored_states\"] = [model.get_parameter(name) for name in IGNORED_PARAMS]\n"

@@ -12,9 +12,9 @@ CommPlan fsdp2_comm(const Plan& plan) {
   // A 2-D / 3-D mesh: fully_shard on the dp sub-mesh, whose groups stride over
   // the tp ranks (init_device_mesh's row-major layout puts tp innermost).
   const TensorParallelPlan* tp = plan.tensor_parallel ? &*plan.tensor_parallel : nullptr;
-  const Fsdp2Mesh mesh = tp ? Fsdp2Mesh{tp->mesh.dp_replicate, tp->mesh.dp_shard} : fsdp2_mesh(s);
-  const int64_t S = mesh.shard;
-  const int64_t T = tp ? tp->mesh.tp : 1;
+  const RankGroup shard_group = plan.mesh.group(MeshDim::DpShard);
+  const RankGroup replicate_group = plan.mesh.group(MeshDim::DpReplicate);
+  const int64_t S = shard_group.size;
   const auto& mp = plan.policy.mixed_precision;
   const size_t n = plan.units.size();
 
@@ -79,7 +79,7 @@ CommPlan fsdp2_comm(const Plan& plan) {
     if (S > 1) {
       g.gathers = true;
       g.gather = {CollectiveKind::AllGather, StepPhase::Forward, idx, gathered_numel * S, gathered * S,
-                  gather_dtype, RankGroup{S, T}, "unshard", offload_in};
+                  gather_dtype, shard_group, "unshard", offload_in};
       // reshard_after_forward (the root's None is False): True gathers again
       // over the shard group, k < S over k ranks (_fsdp_param_group.py
       // post_forward_mesh_info); k = 1 keeps the whole, like False.
@@ -87,7 +87,8 @@ CommPlan fsdp2_comm(const Plan& plan) {
       if (raf.kind == ReshardAfterForward::Kind::True ||
           (raf.kind == ReshardAfterForward::Kind::Ranks && raf.ranks > 1)) {
         regathered[i] = true;
-        g.backward_group = RankGroup{raf.kind == ReshardAfterForward::Kind::Ranks && raf.ranks < S ? raf.ranks : S, T};
+        g.backward_group = RankGroup{raf.kind == ReshardAfterForward::Kind::Ranks && raf.ranks < S ? raf.ranks : S,
+                                      shard_group.stride};
       }
     }
     if (!trainable) continue;  // foreach_reduce returns before any collective
@@ -95,14 +96,14 @@ CommPlan fsdp2_comm(const Plan& plan) {
     if (S > 1) {
       g.reduces = true;
       g.reduce = {CollectiveKind::ReduceScatter, StepPhase::Backward, idx, reduced_numel * S, reduced * S,
-                  reduce_dtype, RankGroup{S, T}, "reduce", mesh.replicate > 1 ? 0 : offload_out};
+                  reduce_dtype, shard_group, "reduce", replicate_group.size > 1 ? 0 : offload_out};
     }
     // HSDP: the reduce-scatter's output (or, on a 1-rank shard group, the
     // whole gradient) all-reduced over the replicate group.
-    if (mesh.replicate > 1) {
+    if (replicate_group.size > 1) {
       g.all_reduces = true;
       g.all_reduce = {CollectiveKind::AllReduce, StepPhase::Backward, idx, reduced_numel, reduced,
-                      reduce_dtype, RankGroup{mesh.replicate, S * T}, "reduce", offload_out};
+                      reduce_dtype, replicate_group, "reduce", offload_out};
     }
   }
   size_t calls = 0;  // gathers (twice when regathered), reduce-scatters, HSDP's all-reduces

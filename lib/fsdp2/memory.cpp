@@ -35,16 +35,6 @@ void local_size(const TensorParallelPlan& tp, TensorId t, int64_t& numel, int64_
 
 }  // namespace
 
-Fsdp2Mesh fsdp2_mesh(const FsdpSettings& s) {
-  Fsdp2Mesh mesh;
-  mesh.shard = s.world_size;
-  if (s.strategy == ShardingStrategy::HybridShard) {
-    mesh.shard = hybrid_group_size(s);
-    mesh.replicate = s.world_size / mesh.shard;
-  }
-  return mesh;
-}
-
 std::vector<int64_t> fsdp2_sharded_shape(const std::vector<int64_t>& shape, int64_t shard) {
   if (shape.empty()) return {1};
   std::vector<int64_t> out = shape;
@@ -117,7 +107,7 @@ Fsdp2Memory::Fsdp2Memory(const Plan& plan) : activations_(plan.activations) {
     }
   }
   // fully_shard's mesh is the (dp_replicate,) dp_shard sub-mesh.
-  if (plan.tensor_parallel) tp_mesh_ = Fsdp2Mesh{plan.tensor_parallel->mesh.dp_replicate, plan.tensor_parallel->mesh.dp_shard};
+  if (plan.tensor_parallel) tp_mesh_ = plan.mesh;
   // The hooks' order: forward in unit order, each group's post-forward when
   // the next unit is outside it (post-order); backward in reverse post-order,
   // each group's post-backward when the next one is outside it.
@@ -162,16 +152,16 @@ MemoryPlan estimate_memory_fsdp2(const Plan& plan, const FsdpSettings& settings,
 }
 
 MemoryPlan Fsdp2Memory::estimate(const FsdpSettings& settings, bool timeline) const {
-  if (std::string why = settings_error(settings); !why.empty()) throw std::invalid_argument(why);
+  if (std::string why = device_mesh_error(settings); !why.empty()) throw std::invalid_argument(why);
   if (settings.strategy == ShardingStrategy::ShardGradOp || settings.strategy == ShardingStrategy::NoShard)
     throw std::invalid_argument("FSDP2 has no sharding strategy " + std::string(strategy_name(settings.strategy)));
   MemoryPlan mem;
   mem.settings = settings;
   mem.effective_strategy = settings.strategy;
-  const Fsdp2Mesh mesh = tp_mesh_ ? *tp_mesh_ : fsdp2_mesh(settings);
-  const int64_t S = mesh.shard;
+  const DeviceMesh mesh = tp_mesh_ ? *tp_mesh_ : device_mesh(settings);
+  const int64_t S = mesh.size(MeshDim::DpShard);
   mem.shard_group_size = S;
-  mem.replicate_size = mesh.replicate;
+  mem.replicate_size = mesh.size(MeshDim::DpReplicate);
   const int states = optimizer_states(settings.optimizer);
   const size_t n = units_.size();
 
@@ -486,7 +476,7 @@ MemoryPlan Fsdp2Memory::estimate(const FsdpSettings& settings, bool timeline) co
   r.activation_bytes = peak_act;
 
   mem.notes.push_back("FSDP2 (fully_shard): mesh " +
-                      (mesh.replicate > 1 ? "(" + std::to_string(mesh.replicate) + " replicate, " : std::string("(")) +
+                      (mem.replicate_size > 1 ? "(" + std::to_string(mem.replicate_size) + " replicate, " : std::string("(")) +
                       std::to_string(S) + " shard), rank 0 (the largest shards)");
   if (settings.cpu_offload)
     mem.notes.push_back("CPU offload: sharded parameters, gradients and optimizer state on the host (host_bytes)");

@@ -203,8 +203,8 @@ TpComm tp_comm(const Plan& plan) {
   out.planned = true;
   const TensorParallelPlan& tpp = *plan.tensor_parallel;
   const TensorParallel& policy_tp = *plan.policy.tensor_parallel;
-  const int64_t T = tpp.mesh.tp;
-  out.group = RankGroup{T, 1};  // the innermost mesh dimension: contiguous ranks
+  const int64_t T = plan.mesh.size(MeshDim::Tp);
+  out.group = plan.mesh.group(MeshDim::Tp);  // the innermost mesh dimension: contiguous ranks
   const ModuleTree& tree = *plan.tree;
   const Graph* graph = tree.graph().get();
   if (!graph) {
