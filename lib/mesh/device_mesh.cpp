@@ -4,6 +4,8 @@
 #include <set>
 #include <stdexcept>
 
+#include "util/checked.h"
+
 namespace fsdp_plan {
 namespace {
 
@@ -168,13 +170,6 @@ std::string device_mesh_error(const FsdpSettings& settings, const TensorParallel
   if (std::string why = fsdp_mesh_error(settings); !why.empty()) return why;
   if (!tp) return "";
   return tp_mesh_error(device_mesh(settings, tp), settings);
-}
-
-std::optional<int64_t> checked_product(std::initializer_list<int64_t> sizes) {
-  int64_t n = 1;
-  for (int64_t s : sizes)
-    if (__builtin_mul_overflow(n, s, &n)) return std::nullopt;
-  return n;
 }
 
 std::string exact_product_text(std::initializer_list<int64_t> sizes) {

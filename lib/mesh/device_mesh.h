@@ -25,7 +25,6 @@
 #include <array>
 #include <cstdint>
 #include <initializer_list>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -108,10 +107,9 @@ DeviceMesh device_mesh(const FsdpSettings& settings, const TensorParallel* tp = 
 // dimension left for FSDP.
 std::string device_mesh_error(const FsdpSettings& settings, const TensorParallel* tp = nullptr);
 
-// The product of mesh sizes, or nullopt past INT64_MAX (never wrapped), and
-// the exact product in decimal however large: Python's int, as Accelerate and
-// torch compute a mesh's size.
-std::optional<int64_t> checked_product(std::initializer_list<int64_t> sizes);
+// The exact product of mesh sizes in decimal however large: Python's int, as
+// Accelerate and torch compute a mesh's size (util/checked.h's
+// checked_product says whether it fits in int64).
 std::string exact_product_text(std::initializer_list<int64_t> sizes);
 
 }  // namespace fsdp_plan

@@ -49,6 +49,4 @@ struct Fsdp2TpParam {
 };
 Fsdp2TpParam fsdp2_tp_param(const TensorParallelPlan& plan, const ModuleTree& tree, TensorId t);
 
-// "(dp_shard 4, tp 2)" or "(dp_replicate 2, dp_shard 2, tp 2)".
-
 }  // namespace fsdp_plan

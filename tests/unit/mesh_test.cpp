@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "mesh/device_mesh.h"
+#include "util/checked.h"
 
 using namespace fsdp_plan;
 
