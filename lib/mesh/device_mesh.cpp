@@ -100,8 +100,9 @@ DeviceMesh::DeviceMesh(std::array<int64_t, kNumMeshDims> sizes, std::initializer
 }
 
 int64_t DeviceMesh::world_size() const {
+  // Held at INT64_MAX rather than wrapped (device_mesh_error refuses such a mesh first).
   int64_t n = 1;
-  for (int64_t s : sizes_) n *= s;
+  for (int64_t s : sizes_) n = saturating_mul(n, s);
   return n;
 }
 

@@ -66,7 +66,7 @@ class DeviceMesh {
   DeviceMesh(std::array<int64_t, kNumMeshDims> sizes, std::initializer_list<MeshDim> named);
 
   int64_t size(MeshDim dim) const { return sizes_[static_cast<size_t>(dim)]; }
-  int64_t world_size() const;  // the product of the sizes
+  int64_t world_size() const;  // the product of the sizes, saturated (util/checked.h), never wrapped
   bool named(MeshDim dim) const { return (named_ >> static_cast<unsigned>(dim)) & 1u; }
   // The named dimensions, outermost first: init_device_mesh's mesh_dim_names.
   std::vector<MeshDim> dim_names() const;

@@ -91,6 +91,8 @@ TEST_CASE("the settings build the mesh: FSDP's strategies and tensor_parallel's 
   CHECK(none.size(MeshDim::DpShard) == 1);
   CHECK(none.group({MeshDim::DpReplicate, MeshDim::DpShard}) == RankGroup{8, 1});
   CHECK(device_mesh(fsdp(1)).world_size() == 1);
+  CHECK(DeviceMesh({16777216, 419021, 10496005}, {MeshDim::DpReplicate, MeshDim::DpShard, MeshDim::Tp}).world_size() ==
+        INT64_MAX);  // 2^24 + 4 x 2^64: never wrapped to 2^24
   const TensorParallel tp = tp_of(2);
   CHECK(device_mesh(fsdp(8), &tp).text() == "(dp_shard 4, tp 2)");  // dp_shard: the rest
   const TensorParallel tp3 = tp_of(2, 2);
