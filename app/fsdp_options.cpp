@@ -4,6 +4,7 @@
 
 #include <stdexcept>
 
+#include "mesh/device_mesh.h"
 #include "model/graph.h"
 #include "time/flop_file.h"
 #include "util/strings.h"
@@ -170,7 +171,7 @@ PolicyFile load_policy(const FsdpOptions& opt) {
       throw UsageError("--dim " + d + ": " + e.what());
     }
   }
-  if (std::string why = settings_error(fsdp); !why.empty()) throw UsageError(why);
+  if (std::string why = device_mesh_error(fsdp); !why.empty()) throw UsageError(why);
   HardwareSettings& hw = file.policy.hardware;
   if (opt.hardware) {
     hw.preset = *hardware_names().parse(*opt.hardware);
@@ -188,6 +189,8 @@ PolicyFile load_policy(const FsdpOptions& opt) {
     spdlog::warn("the shard group size ({}) is ignored: only HYBRID_SHARD uses it, and the strategy is {}",
                  fsdp.shard_group_size, strategy_name(fsdp.strategy));
   if (std::string why = file.policy.combination_error(); !why.empty()) throw UsageError(why);
+  const TensorParallel* tp = file.policy.tensor_parallel ? &*file.policy.tensor_parallel : nullptr;
+  if (std::string why = device_mesh_error(fsdp, tp); !why.empty()) throw UsageError(why);
   return file;
 }
 

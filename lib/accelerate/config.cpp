@@ -5,11 +5,14 @@
 #include <algorithm>
 #include <cctype>
 #include <map>
+#include <optional>
 
 #include "accelerate/py_value.h"
 #include "accelerate/python_regex.h"
 #include "accelerate/pyyaml.h"
+#include "mesh/device_mesh.h"
 #include "model/loaders/printable.h"
+#include "util/checked.h"
 #include "util/errors.h"
 #include "util/strings.h"
 
@@ -567,12 +570,16 @@ class Reader {
              "== 1 to compose FSDP + TP/CP for 2D parallel, or set dp_replicate_size == 1 and dp_shard_size > 1 to "
              "compose HSDP + TP/CP for 3D parallel.");
     const FsdpSettings& fsdp = out_.policy.fsdp;
-    const int64_t total = replicate * shard * tp, world = fsdp.world_size;
+    // Python's int: a product past int64 is bigger than any world, never wrapped to it (util/checked.h).
+    const std::optional<int64_t> exact = checked_product({replicate, shard, tp});
+    const int64_t total = exact ? *exact : INT64_MAX, world = fsdp.world_size;
+    const std::string total_text = exact_product_text({replicate, shard, tp});
     if (total == 1) return;  // no mesh; _validate_accelerator returns at once (not multi_device under FSDP)
     // The fixes, after Accelerate's words.
     std::vector<std::string> fix;
     if (!shard_given) {
-      const int64_t fits = world % (replicate * tp) == 0 ? world / (replicate * tp) : 0;
+      const int64_t others = checked_product({replicate, tp}).value_or(INT64_MAX);
+      const int64_t fits = world % others == 0 ? world / others : 0;
       fix.push_back("parallelism_config_dp_shard_size is 1, the launcher's default, when the file leaves it out" +
                     (fits > 1 ? ": set it to " + std::to_string(fits) : std::string()));
     }
@@ -582,9 +589,9 @@ class Reader {
     const std::string why = fix.empty() ? "" : " (" + join(fix, "; ") + ")";
     if (total > world) {  // Accelerator builds the mesh before it checks the sizes
       fix.insert(fix.begin(), "torch's init_device_mesh, for the parallelism_config sizes, whose product " +
-                                  std::to_string(total) + " must be num_processes");
+                                  total_text + " must be num_processes");
       refuse("RuntimeError: Mesh should not be bigger than default world size " + std::to_string(world) +
-             ", but found " + std::to_string(total) + " ranks! (" + join(fix, "; ") + ")");
+             ", but found " + total_text + " ranks! (" + join(fix, "; ") + ")");
     }
     if (total != world)
       refuse("ValueError: ParallelismConfig total_size (" + std::to_string(total) + ") does not match num_processes (" +

@@ -76,11 +76,10 @@ class Fsdp1TorchWriter {
   // built, and activation checkpointing after wrapping.
   void write_wrap(std::ostringstream& o) const {
     if (hybrid_) {
-      int64_t g = hybrid_group_size(s_);
+      const int64_t r = plan_.mesh.size(MeshDim::DpReplicate), g = plan_.mesh.size(MeshDim::DpShard);
       o << "    from torch.distributed.device_mesh import init_device_mesh\n"
-        << "    # HYBRID_SHARD: replicate over " << s_.world_size / g << " groups of " << g << " ranks, shard within each.\n"
-        << "    fsdp_kwargs.setdefault(\"device_mesh\", init_device_mesh(device_type, (" << s_.world_size / g << ", " << g
-        << ")))\n";
+        << "    # HYBRID_SHARD: replicate over " << r << " groups of " << g << " ranks, shard within each.\n"
+        << "    fsdp_kwargs.setdefault(\"device_mesh\", init_device_mesh(device_type, (" << r << ", " << g << ")))\n";
     }
     o << "    if IGNORED_PARAMS:\n"
          "        fsdp_kwargs[\"ignored_states\"] = [model.get_parameter(name) for name in IGNORED_PARAMS]\n"

@@ -1,5 +1,6 @@
 #include "fsdp1/comm.h"
 
+#include "mesh/device_mesh.h"
 #include "model/dtype.h"
 #include "plan/plan.h"
 
@@ -21,12 +22,12 @@ const TensorInfo* widest_param(const Plan& plan, const Unit& u) {
 
 CommPlan fsdp1_comm(const Plan& plan) {
   const MemoryPlan& mem = plan.memory;
-  const FsdpSettings& s = mem.settings;
   const ShardingStrategy strategy = mem.effective_strategy;
   const bool sharded = strategy != ShardingStrategy::NoShard;
   const int64_t S = mem.shard_group_size;
-  const RankGroup shard_group{S, 1};
-  const RankGroup replicas{s.world_size / S, S};  // HYBRID_SHARD's _inter_node_pg
+  const RankGroup shard_group = plan.mesh.group(MeshDim::DpShard);   // HYBRID_SHARD's _intra_node_pg
+  const RankGroup replicas = plan.mesh.group(MeshDim::DpReplicate);  // HYBRID_SHARD's _inter_node_pg
+  const RankGroup world = plan.mesh.group({MeshDim::DpReplicate, MeshDim::DpShard});  // NO_SHARD's
   const auto& mp = plan.policy.mixed_precision;
   const size_t n = plan.units.size();
 
@@ -86,7 +87,7 @@ CommPlan fsdp1_comm(const Plan& plan) {
     } else {
       // _reduce_grad_no_shard: the whole flat gradient, no padding for sharding.
       c.reduce = {CollectiveKind::AllReduce, StepPhase::Backward, static_cast<int>(i), um.flat_numel,
-                  um.flat_numel * reduce_itemsize, reduce_dtype, RankGroup{s.world_size, 1}, "reduce", 0};
+                  um.flat_numel * reduce_itemsize, reduce_dtype, world, "reduce", 0};
     }
   }
   size_t calls = 0;  // gathers (twice when regathered), reductions, HSDP's all-reduces

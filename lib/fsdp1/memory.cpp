@@ -4,6 +4,7 @@
 #include <stdexcept>
 
 #include "activations/schedule.h"
+#include "mesh/device_mesh.h"
 #include "model/dtype.h"
 #include "plan/optimizer_step.h"
 #include "plan/plan.h"
@@ -52,7 +53,7 @@ int64_t trainable_in_first_shard(const Plan& plan, const Unit& u, int64_t itemsi
 
 // The shard group (_init_utils.py: _init_core_state switches a world of one
 // to NO_SHARD; _init_intra_and_inter_node_groups shards HYBRID_SHARD within a
-// node of torch.cuda.device_count() GPUs). The one step that reads group sizes.
+// node of torch.cuda.device_count() GPUs): the device mesh's dp_shard dimension.
 void choose_shard_group(const FsdpSettings& settings, MemoryPlan& mem) {
   mem.effective_strategy = settings.strategy;
   if (settings.world_size == 1 && settings.strategy != ShardingStrategy::NoShard) {
@@ -60,18 +61,13 @@ void choose_shard_group(const FsdpSettings& settings, MemoryPlan& mem) {
     mem.notes.push_back(std::string("world size 1: FSDP switches ") + strategy_name(settings.strategy) +
                         " to NO_SHARD");
   }
-  switch (mem.effective_strategy) {
-    case ShardingStrategy::NoShard: mem.shard_group_size = 1; break;
-    case ShardingStrategy::HybridShard:
-      mem.shard_group_size = hybrid_group_size(settings);
-      if (settings.shard_group_size == 0)
-        mem.notes.push_back("HYBRID_SHARD shards within a node (FSDP uses torch.cuda.device_count()); assumed " +
-                            std::to_string(mem.shard_group_size) +
-                            " GPUs per node, the largest divisor of the world size up to 8: set --shard-group-size "
-                            "to your GPUs per node");
-      break;
-    default: mem.shard_group_size = settings.world_size;
-  }
+  // The dp_shard dimension: the world (FULL_SHARD, SHARD_GRAD_OP), a node (HYBRID_SHARD), 1 (NO_SHARD, one rank).
+  mem.shard_group_size = device_mesh(settings).size(MeshDim::DpShard);
+  if (mem.effective_strategy == ShardingStrategy::HybridShard && settings.shard_group_size == 0)
+    mem.notes.push_back("HYBRID_SHARD shards within a node (FSDP uses torch.cuda.device_count()); assumed " +
+                        std::to_string(mem.shard_group_size) +
+                        " GPUs per node, the largest divisor of the world size up to 8: set --shard-group-size "
+                        "to your GPUs per node");
 }
 
 // What one unit holds for good, and what it adds while gathered, in bytes.
@@ -522,7 +518,7 @@ void add_fsdp1_notes(const Plan& plan, const Fsdp1Sizes& sizes, MemoryPlan& mem)
 }  // namespace
 
 MemoryPlan estimate_memory(const Plan& plan, const FsdpSettings& settings, bool timeline) {
-  if (std::string why = settings_error(settings); !why.empty()) throw std::invalid_argument(why);
+  if (std::string why = device_mesh_error(settings); !why.empty()) throw std::invalid_argument(why);
   MemoryPlan mem;
   mem.settings = settings;
   choose_shard_group(settings, mem);

@@ -11,7 +11,7 @@ namespace fsdp_plan {
 
 struct Plan;
 
-// Throws std::invalid_argument when settings_error() has something to say.
+// Throws std::invalid_argument when device_mesh_error() (mesh/device_mesh.h) has something to say.
 // Without `timeline`, MemoryPlan::timeline stays empty (the peak is the same):
 // suggest's searches ask only for the peak, hundreds of times.
 MemoryPlan estimate_memory(const Plan& plan, const FsdpSettings& settings, bool timeline = true);

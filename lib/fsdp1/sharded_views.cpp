@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "fsdp1/select.h"
+#include "mesh/device_mesh.h"
 #include "util/strings.h"
 
 namespace fsdp_plan {
@@ -11,8 +12,7 @@ ShardedViews::ShardedViews(const ModuleTree& tree, const Ignored& ignored, const
                            int64_t rank)
     : tree_(tree), ignored_(ignored), rank_(rank), uses_(tree.num_tensors(), 0), flattened_(tree.num_tensors(), false) {
   // As estimate_memory: one rank, or NO_SHARD, keeps whole parameters.
-  if (settings.world_size > 1 && settings.strategy != ShardingStrategy::NoShard)
-    group_ = settings.strategy == ShardingStrategy::HybridShard ? hybrid_group_size(settings) : settings.world_size;
+  group_ = device_mesh(settings).size(MeshDim::DpShard);
   for (const auto& m : tree.modules())
     for (const auto& s : m.params) ++uses_[static_cast<size_t>(s.tensor)];
   for (ModuleId m = 0; m < static_cast<ModuleId>(tree.num_modules()); ++m)

@@ -7,21 +7,13 @@
 namespace fsdp_plan {
 namespace {
 
-// The process groups FSDP2's collectives run on. A 2-D / 3-D mesh:
-// fully_shard on the dp sub-mesh, whose groups stride over the tp ranks
+// The process groups FSDP2's collectives run on: the plan's mesh's dp_shard
+// and dp_replicate groups (mesh/device_mesh.h). On a 2-D / 3-D mesh fully_shard
+// runs on the dp sub-mesh, whose groups stride over the tp ranks
 // (init_device_mesh's row-major layout puts tp innermost).
 struct Fsdp2CommGroups {
-  Fsdp2Mesh mesh;
-  int64_t tp = 1;
-  RankGroup shard() const { return RankGroup{mesh.shard, tp}; }
-  RankGroup replicate() const { return RankGroup{mesh.replicate, mesh.shard * tp}; }
+  RankGroup shard, replicate;
 };
-
-Fsdp2CommGroups fsdp2_comm_groups(const Plan& plan) {
-  const TensorParallelPlan* tp = plan.tensor_parallel ? &*plan.tensor_parallel : nullptr;
-  return tp ? Fsdp2CommGroups{Fsdp2Mesh{tp->mesh.dp_replicate, tp->mesh.dp_shard}, tp->mesh.tp}
-            : Fsdp2CommGroups{fsdp2_mesh(plan.memory.settings), 1};
-}
 
 // What one FSDPParamGroup gathers and reduces, summed over its parameters.
 struct Fsdp2GroupSizes {
@@ -86,14 +78,14 @@ struct Fsdp2GroupComms {
 
 Fsdp2GroupComms fsdp2_group_comms(const Unit& u, int idx, const Fsdp2GroupSizes& z, const Fsdp2CommGroups& groups,
                                   bool cpu_offload) {
-  const int64_t S = groups.mesh.shard;
+  const int64_t S = groups.shard.size;
   Fsdp2GroupComms g;
   const int64_t offload_in = cpu_offload ? z.sharded_bytes : 0;
   // FSDPParamGroup.unshard: a 1-rank shard group gathers nothing.
   if (S > 1) {
     g.gathers = true;
     g.gather = {CollectiveKind::AllGather, StepPhase::Forward, idx, z.gathered_numel * S, z.gathered * S,
-                z.gather_dtype, groups.shard(), "unshard", offload_in};
+                z.gather_dtype, groups.shard, "unshard", offload_in};
     // reshard_after_forward (the root's None is False): True gathers again
     // over the shard group, k < S over k ranks (_fsdp_param_group.py
     // post_forward_mesh_info); k = 1 keeps the whole, like False.
@@ -102,7 +94,7 @@ Fsdp2GroupComms fsdp2_group_comms(const Unit& u, int idx, const Fsdp2GroupSizes&
         (raf.kind == ReshardAfterForward::Kind::Ranks && raf.ranks > 1)) {
       g.regathered = true;
       g.backward_group = RankGroup{raf.kind == ReshardAfterForward::Kind::Ranks && raf.ranks < S ? raf.ranks : S,
-                                   groups.tp};
+                                   groups.shard.stride};
     }
   }
   if (!z.trainable) return g;  // foreach_reduce returns before any collective
@@ -110,14 +102,14 @@ Fsdp2GroupComms fsdp2_group_comms(const Unit& u, int idx, const Fsdp2GroupSizes&
   if (S > 1) {
     g.reduces = true;
     g.reduce = {CollectiveKind::ReduceScatter, StepPhase::Backward, idx, z.reduced_numel * S, z.reduced * S,
-                z.reduce_dtype, groups.shard(), "reduce", groups.mesh.replicate > 1 ? 0 : offload_out};
+                z.reduce_dtype, groups.shard, "reduce", groups.replicate.size > 1 ? 0 : offload_out};
   }
   // HSDP: the reduce-scatter's output (or, on a 1-rank shard group, the
   // whole gradient) all-reduced over the replicate group.
-  if (groups.mesh.replicate > 1) {
+  if (groups.replicate.size > 1) {
     g.all_reduces = true;
     g.all_reduce = {CollectiveKind::AllReduce, StepPhase::Backward, idx, z.reduced_numel, z.reduced,
-                    z.reduce_dtype, groups.replicate(), "reduce", offload_out};
+                    z.reduce_dtype, groups.replicate, "reduce", offload_out};
   }
   return g;
 }
@@ -153,7 +145,7 @@ void issue_fsdp2_collectives(const std::vector<Fsdp2GroupComms>& per, const std:
 }  // namespace
 
 CommPlan fsdp2_comm(const Plan& plan) {
-  const Fsdp2CommGroups groups = fsdp2_comm_groups(plan);
+  const Fsdp2CommGroups groups{plan.mesh.group(MeshDim::DpShard), plan.mesh.group(MeshDim::DpReplicate)};
   const size_t n = plan.units.size();
   CommPlan comm;
   comm.computed = true;
@@ -164,7 +156,7 @@ CommPlan fsdp2_comm(const Plan& plan) {
     const Unit& u = plan.units[i];
     parent[i] = u.parent;
     if (u.params.empty()) continue;  // no FSDPParamGroup
-    const Fsdp2GroupSizes z = fsdp2_group_sizes(plan, u, groups.mesh.shard);
+    const Fsdp2GroupSizes z = fsdp2_group_sizes(plan, u, groups.shard.size);
     comm.units[i].trainable_shard_numel += z.reduced_numel;
     per[i] = fsdp2_group_comms(u, static_cast<int>(i), z, groups, plan.memory.settings.cpu_offload);
   }

@@ -21,16 +21,6 @@ void local_size(const TensorParallelPlan& tp, TensorId t, int64_t& numel, int64_
 
 }  // namespace
 
-Fsdp2Mesh fsdp2_mesh(const FsdpSettings& s) {
-  Fsdp2Mesh mesh;
-  mesh.shard = s.world_size;
-  if (s.strategy == ShardingStrategy::HybridShard) {
-    mesh.shard = hybrid_group_size(s);
-    mesh.replicate = s.world_size / mesh.shard;
-  }
-  return mesh;
-}
-
 std::vector<int64_t> fsdp2_sharded_shape(const std::vector<int64_t>& shape, int64_t shard) {
   if (shape.empty()) return {1};
   std::vector<int64_t> out = shape;
@@ -44,8 +34,7 @@ Fsdp2Memory::Fsdp2Memory(const Plan& plan) : activations_(plan.activations) {
   add_units(plan, grad_params);
   add_late_gradients(plan, grad_params);
   // fully_shard's mesh is the (dp_replicate,) dp_shard sub-mesh.
-  if (plan.tensor_parallel)
-    tp_mesh_ = Fsdp2Mesh{plan.tensor_parallel->mesh.dp_replicate, plan.tensor_parallel->mesh.dp_shard};
+  if (plan.tensor_parallel) tp_mesh_ = plan.mesh;
   order_hooks(plan);
   add_unowned_params(plan);
 }
@@ -592,26 +581,28 @@ void Fsdp2Memory::Estimate::peak_categories() {
 namespace {
 
 void check_fsdp2_settings(const FsdpSettings& settings) {
-  if (std::string why = settings_error(settings); !why.empty()) throw std::invalid_argument(why);
+  if (std::string why = device_mesh_error(settings); !why.empty()) throw std::invalid_argument(why);
   if (settings.strategy == ShardingStrategy::ShardGradOp || settings.strategy == ShardingStrategy::NoShard)
     throw std::invalid_argument("FSDP2 has no sharding strategy " + std::string(strategy_name(settings.strategy)));
 }
 
-// fully_shard's mesh: the TP plan's dp sub-mesh, or the settings' (shard) or
-// (replicate, shard). The one step that reads group sizes.
-Fsdp2Mesh fsdp2_group_sizes(const std::optional<Fsdp2Mesh>& tp_mesh, const FsdpSettings& settings,
-                            MemoryPlan& mem) {
-  const Fsdp2Mesh mesh = tp_mesh ? *tp_mesh : fsdp2_mesh(settings);
-  mem.shard_group_size = mesh.shard;
-  mem.replicate_size = mesh.replicate;
+// fully_shard's mesh: the TP plan's (its dp sub-mesh), or the settings'
+// (dp_shard) or (dp_replicate, dp_shard) (mesh/device_mesh.h).
+DeviceMesh fsdp2_group_sizes(const std::optional<DeviceMesh>& tp_mesh, const FsdpSettings& settings,
+                             MemoryPlan& mem) {
+  const DeviceMesh mesh = tp_mesh ? *tp_mesh : device_mesh(settings);
+  mem.shard_group_size = mesh.size(MeshDim::DpShard);
+  mem.replicate_size = mesh.size(MeshDim::DpReplicate);
   return mesh;
 }
 
-void add_fsdp2_notes(const Fsdp2Mesh& mesh, const FsdpSettings& settings, const ActivationPlan& activations,
+void add_fsdp2_notes(const DeviceMesh& mesh, const FsdpSettings& settings, const ActivationPlan& activations,
                      MemoryPlan& mem) {
   mem.notes.push_back("FSDP2 (fully_shard): mesh " +
-                      (mesh.replicate > 1 ? "(" + std::to_string(mesh.replicate) + " replicate, " : std::string("(")) +
-                      std::to_string(mesh.shard) + " shard), rank 0 (the largest shards)");
+                      (mesh.size(MeshDim::DpReplicate) > 1
+                           ? "(" + std::to_string(mesh.size(MeshDim::DpReplicate)) + " replicate, "
+                           : std::string("(")) +
+                      std::to_string(mesh.size(MeshDim::DpShard)) + " shard), rank 0 (the largest shards)");
   if (settings.cpu_offload)
     mem.notes.push_back("CPU offload: sharded parameters, gradients and optimizer state on the host (host_bytes)");
   mem.notes.push_back(activation_note(activations));
@@ -625,8 +616,8 @@ MemoryPlan Fsdp2Memory::estimate(const FsdpSettings& settings, bool timeline) co
   MemoryPlan mem;
   mem.settings = settings;
   mem.effective_strategy = settings.strategy;
-  const Fsdp2Mesh mesh = fsdp2_group_sizes(tp_mesh_, settings, mem);
-  Estimate step(*this, settings, mesh.shard, timeline, mem);
+  const DeviceMesh mesh = fsdp2_group_sizes(tp_mesh_, settings, mem);
+  Estimate step(*this, settings, mesh.size(MeshDim::DpShard), timeline, mem);
   step.size_groups();
   step.steady_state();
   step.forward();

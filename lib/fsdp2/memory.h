@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "mesh/device_mesh.h"
 #include "plan/activations.h"
 #include "plan/memory.h"
 #include "policy/settings.h"
@@ -17,12 +18,6 @@
 namespace fsdp_plan {
 
 struct Plan;
-
-// The device mesh fully_shard gets: (shard) or, for HYBRID_SHARD, (replicate, shard).
-struct Fsdp2Mesh {
-  int64_t replicate = 1, shard = 1;
-};
-Fsdp2Mesh fsdp2_mesh(const FsdpSettings& settings);
 
 // The local shape of a parameter on rank 0, which is also every rank's padded
 // shard: ceil(d0 / shard) rows (a 0-dim parameter, refused by fully_shard, as [1]).
@@ -71,8 +66,8 @@ class Fsdp2Memory {
   std::vector<size_t> post_order_;
   std::vector<int> forward_closes_, backward_closes_;
   int64_t buffers_bytes_ = 0;
-  // With tensor parallelism: the mesh's FSDP dimensions, whatever the settings say.
-  std::optional<Fsdp2Mesh> tp_mesh_;
+  // With tensor parallelism: the plan's mesh, whatever the settings say.
+  std::optional<DeviceMesh> tp_mesh_;
   // The plan's activations (plan/activations.h) and the units' parents, for activations/schedule.h.
   ActivationPlan activations_;
   std::vector<int> parents_;

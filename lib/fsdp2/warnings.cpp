@@ -5,6 +5,7 @@
 #include <set>
 
 #include "fsdp2/memory.h"
+#include "mesh/device_mesh.h"
 #include "model/module_tree.h"
 #include "plan/policy_fix.h"
 #include "util/strings.h"
@@ -240,7 +241,7 @@ class Refusals {
   }
 
   void reshard_ranks() {
-    const int64_t shard = fsdp2_mesh(plan_.policy.fsdp).shard;
+    const int64_t shard = device_mesh(plan_.policy.fsdp).size(MeshDim::DpShard);
     for (const Unit& u : plan_.units) {
       const auto& r = u.reshard_after_forward;
       if (!r || r->kind != ReshardAfterForward::Kind::Ranks || shard % r->ranks == 0) continue;

@@ -1,7 +1,5 @@
 #include "plan/comm.h"
 
-#include <set>
-
 namespace fsdp_plan {
 
 const char* collective_name(CollectiveKind kind) {
@@ -14,18 +12,6 @@ const char* collective_name(CollectiveKind kind) {
 }
 
 const char* phase_name(StepPhase phase) { return phase == StepPhase::Forward ? "forward" : "backward"; }
-
-int64_t RankGroup::nodes(int64_t gpus_per_node) const {
-  if (size <= 1) return 1;
-  // Ranks 0, stride, 2 stride, ...: the distinct r / gpus_per_node. A stride
-  // of a node or more puts every rank on its own node.
-  if (stride >= gpus_per_node) return size;
-  const int64_t last = (size - 1) * stride;
-  if (gpus_per_node % stride == 0) return last / gpus_per_node + 1;  // every node in between holds some
-  std::set<int64_t> seen;
-  for (int64_t i = 0; i < size; ++i) seen.insert(i * stride / gpus_per_node);
-  return static_cast<int64_t>(seen.size());
-}
 
 void summarize_comm(CommPlan& comm, size_t num_units) {
   comm.units.resize(num_units);

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "mesh/device_mesh.h"
+
 namespace fsdp_plan {
 
 enum class CollectiveKind { AllGather, ReduceScatter, AllReduce };
@@ -17,20 +19,6 @@ enum class StepPhase { Forward, Backward };
 // "all_gather", "reduce_scatter", "all_reduce" (the names nccl-tests and the oracle use).
 const char* collective_name(CollectiveKind kind);
 const char* phase_name(StepPhase phase);
-
-// A process group as rank 0 sees it: `size` ranks, rank 0 first, `stride`
-// apart. A (replicate, shard) mesh's shard group is contiguous (stride 1),
-// its replicate group strided by the shard size (torch's init_device_mesh,
-// row-major rank layout; FSDP1's HYBRID_SHARD builds the same groups).
-struct RankGroup {
-  int64_t size = 1;
-  int64_t stride = 1;
-  bool operator==(const RankGroup& o) const { return size == o.size && stride == o.stride; }
-  bool operator<(const RankGroup& o) const { return size != o.size ? size < o.size : stride < o.stride; }
-  // How many nodes of `gpus_per_node` the group's ranks lie on (rank r on node
-  // r / gpus_per_node, torchrun's contiguous placement).
-  int64_t nodes(int64_t gpus_per_node) const;
-};
 
 struct Collective {
   CollectiveKind kind = CollectiveKind::AllGather;
@@ -41,7 +29,7 @@ struct Collective {
   int64_t numel = 0;
   int64_t bytes = 0;
   std::string dtype;     // what it carries; "uint8" when FSDP2 gathers mixed dtypes as bytes
-  RankGroup group;
+  RankGroup group;       // made by the plan's DeviceMesh (mesh/device_mesh.h)
   // Why FSDP issues it: "unshard" (the unit's own pre-forward / pre-backward),
   // "prefetch" (the backward prefetch of the unit that runs before it), "reduce".
   const char* cause = "unshard";

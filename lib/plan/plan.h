@@ -12,6 +12,7 @@
 
 #include "model/aliases.h"
 #include "model/module_tree.h"
+#include "mesh/device_mesh.h"
 #include "plan/activations.h"
 #include "plan/comm.h"
 #include "plan/memory.h"
@@ -71,6 +72,9 @@ struct Plan {
   std::shared_ptr<const ModuleTree> dealiased_tree;
   std::vector<Alias> aliases;
   Policy policy;
+  // Every parallelism dimension and its groups, built once from the policy
+  // (mesh/device_mesh.h device_mesh) before any stage reads it.
+  DeviceMesh mesh;
   ModelSummary model;
   std::vector<Unit> units;
   std::vector<Warning> warnings;

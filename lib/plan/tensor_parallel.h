@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "mesh/device_mesh.h"
 #include "model/module_tree.h"
 #include "policy/tensor_parallel.h"
 
@@ -27,7 +28,7 @@ struct TpModule {
 };
 
 struct TensorParallelPlan {
-  TpMeshSizes mesh;
+  DeviceMesh mesh;  // Plan::mesh, which the placements were made on
   std::vector<TpModule> modules;  // in the order parallelize_module applies them
   // Per TensorId (parameters only; buffers keep None and their shape): what
   // the styles did, and rank 0's local shape (torch.chunk's: ceil(n / tp) rows

@@ -71,6 +71,8 @@ Plan plan_with(const ModuleTree& loaded, const Policy& policy, const std::string
   plan.aliases = std::move(dealiased.aliases);
   plan.policy = policy;
   plan.model.path = model_path;
+  // The device mesh, once: FSDP, TP, communication and time ask it for their sizes and groups.
+  plan.mesh = device_mesh(policy.fsdp, policy.tensor_parallel ? &*policy.tensor_parallel : nullptr);
   const Replan replan = [&](const Policy& p) { return plan_with(tree, p, model_path, matcher, false, purpose, flops); };
   if (plan.v2()) {
     // FSDP2: fully_shard calls, bottom-up, then the root.
@@ -84,7 +86,7 @@ Plan plan_with(const ModuleTree& loaded, const Policy& policy, const std::string
     if (policy.tensor_parallel) {
       if (policy.tensor_parallel->from_model) resolve_model_tp_plan(*plan.policy.tensor_parallel, tree, model_path);
       plan.tensor_parallel =
-          plan_tensor_parallel(tree, *plan.policy.tensor_parallel, policy.fsdp.world_size, plan.warnings);
+          plan_tensor_parallel(tree, *plan.policy.tensor_parallel, plan.mesh, plan.warnings);
     }
     plan.activations = plan_activations(plan, matcher, &plan.warnings, tp_local_graph(plan));  // per tp rank
     plan.memory = estimate_memory_fsdp2(plan, memory_settings(policy), report);

@@ -492,7 +492,6 @@ std::string Policy::combination_error() const {
     return std::string("FSDP2 has no sharding strategy ") + strategy_name(fsdp.strategy) +
            ": use fsdp.reshard_after_forward false for SHARD_GRAD_OP's behaviour, HYBRID_SHARD for a "
            "(replicate, shard) mesh";
-  if (tensor_parallel) return tensor_parallel_error(*tensor_parallel, fsdp);
   return "";
 }
 

@@ -90,7 +90,8 @@ struct Policy {
   // FSDP auto-wraps only when a wrapping policy is given; mixed precision
   // alone changes no unit.
   bool auto_wrap() const { return module_classes.has_value() || min_num_params.has_value(); }
-  // Why these settings cannot be planned together ("groups" need FSDP2), or "".
+  // Why these settings cannot be planned together ("groups" need FSDP2), or "";
+  // the mesh's own checks are mesh/device_mesh.h device_mesh_error.
   std::string combination_error() const;
 };
 

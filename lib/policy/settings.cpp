@@ -114,32 +114,4 @@ int optimizer_states(Optimizer o) {
   return 0;
 }
 
-int64_t hybrid_group_size(const FsdpSettings& settings) {
-  if (settings.shard_group_size > 0) return settings.shard_group_size;
-  // FSDP1 without a process group shards within a node of device_count()
-  // ranks and needs it to divide the world size (dist.new_subgroups): assume
-  // the largest node of at most 8 devices that does.
-  for (int64_t g = std::min<int64_t>(8, settings.world_size); g > 1; --g)
-    if (settings.world_size % g == 0) return g;
-  return 1;
-}
-
-std::string settings_error(const FsdpSettings& settings) {
-  if (settings.world_size < 1 || settings.world_size > kMaxWorldSize)
-    return "the world size must be from 1 to " + std::to_string(kMaxWorldSize);
-  if (settings.strategy == ShardingStrategy::HybridShard) {
-    const int64_t g = hybrid_group_size(settings);
-    if (g > settings.world_size || settings.world_size % g != 0) {
-      std::string divisors;
-      int shown = 0;
-      for (int64_t d = 1; d <= settings.world_size && shown < 8; ++d)
-        if (settings.world_size % d == 0) divisors += (shown++ ? ", " : "") + std::to_string(d);
-      return "the hybrid shard group size (" + std::to_string(g) + ") must divide the world size (" +
-             std::to_string(settings.world_size) + "): set --shard-group-size (or fsdp.shard_group_size) to the "
-             "GPUs per node, one of " + divisors + (shown == 8 ? ", ..." : "");
-    }
-  }
-  return "";
-}
-
 }  // namespace fsdp_plan

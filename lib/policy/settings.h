@@ -92,7 +92,7 @@ struct FsdpSettings {
   // Whether anything set it (--world-size, fsdp.world_size, num_processes): the text plan says when 1 is assumed.
   bool world_size_given = false;
   ShardingStrategy strategy = ShardingStrategy::FullShard;
-  int64_t shard_group_size = 0;  // HYBRID_SHARD only; 0: one node, see hybrid_group_size
+  int64_t shard_group_size = 0;  // HYBRID_SHARD only; 0: one node, see mesh/device_mesh.h hybrid_group_size
   bool use_orig_params = false;
   Optimizer optimizer = Optimizer::Adam;
   // fsdp.optimizer_impl, --optimizer-impl; nullopt: PyTorch's default (default_optimizer_impl).
@@ -152,11 +152,5 @@ inline OptimizerImpl optimizer_impl(const FsdpSettings& settings, ComputeDevice 
   return settings.optimizer_impl ? *settings.optimizer_impl : default_optimizer_impl(settings, device);
 }
 
-// HYBRID_SHARD's shard group: as set, or one node: the largest divisor of
-// the world size up to 8 (FSDP1 uses the node's device count, which must divide it).
-int64_t hybrid_group_size(const FsdpSettings& settings);
-// Why FSDP would reject these settings (a hybrid shard group that does not
-// divide the world size, say), or "" if it would not.
-std::string settings_error(const FsdpSettings& settings);
 
 }  // namespace fsdp_plan

@@ -219,14 +219,6 @@ bool transformers_only_style(TpStyle s) {
          s == TpStyle::MoeExperts || s == TpStyle::GradAllReduce;
 }
 
-TpMeshSizes tp_mesh_sizes(const TensorParallel& tp, int64_t world_size) {
-  TpMeshSizes m;
-  m.tp = tp.degree;
-  m.dp_replicate = tp.dp_replicate > 0 ? tp.dp_replicate : 1;
-  m.dp_shard = tp.dp_shard > 0 ? tp.dp_shard : std::max<int64_t>(1, world_size / (m.tp * m.dp_replicate));
-  return m;
-}
-
 TensorParallel parse_tensor_parallel(const json& v, const std::string& file) {
   TpReader r(file);
   if (!v.is_object()) r.fail("\"tensor_parallel\" must be an object, not " + json_type_name(v));
@@ -262,32 +254,6 @@ TensorParallel parse_tensor_parallel(const json& v, const std::string& file) {
       tp.dp_shard = r.size(*it, "tensor_parallel.mesh.dp_shard");
   }
   return tp;
-}
-
-std::string tensor_parallel_error(const TensorParallel& tp, const FsdpSettings& fsdp) {
-  if (!fsdp.v2())
-    return "\"tensor_parallel\" composes with FSDP2 (fully_shard on the mesh's dp_shard dimension), not "
-           "FullyShardedDataParallel: plan FSDP2 (\"fsdp\": {\"version\": 2} or --fsdp-version 2)";
-  if (fsdp.strategy == ShardingStrategy::HybridShard)
-    return "with \"tensor_parallel\", the mesh says how FSDP2 replicates: give "
-           "\"tensor_parallel.mesh.dp_replicate\" instead of HYBRID_SHARD";
-  const TpMeshSizes m = tp_mesh_sizes(tp, fsdp.world_size);
-  const int64_t product = m.dp_replicate * m.dp_shard * m.tp;
-  const std::string shape = std::string("(") + (m.dp_replicate > 1 ? "dp_replicate " + std::to_string(m.dp_replicate) + ", " : "") +
-                            "dp_shard " + std::to_string(m.dp_shard) + ", tp " + std::to_string(m.tp) + ")";
-  if (product != fsdp.world_size)
-    return "the mesh " + shape + " has " + std::to_string(product) + " ranks, the world size is " +
-           std::to_string(fsdp.world_size) +
-           (product > fsdp.world_size ? " (init_device_mesh: \"Mesh should not be bigger than default world size " +
-                                            std::to_string(fsdp.world_size) + ", but found " + std::to_string(product) +
-                                            " ranks!\")"
-                                      : " (ranks outside the mesh would train nothing)") +
-           "; make dp_replicate x dp_shard x tp the world size";
-  if (m.dp_replicate * m.dp_shard == 1)
-    return "tp " + std::to_string(m.tp) + " takes every rank: FSDP has no dimension left to shard across "
-           "(Accelerate fails with KeyError: \"Invalid mesh_dim_names ('dp_shard_cp',) specified. Valid "
-           "mesh_dim_names are ['tp'].\", huggingface/accelerate issue 3798); lower tp or plan without FSDP";
-  return "";
 }
 
 static nlohmann::ordered_json layouts_json(const TpStyleSpec::Layouts& l) {
@@ -343,8 +309,7 @@ nlohmann::ordered_json tensor_parallel_file_json(const TensorParallel& tp) {
 nlohmann::ordered_json tensor_parallel_to_json(const TensorParallel& tp, int64_t world_size) {
   nlohmann::ordered_json out = tensor_parallel_file_json(tp);
   if (tp.from_model && !tp.plan.empty()) out["plan"] = plan_json(tp);  // the plan's policy: the model's plan as read
-  const TpMeshSizes m = tp_mesh_sizes(tp, world_size);
-  out["mesh"] = {{"dp_replicate", m.dp_replicate}, {"dp_shard", m.dp_shard}};
+  out["mesh"] = {{"dp_replicate", tp.replicate_size()}, {"dp_shard", tp.shard_size(world_size)}};
   return out;
 }
 

@@ -5,6 +5,7 @@
 // docs/tensor-parallel.md describes it.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -80,19 +81,15 @@ struct TensorParallel {
   bool from_model = false;
   // The FSDP dimensions; 0: not given (dp_replicate 1, dp_shard the rest).
   int64_t dp_replicate = 0, dp_shard = 0;
+  // The section's sizes with those defaults filled in (mesh/device_mesh.h builds the mesh from them).
+  int64_t replicate_size() const { return dp_replicate > 0 ? dp_replicate : 1; }
+  int64_t shard_size(int64_t world_size) const {
+    return dp_shard > 0 ? dp_shard : std::max<int64_t>(1, world_size / (degree * replicate_size()));
+  }
 };
-
-// The mesh a policy describes at a world size: sizes of (dp_replicate, dp_shard, tp).
-struct TpMeshSizes {
-  int64_t dp_replicate = 1, dp_shard = 1, tp = 1;
-};
-TpMeshSizes tp_mesh_sizes(const TensorParallel& tp, int64_t world_size);
 
 // Parses the "tensor_parallel" object; throws InputError naming `file`.
 TensorParallel parse_tensor_parallel(const nlohmann::json& v, const std::string& file);
-// Why the mesh cannot be built at these settings (its product is not the
-// world size, FSDP has no dimension left, ...), or "".
-std::string tensor_parallel_error(const TensorParallel& tp, const FsdpSettings& fsdp);
 // The section as written (policy_file_json) and with defaults filled in at
 // `world_size` (policy_to_json): the same keys, the mesh's sizes resolved.
 nlohmann::ordered_json tensor_parallel_file_json(const TensorParallel& tp);

@@ -48,14 +48,10 @@ void tensor_parallel_json(JsonSink& w, const Plan& plan) {
   w.object([&] {
     w.object_field("mesh", [&] {
       w.array_field("dim_names", [&] {
-        if (tp.mesh.dp_replicate > 1) w.value("dp_replicate");
-        w.value("dp_shard");
-        w.value("tp");
+        for (MeshDim d : plan.mesh.dim_names()) w.value(mesh_dim_name(d));
       });
       w.array_field("shape", [&] {
-        if (tp.mesh.dp_replicate > 1) w.value(tp.mesh.dp_replicate);
-        w.value(tp.mesh.dp_shard);
-        w.value(tp.mesh.tp);
+        for (MeshDim d : plan.mesh.dim_names()) w.value(plan.mesh.size(d));
       });
     });
     w.array_field("modules", [&] {

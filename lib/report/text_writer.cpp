@@ -177,7 +177,7 @@ std::string fsdp2_memory_text(const Plan& plan) {
       split += p.kind == TpPlacement::Kind::Shard;
       replicated += p.kind == TpPlacement::Kind::Replicate;
     }
-    mesh = "mesh " + tp_mesh_text(tp.mesh) + " with tensor parallelism: " + std::to_string(tp.modules.size()) +
+    mesh = "mesh " + plan.mesh.text() + " with tensor parallelism: " + std::to_string(tp.modules.size()) +
            " modules planned, " + std::to_string(split) + " parameters split on tp, " + std::to_string(replicated) +
            " replicated";
   }

@@ -11,6 +11,7 @@
 
 #include "fsdp1/memory.h"
 #include "fsdp2/memory.h"
+#include "mesh/device_mesh.h"
 #include "model/class_names.h"
 #include "model/module_tree.h"
 #include "planner/planner.h"
@@ -126,7 +127,7 @@ std::vector<int64_t> size_thresholds(const std::vector<int64_t>& numel, size_t l
 // A base policy with a tensor_parallel section: each wrapping at each tp
 // degree of 1, 2, 4, 8 that fits in a node (--gpus-per-node: torchtitan and
 // Accelerate keep the tp group inside a node, where its blocking collectives
-// run on NVLink) and whose mesh the world size builds (tensor_parallel_error:
+// run on NVLink) and whose mesh the world size builds (device_mesh_error:
 // dp_shard = world / (dp_replicate x tp), at least 1). tp 1 is plain FSDP2
 // over every rank (no section). The plan's checks drop the degrees that do
 // not divide the heads, key-value heads, FFN or vocabulary (tp_uneven_split).
@@ -142,7 +143,7 @@ std::vector<Candidate> with_tp_degrees(std::vector<Candidate> wrappings, const P
     TensorParallel tp = *base.tensor_parallel;
     tp.degree = d;
     tp.dp_shard = 0;  // the rest of the ranks
-    if (tensor_parallel_error(tp, base.fsdp).empty()) degrees.push_back(d);
+    if (device_mesh_error(base.fsdp, &tp).empty()) degrees.push_back(d);
   }
   std::vector<Candidate> out;
   for (const Candidate& w : wrappings)
@@ -399,7 +400,7 @@ std::optional<FitAdvice> world_size_advice(const std::vector<const Candidate*>& 
     if (it != known.end()) return it->second;
     FsdpSettings s = memory_settings(c.policy);
     s.world_size = w;
-    const int64_t need = settings_error(s).empty()
+    const int64_t need = device_mesh_error(s).empty()
                              ? peak_for(*c.plan, s) + opt.activation_bytes
                              : INT64_MAX;
     known.emplace(std::make_pair(&c, w), need);

@@ -333,7 +333,7 @@ FlopProfile plan_graph_flops(const Plan& plan, const Graph& graph) {
   for (const CheckpointedModule& c : plan.activations.checkpointed) opt.checkpointed.push_back(c.module);
   opt.trainable_params = plan_trainable_params(plan);
   opt.tp_local = tp_local_tensors(input, plan);
-  if (!opt.tp_local.empty()) opt.tp = plan.tensor_parallel->mesh.tp;
+  if (!opt.tp_local.empty()) opt.tp = plan.mesh.size(MeshDim::Tp);
   FlopProfile out;
   try {
     out = count_graph_flops(input, *plan.tree, opt);

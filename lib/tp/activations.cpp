@@ -42,7 +42,7 @@ bool is_view(std::string_view b) {
 class Localizer {
  public:
   Localizer(const WalkGraph& g, const Plan& plan)
-      : g_(g), plan_(plan), tpp_(*plan.tensor_parallel), tp_(*plan.policy.tensor_parallel), T_(tpp_.mesh.tp) {}
+      : g_(g), plan_(plan), tpp_(*plan.tensor_parallel), tp_(*plan.policy.tensor_parallel), T_(plan.mesh.size(MeshDim::Tp)) {}
 
   WalkGraph run() {
     out_.tensors = g_.tensors;
@@ -306,7 +306,7 @@ class Localizer {
 WalkGraph tp_local_walk_graph(const WalkGraph& graph, const Plan& plan) { return tp_act::Localizer(graph, plan).run(); }
 
 LocalWalkGraph tp_local_graph(const Plan& plan) {
-  if (!plan.tensor_parallel || !plan.policy.tensor_parallel || plan.tensor_parallel->mesh.tp <= 1) return {};
+  if (!plan.tensor_parallel || !plan.policy.tensor_parallel || plan.mesh.size(MeshDim::Tp) <= 1) return {};
   return [&plan](const WalkGraph& g) { return tp_local_walk_graph(g, plan); };
 }
 

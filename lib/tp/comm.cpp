@@ -632,16 +632,13 @@ class TpCommWalk {
   std::vector<bool> recomputed_;
 };
 
-// The tp group: the innermost mesh dimension, contiguous ranks.
-RankGroup tp_group(const TensorParallelPlan& tpp) { return RankGroup{tpp.mesh.tp, 1}; }
-
 }  // namespace
 
 TpComm tp_comm(const Plan& plan) {
   TpComm out;
   if (!plan.tensor_parallel) return out;
   out.planned = true;
-  out.group = tp_group(*plan.tensor_parallel);
+  out.group = plan.mesh.group(MeshDim::Tp);  // the innermost mesh dimension: contiguous ranks
   const Graph* graph = plan.tree->graph().get();
   if (!graph) {
     out.unknown_reason = "the model file records no activation shapes (a TorchScript file): tensor parallelism's "

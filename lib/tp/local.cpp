@@ -5,7 +5,7 @@
 namespace fsdp_plan {
 
 std::vector<bool> tp_local_tensors(const WalkGraph& g, const Plan& plan) {
-  if (!plan.tensor_parallel || plan.tensor_parallel->mesh.tp <= 1 || !plan.policy.tensor_parallel) return {};
+  if (!plan.tensor_parallel || plan.mesh.size(MeshDim::Tp) <= 1 || !plan.policy.tensor_parallel) return {};
   const TensorParallelPlan& tpp = *plan.tensor_parallel;
   const TensorParallel& tp = *plan.policy.tensor_parallel;
   std::vector<bool> local(g.tensors.size(), false);

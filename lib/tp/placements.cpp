@@ -138,14 +138,9 @@ void tp_heads_check(const ModuleTree& tree, const TensorParallel& tp, int64_t T,
 }
 
 
-std::string tp_mesh_text(const TpMeshSizes& m) {
-  return std::string("(") + (m.dp_replicate > 1 ? "dp_replicate " + std::to_string(m.dp_replicate) + ", " : "") +
-         "dp_shard " + std::to_string(m.dp_shard) + ", tp " + std::to_string(m.tp) + ")";
-}
-
-TensorParallelPlan untouched_tp_plan(const ModuleTree& tree, const TensorParallel& tp, int64_t world_size) {
+TensorParallelPlan untouched_tp_plan(const ModuleTree& tree, const DeviceMesh& mesh) {
   TensorParallelPlan out;
-  out.mesh = tp_mesh_sizes(tp, world_size);
+  out.mesh = mesh;
   out.placement.assign(tree.num_tensors(), TpPlacement{});
   out.local_shape.resize(tree.num_tensors());
   for (TensorId t = 0; t < static_cast<TensorId>(tree.num_tensors()); ++t)
@@ -153,11 +148,11 @@ TensorParallelPlan untouched_tp_plan(const ModuleTree& tree, const TensorParalle
   return out;
 }
 
-TensorParallelPlan plan_tensor_parallel(const ModuleTree& tree, const TensorParallel& tp, int64_t world_size,
+TensorParallelPlan plan_tensor_parallel(const ModuleTree& tree, const TensorParallel& tp, const DeviceMesh& mesh,
                                         std::vector<Warning>& warnings) {
-  if (tp.from_model) return plan_transformers_tensor_parallel(tree, tp, world_size, warnings);
-  TensorParallelPlan out = untouched_tp_plan(tree, tp, world_size);
-  const int64_t T = out.mesh.tp;
+  if (tp.from_model) return plan_transformers_tensor_parallel(tree, tp, mesh, warnings);
+  TensorParallelPlan out = untouched_tp_plan(tree, mesh);
+  const int64_t T = mesh.size(MeshDim::Tp);
   // distribute_module refuses a module it has seen (torch/distributed/tensor/_api.py: distribute_module).
   std::vector<int> styled(tree.num_modules(), -1);
   for (int e = 0; e < static_cast<int>(tp.plan.size()); ++e) {
@@ -299,14 +294,14 @@ Fsdp2TpParam fsdp2_tp_param(const TensorParallelPlan& plan, const ModuleTree& tr
   (void)tree;
   Fsdp2TpParam out;
   const TpPlacement& p = plan.placement[static_cast<size_t>(t)];
-  const bool hsdp = plan.mesh.dp_replicate > 1;
+  const bool hsdp = plan.mesh.size(MeshDim::DpReplicate) > 1;
   if (hsdp) out.placements.push_back("Replicate()"), out.mesh_dims.push_back("dp_replicate");
   out.mesh_dims.push_back("dp_shard");
   // _fsdp_param.py: FSDPParam._init_sharding_spec_tp: FSDP's Shard(0) on the dp
   // dimension, _StridedShard(0, split_factor=tp) when TP already shards dim 0,
   // then the parameter's own placement on tp. A plain parameter stays 1-D on dp.
   if (p.kind == TpPlacement::Kind::Shard && p.dim == 0)  // num_shards_map[0]: tp, strided or not
-    out.placements.push_back("_StridedShard(dim=0, sf=" + std::to_string(plan.mesh.tp) + ")");
+    out.placements.push_back("_StridedShard(dim=0, sf=" + std::to_string(plan.mesh.size(MeshDim::Tp)) + ")");
   else
     out.placements.push_back("Shard(dim=0)");
   if (p.kind != TpPlacement::Kind::None) {
@@ -315,7 +310,7 @@ Fsdp2TpParam fsdp2_tp_param(const TensorParallelPlan& plan, const ModuleTree& tr
   }
   const auto& local = plan.local_shape[static_cast<size_t>(t)];
   out.local_shape = local.empty() ? std::vector<int64_t>{1} : local;
-  if (!local.empty()) out.local_shape[0] = ceil_div(local[0], plan.mesh.dp_shard);
+  if (!local.empty()) out.local_shape[0] = ceil_div(local[0], plan.mesh.size(MeshDim::DpShard));
   return out;
 }
 

@@ -17,18 +17,18 @@ namespace fsdp_plan {
 // Matches each plan entry to modules, applies its style to their parameters,
 // and appends the refusals (tp_unmatched_pattern, tp_style_class,
 // tp_applied_twice, tp_uneven_split) to `warnings`. The mesh must be valid
-// (tensor_parallel_error says "").
-TensorParallelPlan plan_tensor_parallel(const ModuleTree& tree, const TensorParallel& tp, int64_t world_size,
+// (device_mesh_error says "").
+TensorParallelPlan plan_tensor_parallel(const ModuleTree& tree, const TensorParallel& tp, const DeviceMesh& mesh,
                                         std::vector<Warning>& warnings);
 
-// The mesh at `world_size`, and every parameter as no style touched it
+// The mesh, and every parameter as no style touched it
 // (placement None, its full shape): where both appliers start.
-TensorParallelPlan untouched_tp_plan(const ModuleTree& tree, const TensorParallel& tp, int64_t world_size);
+TensorParallelPlan untouched_tp_plan(const ModuleTree& tree, const DeviceMesh& mesh);
 
 // The same for a model's own plan ("plan": "model"), as transformers applies
 // it (tp/transformers_apply.cpp); plan_tensor_parallel calls it.
 TensorParallelPlan plan_transformers_tensor_parallel(const ModuleTree& tree, const TensorParallel& tp,
-                                                     int64_t world_size, std::vector<Warning>& warnings);
+                                                     const DeviceMesh& mesh, std::vector<Warning>& warnings);
 
 // Where the file records the attention's head counts: tp_uneven_split when
 // tp does not divide the key-value heads (or the heads) and a key projection
@@ -48,8 +48,5 @@ struct Fsdp2TpParam {
   std::vector<int64_t> local_shape;
 };
 Fsdp2TpParam fsdp2_tp_param(const TensorParallelPlan& plan, const ModuleTree& tree, TensorId t);
-
-// "(dp_shard 4, tp 2)" or "(dp_replicate 2, dp_shard 2, tp 2)".
-std::string tp_mesh_text(const TpMeshSizes& mesh);
 
 }  // namespace fsdp_plan

@@ -92,10 +92,10 @@ int64_t local_extent(int64_t n, int64_t T, int sf) {
 }  // namespace
 
 TensorParallelPlan plan_transformers_tensor_parallel(const ModuleTree& tree, const TensorParallel& tp,
-                                                     int64_t world_size, std::vector<Warning>& warnings) {
+                                                     const DeviceMesh& mesh, std::vector<Warning>& warnings) {
   using namespace hf_tp;
-  TensorParallelPlan out = untouched_tp_plan(tree, tp, world_size);
-  const int64_t T = out.mesh.tp;
+  TensorParallelPlan out = untouched_tp_plan(tree, mesh);
+  const int64_t T = mesh.size(MeshDim::Tp);
   // The plan is a dict: a key given twice is its last value (dict.update).
   std::unordered_map<std::string, int> entries;
   for (size_t e = 0; e < tp.plan.size(); ++e) entries[tp.plan[e].first] = static_cast<int>(e);

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <limits>
 #include <optional>
 
@@ -41,8 +42,8 @@ inline int64_t saturating_mul(int64_t a, int64_t b) {
 }
 
 // The product of `sizes` (each >= 0) times `scale`, or nullopt past int64
-// or for a negative size.
-template <typename Range>
+// or for a negative size. A braced list is a Range too: checked_product({r, s, t}).
+template <typename Range = std::initializer_list<int64_t>>
 std::optional<int64_t> checked_product(const Range& sizes, int64_t scale = 1) {
   int64_t n = scale;
   for (int64_t s : sizes) {

@@ -340,6 +340,14 @@ CASES = {
                                       '"tensor_parallel": {"degree": 2, "plan": {"blocks.*.fc1": "colwise"}}}'),
     "policy-tp-mesh-size": lambda: policy('{"fsdp": {"version": 2, "world_size": 6}, "tensor_parallel": '
                                           '{"degree": 2, "plan": {"blocks.*.fc1": "colwise"}, "mesh": {"dp_shard": 4}}}'),
+    # Issue 39: 2^24 x 419021 x 10496005 = 2^24 + 4 x 2^64, the world size in 64-bit arithmetic.
+    "policy-tp-mesh-wraps": lambda: policy('{"fsdp": {"version": 2, "world_size": 16777216}, "tensor_parallel": '
+                                           '{"degree": 10496005, "plan": {"blocks.*.attn.qkv": "colwise"}, '
+                                           '"mesh": {"dp_replicate": 16777216, "dp_shard": 419021}}}'),
+    "accelerate-parallelism-wraps": lambda: accelerate(
+        "  fsdp_version: 2\n", "num_processes: 8\nparallelism_config:\n"
+        "  parallelism_config_dp_replicate_size: 4611686018427387905\n  parallelism_config_dp_shard_size: 2\n"
+        "  parallelism_config_tp_size: 4\n"),
     "policy-tp-no-fsdp-dim": lambda: policy('{"fsdp": {"version": 2, "world_size": 2}, '
                                             '"tensor_parallel": {"degree": 2, "plan": {"blocks.*.fc1": "colwise"}}}'),
     "policy-tp-bad-style": lambda: policy('{"fsdp": {"version": 2, "world_size": 4}, '

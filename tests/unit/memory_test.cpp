@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "mesh/device_mesh.h"
 #include "fsdp1/memory.h"
 #include "plan/optimizer_step.h"
 #include "policy/policy.h"
@@ -158,7 +159,7 @@ TEST_CASE("HYBRID_SHARD shards within groups and replicates across them") {
 TEST_CASE("HYBRID_SHARD's default group is the largest divisor of the world size up to 8") {
   FsdpSettings s = ranks(12, ShardingStrategy::HybridShard);
   CHECK(hybrid_group_size(s) == 6);
-  CHECK(settings_error(s).empty());
+  CHECK(device_mesh_error(s).empty());
   s.world_size = 64;
   CHECK(hybrid_group_size(s) == 8);
   s.world_size = 4;
@@ -167,7 +168,7 @@ TEST_CASE("HYBRID_SHARD's default group is the largest divisor of the world size
   CHECK(hybrid_group_size(s) == 1);
   s.world_size = 12;
   s.shard_group_size = 8;  // as set: refused, with what would do
-  CHECK(settings_error(s).find("one of 1, 2, 3, 4, 6, 12") != std::string::npos);
+  CHECK(device_mesh_error(s).find("one of 1, 2, 3, 4, 6, 12") != std::string::npos);
   auto b = blocks();
   s.shard_group_size = 0;
   auto mem = memory_of(b, R"({"module_classes": ["Block"]})", s);

@@ -5,6 +5,7 @@
 
 #include <stdexcept>
 
+#include "mesh/device_mesh.h"
 #include "plan/plan.h"
 #include "planner/planner.h"
 #include "policy/policy.h"
@@ -133,7 +134,7 @@ TEST_CASE("styles place parameters as torch's ParallelStyles do, and FSDP2 shard
   REQUIRE(plan.tensor_parallel);
   CHECK_FALSE(plan.has_errors());
   const TensorParallelPlan& tp = *plan.tensor_parallel;
-  CHECK(tp.mesh.dp_shard == 4);
+  CHECK(plan.mesh.size(MeshDim::DpShard) == 4);
   CHECK(tp.modules.size() == 8);
   CHECK(tp_placement_repr(placement_of(plan, b, "emb")) == "Shard(dim=0)");              // rowwise Embedding
   CHECK(tp_placement_repr(placement_of(plan, b, "layers.0.attn.q")) == "Shard(dim=0)");  // colwise weight
@@ -220,14 +221,15 @@ TEST_CASE("the tensor_parallel section: parser, mesh checks and writers") {
   CHECK_THROWS_AS(tp_policy("{}"), InputError);
   Policy p = tp_policy(R"J({"x": "colwise"})J", 8, R"J(, "mesh": {"dp_replicate": 2})J");
   CHECK(p.combination_error().empty());
-  CHECK(tp_mesh_sizes(*p.tensor_parallel, 8).dp_shard == 2);
+  CHECK(device_mesh_error(p.fsdp, &*p.tensor_parallel).empty());
+  CHECK(device_mesh(p.fsdp, &*p.tensor_parallel).size(MeshDim::DpShard) == 2);
   p.fsdp.world_size = 6;
-  CHECK(p.combination_error().find("has 4 ranks, the world size is 6") != std::string::npos);
+  CHECK(device_mesh_error(p.fsdp, &*p.tensor_parallel).find("has 4 ranks, the world size is 6") != std::string::npos);
   p.fsdp.world_size = 2;
   p.tensor_parallel->dp_replicate = 0;
-  CHECK(p.combination_error().find("takes every rank") != std::string::npos);
+  CHECK(device_mesh_error(p.fsdp, &*p.tensor_parallel).find("takes every rank") != std::string::npos);
   p.fsdp.version = FsdpVersion::V1;
-  CHECK(p.combination_error().find("composes with FSDP2") != std::string::npos);
+  CHECK(device_mesh_error(p.fsdp, &*p.tensor_parallel).find("composes with FSDP2") != std::string::npos);
   // policy_file_json reads back as the same section.
   const Policy q = tp_policy(R"J({"a.*": {"style": "rowwise", "output_layouts": "shard(1)"}, "n": "sequence_parallel"})J");
   const Policy back = parse_policy(policy_file_json(q).dump(), "back.json");

@@ -1,0 +1,212 @@
+#include "mesh/device_mesh.h"
+
+#include <algorithm>
+#include <set>
+#include <stdexcept>
+
+#include "util/checked.h"
+
+namespace fsdp_plan {
+namespace {
+
+constexpr std::array<const char*, kNumMeshDims> kMeshDimNames = {"dp_replicate", "dp_shard", "tp"};
+
+unsigned mesh_bit(MeshDim dim) { return 1u << static_cast<unsigned>(dim); }
+
+// The world size's check and HYBRID_SHARD's (FSDP1: dist.new_subgroups needs
+// the node's device count to divide the world size; FSDP2: init_device_mesh's
+// (world / g, g) shape).
+std::string fsdp_mesh_error(const FsdpSettings& settings) {
+  if (settings.world_size < 1 || settings.world_size > kMaxWorldSize)
+    return "the world size must be from 1 to " + std::to_string(kMaxWorldSize);
+  if (settings.strategy != ShardingStrategy::HybridShard) return "";
+  const int64_t g = hybrid_group_size(settings);
+  if (g <= settings.world_size && settings.world_size % g == 0) return "";
+  std::string divisors;
+  int shown = 0;
+  for (int64_t d = 1; d <= settings.world_size && shown < 8; ++d)
+    if (settings.world_size % d == 0) divisors += (shown++ ? ", " : "") + std::to_string(d);
+  return "the hybrid shard group size (" + std::to_string(g) + ") must divide the world size (" +
+         std::to_string(settings.world_size) + "): set --shard-group-size (or fsdp.shard_group_size) to the "
+         "GPUs per node, one of " + divisors + (shown == 8 ? ", ..." : "");
+}
+
+// tensor_parallel's mesh (dp_replicate, dp_shard, tp), as init_device_mesh
+// and Accelerate refuse it.
+std::string tp_mesh_error(const DeviceMesh& mesh, const FsdpSettings& fsdp) {
+  if (!fsdp.v2())
+    return "\"tensor_parallel\" composes with FSDP2 (fully_shard on the mesh's dp_shard dimension), not "
+           "FullyShardedDataParallel: plan FSDP2 (\"fsdp\": {\"version\": 2} or --fsdp-version 2)";
+  if (fsdp.strategy == ShardingStrategy::HybridShard)
+    return "with \"tensor_parallel\", the mesh says how FSDP2 replicates: give "
+           "\"tensor_parallel.mesh.dp_replicate\" instead of HYBRID_SHARD";
+  for (size_t d = 0; d < kNumMeshDims; ++d) {
+    const int64_t size = mesh.size(static_cast<MeshDim>(d));
+    if (size < 1 || size > kMaxWorldSize)
+      return "the mesh's " + std::string(kMeshDimNames[d]) + " size (" + std::to_string(size) + ") must be from 1 to " +
+             std::to_string(kMaxWorldSize);
+  }
+  const int64_t r = mesh.size(MeshDim::DpReplicate), s = mesh.size(MeshDim::DpShard), t = mesh.size(MeshDim::Tp);
+  // Exact, as Python's int: sizes whose product wraps to the world size are no mesh of it.
+  const std::optional<int64_t> product = checked_product({r, s, t});
+  if (!product || *product != fsdp.world_size) {
+    const std::string ranks = exact_product_text({r, s, t});
+    const bool bigger = !product || *product > fsdp.world_size;
+    return "the mesh " + mesh.text() + " has " + ranks + " ranks, the world size is " +
+           std::to_string(fsdp.world_size) +
+           (bigger ? " (init_device_mesh: \"Mesh should not be bigger than default world size " +
+                         std::to_string(fsdp.world_size) + ", but found " + ranks + " ranks!\")"
+                   : " (ranks outside the mesh would train nothing)") +
+           "; make dp_replicate x dp_shard x tp the world size";
+  }
+  if (r * s == 1)
+    return "tp " + std::to_string(t) + " takes every rank: FSDP has no dimension left to shard across "
+           "(Accelerate fails with KeyError: \"Invalid mesh_dim_names ('dp_shard_cp',) specified. Valid "
+           "mesh_dim_names are ['tp'].\", huggingface/accelerate issue 3798); lower tp or plan without FSDP";
+  return "";
+}
+
+}  // namespace
+
+const char* mesh_dim_name(MeshDim dim) { return kMeshDimNames[static_cast<size_t>(dim)]; }
+
+std::vector<int64_t> RankGroup::ranks() const {
+  std::vector<int64_t> out;
+  out.reserve(static_cast<size_t>(std::max<int64_t>(size, 0)));
+  for (int64_t i = 0; i < size; ++i) out.push_back(i * stride);
+  return out;
+}
+
+int64_t RankGroup::nodes(int64_t gpus_per_node) const {
+  if (size <= 1) return 1;
+  // Ranks 0, stride, 2 stride, ...: the distinct r / gpus_per_node. A stride
+  // of a node or more puts every rank on its own node.
+  if (stride >= gpus_per_node) return size;
+  const int64_t last = (size - 1) * stride;
+  if (gpus_per_node % stride == 0) return last / gpus_per_node + 1;  // every node in between holds some
+  std::set<int64_t> seen;
+  for (int64_t i = 0; i < size; ++i) seen.insert(i * stride / gpus_per_node);
+  return static_cast<int64_t>(seen.size());
+}
+
+int64_t RankGroup::ranks_per_node(int64_t gpus_per_node) const {
+  // Rank 0's node holds ranks 0 .. gpus_per_node - 1: i * stride below it.
+  return std::min(size, (gpus_per_node + stride - 1) / stride);
+}
+
+DeviceMesh::DeviceMesh(std::array<int64_t, kNumMeshDims> sizes, std::initializer_list<MeshDim> named)
+    : sizes_(sizes), named_(0) {
+  for (MeshDim d : named) named_ = static_cast<uint8_t>(named_ | mesh_bit(d));
+}
+
+int64_t DeviceMesh::world_size() const {
+  // Held at INT64_MAX rather than wrapped (device_mesh_error refuses such a mesh first).
+  int64_t n = 1;
+  for (int64_t s : sizes_) n = saturating_mul(n, s);
+  return n;
+}
+
+std::vector<MeshDim> DeviceMesh::dim_names() const {
+  std::vector<MeshDim> out;
+  for (size_t d = 0; d < kNumMeshDims; ++d)
+    if (named(static_cast<MeshDim>(d))) out.push_back(static_cast<MeshDim>(d));
+  return out;
+}
+
+RankGroup DeviceMesh::group(MeshDim dim) const { return group({dim}); }
+
+RankGroup DeviceMesh::group(std::initializer_list<MeshDim> dims) const {
+  // Row-major: a dimension's stride is the product of the sizes after it; adjacent
+  // dimensions flatten to one group whose stride is the innermost one's.
+  if (dims.size() == 0) throw std::logic_error("DeviceMesh::group: no dimension");
+  const size_t first = static_cast<size_t>(*dims.begin());
+  size_t expect = first;
+  RankGroup g{1, 1};
+  for (MeshDim d : dims) {
+    if (static_cast<size_t>(d) != expect++)
+      throw std::logic_error("DeviceMesh::group: dimensions must be adjacent, outermost first");
+    g.size *= size(d);
+  }
+  for (size_t d = expect; d < kNumMeshDims; ++d) g.stride *= sizes_[d];
+  return g;
+}
+
+std::string DeviceMesh::text() const {
+  std::string out = "(";
+  for (MeshDim d : dim_names()) {
+    if (out.size() > 1) out += ", ";
+    out += std::string(mesh_dim_name(d)) + " " + std::to_string(size(d));
+  }
+  return out + ")";
+}
+
+int64_t hybrid_group_size(const FsdpSettings& settings) {
+  if (settings.shard_group_size > 0) return settings.shard_group_size;
+  // FSDP1 without a process group shards within a node of device_count()
+  // ranks and needs it to divide the world size (dist.new_subgroups): assume
+  // the largest node of at most 8 devices that does.
+  for (int64_t g = std::min<int64_t>(8, settings.world_size); g > 1; --g)
+    if (settings.world_size % g == 0) return g;
+  return 1;
+}
+
+DeviceMesh device_mesh(const FsdpSettings& settings, const TensorParallel* tp) {
+  const int64_t world = settings.world_size;
+  if (tp) {
+    const int64_t r = tp->replicate_size(), s = tp->shard_size(world);
+    if (r > 1) return DeviceMesh({r, s, tp->degree}, {MeshDim::DpReplicate, MeshDim::DpShard, MeshDim::Tp});
+    return DeviceMesh({r, s, tp->degree}, {MeshDim::DpShard, MeshDim::Tp});
+  }
+  switch (settings.strategy) {
+    case ShardingStrategy::HybridShard: {
+      const int64_t g = std::max<int64_t>(1, hybrid_group_size(settings));
+      return DeviceMesh({world / g, g, 1}, {MeshDim::DpReplicate, MeshDim::DpShard});
+    }
+    case ShardingStrategy::NoShard: return DeviceMesh({world, 1, 1}, {MeshDim::DpReplicate, MeshDim::DpShard});
+    default: return DeviceMesh({1, world, 1}, {MeshDim::DpShard});
+  }
+}
+
+std::string device_mesh_error(const FsdpSettings& settings, const TensorParallel* tp) {
+  if (std::string why = fsdp_mesh_error(settings); !why.empty()) return why;
+  if (!tp) return "";
+  return tp_mesh_error(device_mesh(settings, tp), settings);
+}
+
+std::string exact_product_text(std::initializer_list<int64_t> sizes) {
+  if (std::optional<int64_t> n = checked_product(sizes)) return std::to_string(*n);
+  // Past int64: base-10^9 limbs, least significant first (the sizes are positive here).
+  std::vector<uint64_t> limbs{1};
+  bool negative = false;
+  for (int64_t s : sizes) {
+    negative ^= s < 0;
+    const uint64_t m = s < 0 ? 0 - static_cast<uint64_t>(s) : static_cast<uint64_t>(s);
+    // A limb (< 10^9) times m (< 2^64) would not fit: multiply by m's base-10^9 digits.
+    std::vector<uint64_t> digits;
+    for (uint64_t x = m; x > 0; x /= 1000000000u) digits.push_back(x % 1000000000u);
+    std::vector<uint64_t> out(limbs.size() + digits.size() + 1, 0);
+    for (size_t i = 0; i < limbs.size(); ++i) {
+      uint64_t carry = 0;
+      for (size_t j = 0; j < digits.size(); ++j) {
+        const uint64_t cur = out[i + j] + limbs[i] * digits[j] + carry;
+        out[i + j] = cur % 1000000000u;
+        carry = cur / 1000000000u;
+      }
+      for (size_t k = i + digits.size(); carry > 0; ++k) {
+        const uint64_t cur = out[k] + carry;
+        out[k] = cur % 1000000000u;
+        carry = cur / 1000000000u;
+      }
+    }
+    while (out.size() > 1 && out.back() == 0) out.pop_back();
+    limbs = std::move(out);
+  }
+  std::string text = std::to_string(limbs.back());
+  for (size_t i = limbs.size() - 1; i-- > 0;) {
+    const std::string part = std::to_string(limbs[i]);
+    text += std::string(9 - part.size(), '0') + part;
+  }
+  return (negative && text != "0" ? "-" : "") + text;
+}
+
+}  // namespace fsdp_plan
