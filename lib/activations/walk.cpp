@@ -707,9 +707,23 @@ class Walker {
 
   // ------------------------------------------------------------------ the step's levels
   void timeline() {
+    std::vector<int64_t> during, after;
+    const int64_t level0 = forward_levels(during, after);
+    const std::vector<int32_t> run_of = forward_runs(level0, during, after);
+    if (out_.runs.empty()) return;
+    // Between forward and backward the graph's other outputs (logits) are dropped.
+    int64_t held_now = 0;
+    for (const Storage& s : storages_)
+      if (held(s)) held_now += s.bytes;
+    out_.runs.back().forward_end = held_now;
+    backward(held_now, run_of);
+  }
+
+  // Forward: a storage lives from the node that makes it; a transient one
+  // (not held) until its last use; held ones through the forward. Fills the
+  // level during and after each node; returns the level before the first.
+  int64_t forward_levels(std::vector<int64_t>& during, std::vector<int64_t>& after) const {
     const int32_t n = static_cast<int32_t>(g_.nodes.size());
-    // Forward: a storage lives from the node that makes it; a transient one
-    // (not held) until its last use; held ones through the forward.
     std::vector<int64_t> born(static_cast<size_t>(n) + 1, 0), dies_after(static_cast<size_t>(n) + 1, 0);
     int64_t level0 = 0;
     for (const Storage& s : storages_) {
@@ -724,7 +738,8 @@ class Walker {
         else level0 -= s.bytes;  // an input no node reads
       }
     }
-    std::vector<int64_t> during(static_cast<size_t>(n)), after(static_cast<size_t>(n));
+    during.assign(static_cast<size_t>(n), 0);
+    after.assign(static_cast<size_t>(n), 0);
     int64_t level = level0;
     for (int32_t i = 0; i < n; ++i) {
       level += born[static_cast<size_t>(i)];
@@ -732,7 +747,14 @@ class Walker {
       level -= dies_after[static_cast<size_t>(i)];
       after[static_cast<size_t>(i)] = level;
     }
-    // Runs: consecutive nodes in one unit (a node with no module stays in the run around it).
+    return level0;
+  }
+
+  // Runs: consecutive nodes in one unit (a node with no module stays in the
+  // run around it), with their forward levels. Returns each node's run.
+  std::vector<int32_t> forward_runs(int64_t level0, const std::vector<int64_t>& during,
+                                    const std::vector<int64_t>& after) {
+    const int32_t n = static_cast<int32_t>(g_.nodes.size());
     std::vector<int> node_unit(static_cast<size_t>(n));
     for (int32_t i = 0; i < n; ++i) {
       const ModuleId m = g_.nodes[static_cast<size_t>(i)].module;
@@ -752,26 +774,33 @@ class Walker {
       r.forward_end = after[static_cast<size_t>(i)];
       run_of[static_cast<size_t>(i)] = static_cast<int32_t>(out_.runs.size()) - 1;
     }
-    if (out_.runs.empty()) return;
-    // Between forward and backward the graph's other outputs (logits) are dropped.
-    int64_t held_now = 0;
-    for (const Storage& s : storages_)
-      if (held(s)) held_now += s.bytes;
-    out_.runs.back().forward_end = held_now;
+    return run_of;
+  }
 
-    // Backward, from the loss: gradients per tensor (an alias passes its
-    // output's gradient through when it keeps the size), saves freed after the
-    // backward of the first node that saved them, checkpointed calls
-    // recomputed when their backward starts.
-    // Gradient buffers: a view's backward (and add's) hands its output's gradient on as the
-    // input's, so one buffer may serve several tensors until the last lets go.
-    struct GradBuf {
-      int64_t bytes;
-      int refs;
-    };
+  // The backward's state, from the loss: gradients per tensor, in buffers (a
+  // view's backward (and add's) hands its output's gradient on as the
+  // input's, so one buffer may serve several tensors until the last lets go),
+  // and what each node's backward frees.
+  struct GradBuf {
+    int64_t bytes;
+    int refs;
+  };
+  struct BackwardState {
     std::vector<GradBuf> bufs;
-    std::vector<int32_t> grad_of(meta_.size(), -1);  // tensor -> buffer
-    std::vector<std::vector<int32_t>> frees(static_cast<size_t>(n));
+    std::vector<int32_t> grad_of;                       // tensor -> buffer
+    std::vector<std::vector<int32_t>> frees;            // per node: held storages its backward frees
+    std::vector<int64_t> recompute_at;                  // per node: recomputed saves made at its backward
+    std::vector<std::vector<int32_t>> recompute_frees;  // per node: recomputed saves its backward frees
+    std::vector<bool> param_grad;                       // per storage: a parameter whose gradient exists
+    int64_t live = 0;
+    int64_t run_grads = 0;  // the current run's own parameters' gradients made so far
+  };
+
+  // Saves freed after the backward of the first node that saved them;
+  // checkpointed calls recomputed when their backward starts.
+  void backward_frees(BackwardState& b) const {
+    const size_t n = g_.nodes.size();
+    b.frees.assign(n, {});
     for (size_t s = 0; s < storages_.size(); ++s) {
       const Storage& st = storages_[s];
       if (!held(st) || st.loss) continue;
@@ -779,106 +808,119 @@ class Walker {
       int32_t at = st.first_saver;
       if (!regions_.empty() && !st.saved_outside && st.region_input >= 0)
         at = regions_[static_cast<size_t>(st.region_input)].first;
-      if (at >= 0) frees[static_cast<size_t>(at)].push_back(static_cast<int32_t>(s));
+      if (at >= 0) b.frees[static_cast<size_t>(at)].push_back(static_cast<int32_t>(s));
     }
     // Recomputed saves: made at the call's last node (its backward's start), freed with their first saver.
-    std::vector<int64_t> recompute_at(static_cast<size_t>(n), 0);
-    std::vector<std::vector<int32_t>> recompute_frees(static_cast<size_t>(n));
+    b.recompute_at.assign(n, 0);
+    b.recompute_frees.assign(n, {});
     for (size_t s = 0; s < storages_.size(); ++s) {
       const int32_t r = recomputed_in(storages_[s]);
       if (r < 0) continue;
-      recompute_at[static_cast<size_t>(regions_[static_cast<size_t>(r)].last)] += storages_[s].bytes;
-      recompute_frees[static_cast<size_t>(storages_[s].first_saver)].push_back(static_cast<int32_t>(s));
+      b.recompute_at[static_cast<size_t>(regions_[static_cast<size_t>(r)].last)] += storages_[s].bytes;
+      b.recompute_frees[static_cast<size_t>(storages_[s].first_saver)].push_back(static_cast<int32_t>(s));
     }
-    int64_t live = held_now;
-    auto tensor_bytes = [&](int32_t t) {
-      const OpTensor& m = meta_[static_cast<size_t>(t)];
-      return m.numel() * (m.dtype ? m.dtype->itemsize : 4);
-    };
-    auto release = [&](int32_t t) {
-      const int32_t b = grad_of[static_cast<size_t>(t)];
-      if (b < 0) return;
-      grad_of[static_cast<size_t>(t)] = -1;
-      if (--bufs[static_cast<size_t>(b)].refs == 0) live -= bufs[static_cast<size_t>(b)].bytes;
-    };
+  }
+
+  int64_t tensor_bytes(int32_t t) const {
+    const OpTensor& m = meta_[static_cast<size_t>(t)];
+    return m.numel() * (m.dtype ? m.dtype->itemsize : 4);
+  }
+
+  bool activation_tensor(int32_t t) const {
+    return valid(t) && storages_[static_cast<size_t>(meta_[static_cast<size_t>(t)].storage)].kind == StorageKind::Activation;
+  }
+
+  static void release(BackwardState& b, int32_t t) {
+    const int32_t buf = b.grad_of[static_cast<size_t>(t)];
+    if (buf < 0) return;
+    b.grad_of[static_cast<size_t>(t)] = -1;
+    if (--b.bufs[static_cast<size_t>(buf)].refs == 0) b.live -= b.bufs[static_cast<size_t>(buf)].bytes;
+  }
+
+  void backward(int64_t held_now, const std::vector<int32_t>& run_of) {
+    const int32_t n = static_cast<int32_t>(g_.nodes.size());
+    BackwardState b;
+    b.grad_of.assign(meta_.size(), -1);
+    backward_frees(b);
+    b.live = held_now;
     if (start_tensor_ >= 0) {
-      bufs.push_back({tensor_bytes(start_tensor_), 1});
-      grad_of[static_cast<size_t>(start_tensor_)] = 0;
-      live += bufs[0].bytes;
+      b.bufs.push_back({tensor_bytes(start_tensor_), 1});
+      b.grad_of[static_cast<size_t>(start_tensor_)] = 0;
+      b.live += b.bufs[0].bytes;
     }
-    auto activation_tensor = [&](int32_t t) {
-      return valid(t) && storages_[static_cast<size_t>(meta_[static_cast<size_t>(t)].storage)].kind == StorageKind::Activation;
-    };
-    // Parameters' gradients: AccumulateGrad makes one at the first backward
-    // that reaches the parameter (its last use in the forward) and later uses
-    // add into it (torch/csrc/autograd/functions/accumulate_grad.h:
-    // AccumulateGrad::accumulateGrad). FSDP2 keeps them until the group's
-    // post-backward reduce-scatter (_fsdp_param_group.py:
-    // FSDPParamGroup.post_backward), FSDP1 the views' until
-    // SplitWithSizesBackward concatenates them (_flat_param.py:
-    // FlatParamHandle._use_unsharded_views): so inside a unit's backward its
-    // gradients made so far sit beside its activations and their gradients.
-    std::vector<bool> param_grad(storages_.size(), false);
-    int64_t run_grads = 0;  // the current run's own parameters' gradients made so far
+    b.param_grad.assign(storages_.size(), false);
     for (int32_t i = n - 1; i >= 0; --i) {
       ActivationRun& run = out_.runs[static_cast<size_t>(run_of[static_cast<size_t>(i)])];
       const bool last_of_run = i == n - 1 || run_of[static_cast<size_t>(i + 1)] != run_of[static_cast<size_t>(i)];
       if (last_of_run) {
-        run.backward_start = live;
-        run.backward_peak = live;
-        run_grads = 0;
+        run.backward_start = b.live;
+        run.backward_peak = b.live;
+        b.run_grads = 0;
       }
-      const WalkNode& node = g_.nodes[static_cast<size_t>(i)];
       // A checkpointed call's backward starts by running it again.
-      live += recompute_at[static_cast<size_t>(i)];
-      run.backward_peak = std::max(run.backward_peak, live + run_grads);
-      int32_t out_buf = -1;  // the first output's gradient, which a view hands on
-      bool reached = false;
-      for (int32_t o : node.outputs)
-        if (o >= 0 && static_cast<size_t>(o) < grad_of.size() && grad_of[static_cast<size_t>(o)] >= 0) {
-          reached = true;
-          if (out_buf < 0) out_buf = grad_of[static_cast<size_t>(o)];
-        }
-      if (reached && recorded_[static_cast<size_t>(i)]) {
-        // The gradients this node's backward makes for its inputs that need them.
-        int64_t made = 0, made_params = 0;
-        const bool passthrough = node_view_[static_cast<size_t>(i)] || passes_gradient(node.op);
-        for (int32_t t : node_diff_[static_cast<size_t>(i)]) {
-          if (!valid(t) || !meta_[static_cast<size_t>(t)].requires_grad) continue;
-          if (const int32_t sid = meta_[static_cast<size_t>(t)].storage;
-              storages_[static_cast<size_t>(sid)].kind == StorageKind::Param) {
-            // A view of a parameter (t, expand) hands its gradient on to the parameter's.
-            const Storage& st = storages_[static_cast<size_t>(sid)];
-            if (!param_grad[static_cast<size_t>(sid)] && st.owner >= 0 && st.owner == run.unit) {
-              run.backward_grads += st.bytes;
-              made_params += st.bytes;
-            }
-            param_grad[static_cast<size_t>(sid)] = true;
-            continue;
-          }
-          if (!activation_tensor(t)) continue;
-          if (grad_of[static_cast<size_t>(t)] >= 0) continue;  // accumulated into the gradient it has
-          const int64_t bytes = tensor_bytes(t);
-          if (passthrough && out_buf >= 0 && bytes <= bufs[static_cast<size_t>(out_buf)].bytes) {
-            grad_of[static_cast<size_t>(t)] = out_buf;
-            ++bufs[static_cast<size_t>(out_buf)].refs;
-            continue;
-          }
-          bufs.push_back({bytes, 1});
-          grad_of[static_cast<size_t>(t)] = static_cast<int32_t>(bufs.size()) - 1;
-          made += bytes;
-        }
-        run_grads += made_params;
-        run.backward_peak = std::max(run.backward_peak, live + run_grads + made + node_extra_[static_cast<size_t>(i)]);
-        live += made;
-        for (int32_t o : node.outputs)
-          if (o >= 0 && static_cast<size_t>(o) < grad_of.size()) release(o);
-      }
-      for (int32_t s : frees[static_cast<size_t>(i)]) live -= storages_[static_cast<size_t>(s)].bytes;
-      for (int32_t s : recompute_frees[static_cast<size_t>(i)]) live -= storages_[static_cast<size_t>(s)].bytes;
+      b.live += b.recompute_at[static_cast<size_t>(i)];
+      run.backward_peak = std::max(run.backward_peak, b.live + b.run_grads);
+      node_backward(b, i, run);
+      for (int32_t s : b.frees[static_cast<size_t>(i)]) b.live -= storages_[static_cast<size_t>(s)].bytes;
+      for (int32_t s : b.recompute_frees[static_cast<size_t>(i)]) b.live -= storages_[static_cast<size_t>(s)].bytes;
       const bool first_of_run = i == 0 || run_of[static_cast<size_t>(i - 1)] != run_of[static_cast<size_t>(i)];
-      if (first_of_run) run.backward_end = live;
+      if (first_of_run) run.backward_end = b.live;
     }
+  }
+
+  // Node i's backward, where a gradient reaches it: the gradients it makes
+  // for its inputs that need them appear, its outputs' gradients go.
+  // Parameters' gradients: AccumulateGrad makes one at the first backward
+  // that reaches the parameter (its last use in the forward) and later uses
+  // add into it (torch/csrc/autograd/functions/accumulate_grad.h:
+  // AccumulateGrad::accumulateGrad). FSDP2 keeps them until the group's
+  // post-backward reduce-scatter (_fsdp_param_group.py:
+  // FSDPParamGroup.post_backward), FSDP1 the views' until
+  // SplitWithSizesBackward concatenates them (_flat_param.py:
+  // FlatParamHandle._use_unsharded_views): so inside a unit's backward its
+  // gradients made so far sit beside its activations and their gradients.
+  void node_backward(BackwardState& b, int32_t i, ActivationRun& run) {
+    const WalkNode& node = g_.nodes[static_cast<size_t>(i)];
+    int32_t out_buf = -1;  // the first output's gradient, which a view hands on
+    bool reached = false;
+    for (int32_t o : node.outputs)
+      if (o >= 0 && static_cast<size_t>(o) < b.grad_of.size() && b.grad_of[static_cast<size_t>(o)] >= 0) {
+        reached = true;
+        if (out_buf < 0) out_buf = b.grad_of[static_cast<size_t>(o)];
+      }
+    if (!reached || !recorded_[static_cast<size_t>(i)]) return;
+    int64_t made = 0, made_params = 0;
+    const bool passthrough = node_view_[static_cast<size_t>(i)] || passes_gradient(node.op);
+    for (int32_t t : node_diff_[static_cast<size_t>(i)]) {
+      if (!valid(t) || !meta_[static_cast<size_t>(t)].requires_grad) continue;
+      if (const int32_t sid = meta_[static_cast<size_t>(t)].storage;
+          storages_[static_cast<size_t>(sid)].kind == StorageKind::Param) {
+        // A view of a parameter (t, expand) hands its gradient on to the parameter's.
+        const Storage& st = storages_[static_cast<size_t>(sid)];
+        if (!b.param_grad[static_cast<size_t>(sid)] && st.owner >= 0 && st.owner == run.unit) {
+          run.backward_grads += st.bytes;
+          made_params += st.bytes;
+        }
+        b.param_grad[static_cast<size_t>(sid)] = true;
+        continue;
+      }
+      if (!activation_tensor(t)) continue;
+      if (b.grad_of[static_cast<size_t>(t)] >= 0) continue;  // accumulated into the gradient it has
+      const int64_t bytes = tensor_bytes(t);
+      if (passthrough && out_buf >= 0 && bytes <= b.bufs[static_cast<size_t>(out_buf)].bytes) {
+        b.grad_of[static_cast<size_t>(t)] = out_buf;
+        ++b.bufs[static_cast<size_t>(out_buf)].refs;
+        continue;
+      }
+      b.bufs.push_back({bytes, 1});
+      b.grad_of[static_cast<size_t>(t)] = static_cast<int32_t>(b.bufs.size()) - 1;
+      made += bytes;
+    }
+    b.run_grads += made_params;
+    run.backward_peak = std::max(run.backward_peak, b.live + b.run_grads + made + node_extra_[static_cast<size_t>(i)]);
+    b.live += made;
+    for (int32_t o : node.outputs)
+      if (o >= 0 && static_cast<size_t>(o) < b.grad_of.size()) release(b, o);
   }
 
   const WalkGraph& g_;
