@@ -5,6 +5,7 @@
 #include <set>
 #include <unordered_map>
 
+#include "activations/walk_rules.h"
 #include "util/strings.h"
 
 namespace fsdp_plan {
@@ -24,6 +25,7 @@ struct Storage {
   bool output = false;         // a graph output
   bool loss = false;
   int owner = -1;              // a parameter's unit (WalkOptions::unit_of_param), -1: none known
+  int32_t cached_in = -1;      // selective checkpointing: the call whose cache holds it, -1: none
 };
 
 // One call of a checkpointed module: a maximal run of consecutive nodes in its subtree.
@@ -31,116 +33,8 @@ struct Region {
   ModuleId module;
   int32_t first, last;  // nodes
   int64_t inputs = 0, recompute = 0;
+  int64_t cached = 0, recompute_peak = 0;  // selective checkpointing
 };
-
-// Backward temporaries beyond the input gradients, for composite operators
-// whose backward runs several kernels: their intermediate gradient lives
-// next to the one they return. cross_entropy_loss's backward is
-// nll_loss_backward (a [N, C] gradient of the log-probabilities) then
-// _log_softmax_backward_data (the [N, C] gradient of the logits), both in
-// self's dtype (aten/src/ATen/native/LossNLL.cpp, SoftMax.cpp): at the loss of
-// a vocabulary-sized head this is the step's largest temporary
-// (tests/activations/refs/headline_8b_noac.json: Temp 3.91 GiB = 2 x [4096, 128256] fp32).
-// The math SDPA's backward holds the gradients of the probabilities and of
-// the scores, both [B, H, L, S] (attention.cpp: _scaled_dot_product_attention_math).
-int64_t backward_extra(std::string_view op, const char* case_name, const CallArgs& args) {
-  auto bytes_of = [&](std::string_view name) -> int64_t {
-    const ArgValue* a = args.find(name);
-    return a && a->kind == ArgValue::Kind::Tensor && a->tensor ? a->tensor->numel() * a->tensor->dtype->itemsize : 0;
-  };
-  if (op == "aten.cross_entropy_loss.default") return bytes_of("self");
-  if (op == "aten.scaled_dot_product_attention.default" && case_name &&
-      std::string_view(case_name).find("math") != std::string_view::npos) {
-    const ArgValue* q = args.find("query");
-    const ArgValue* k = args.find("key");
-    if (!q || !k || !q->tensor || !k->tensor || q->tensor->sizes.size() < 2) return 0;
-    int64_t probs = k->tensor->sizes[k->tensor->sizes.size() - 2];
-    for (size_t d = 0; d + 1 < q->tensor->sizes.size(); ++d) probs *= q->tensor->sizes[d];
-    const int64_t itemsize = q->tensor->dtype && q->tensor->dtype->itemsize == 2 ? 4 : q->tensor->dtype->itemsize;
-    return 2 * probs * itemsize;
-  }
-  return 0;
-}
-
-// The view's strides from its input's, where the input's were corrected
-// (graph_walk.py: _view_strides); nullopt when not derivable.
-std::optional<std::vector<int64_t>> view_strides(std::string_view name, const OpTensor& t, const OpTensor& o,
-                                                 const CallArgs& args) {
-  const int64_t n = static_cast<int64_t>(t.sizes.size());
-  auto get = [&](std::string_view k, int64_t fallback) {
-    const ArgValue* a = args.find(k);
-    return a && a->kind == ArgValue::Kind::Int ? a->i : fallback;
-  };
-  auto mod = [](int64_t a, int64_t m) { return m == 0 ? 0 : ((a % m) + m) % m; };
-  std::vector<int64_t> st = t.strides;
-  if (name == "alias" || name == "split" || name == "chunk" || name == "contiguous" || name == "to" ||
-      name == "expand_as" || name == "detach")
-    return st;
-  if (name == "transpose") {
-    const int64_t d0 = mod(get("dim0", 0), n), d1 = mod(get("dim1", 0), n);
-    std::swap(st[static_cast<size_t>(d0)], st[static_cast<size_t>(d1)]);
-    return st;
-  }
-  if (name == "t") {
-    std::reverse(st.begin(), st.end());
-    return st;
-  }
-  if (name == "permute") {
-    const ArgValue* dims = args.find("dims");
-    if (!dims || dims->kind != ArgValue::Kind::Ints) return std::nullopt;
-    std::vector<int64_t> out;
-    for (int64_t d : dims->ints) out.push_back(st[static_cast<size_t>(mod(d, n))]);
-    return out;
-  }
-  if (name == "view" || name == "reshape" || name == "_unsafe_view" || name == "flatten")
-    return compute_view_strides(t.sizes, t.strides, o.sizes);
-  if (name == "unsqueeze") {
-    const int64_t d = mod(get("dim", 0), n + 1);
-    const int64_t added = d < n ? st[static_cast<size_t>(d)] * t.sizes[static_cast<size_t>(d)] : 1;
-    st.insert(st.begin() + d, added);
-    return st;
-  }
-  if (name == "squeeze") {
-    if (n == 0) return st;
-    const int64_t d = mod(get("dim", 0), n);
-    if (t.sizes[static_cast<size_t>(d)] == 1) st.erase(st.begin() + d);
-    return st;
-  }
-  if (name == "select") {
-    st.erase(st.begin() + mod(get("dim", 0), n));
-    return st;
-  }
-  if (name == "slice") {
-    st[static_cast<size_t>(mod(get("dim", 0), n))] *= get("step", 1);
-    return st;
-  }
-  if (name == "expand") {
-    const int64_t k = static_cast<int64_t>(o.sizes.size()) - n;
-    if (k < 0) return std::nullopt;
-    std::vector<int64_t> out(static_cast<size_t>(k), 0);
-    for (int64_t i = 0; i < n; ++i)
-      out.push_back(t.sizes[static_cast<size_t>(i)] == 1 && o.sizes[static_cast<size_t>(k + i)] != 1
-                        ? 0
-                        : st[static_cast<size_t>(i)]);
-    return out;
-  }
-  return std::nullopt;
-}
-
-// Operators whose backward returns the output's gradient itself to an input
-// of the same size (derivatives.yaml add.Tensor: self: grad, other: grad (alpha 1); clone: grad).
-bool passes_gradient(std::string_view op) {
-  return op == "aten.add.Tensor" || op == "aten.clone.default" ||
-         op == "aten.lift_fresh_copy.default";
-}
-
-// "aten.transpose.int" -> "transpose"
-std::string_view op_base(std::string_view op) {
-  const size_t a = op.find('.');
-  if (a == std::string_view::npos) return op;
-  const size_t b = op.find('.', a + 1);
-  return op.substr(a + 1, b == std::string_view::npos ? std::string_view::npos : b - a - 1);
-}
 
 class Walker {
  public:
@@ -159,6 +53,7 @@ class Walker {
     node_extra_.assign(static_cast<size_t>(n), 0);
     node_diff_.assign(static_cast<size_t>(n), {});
     node_view_.assign(static_cast<size_t>(n), false);
+    node_case_.assign(static_cast<size_t>(n), nullptr);
     for (int32_t i = 0; i < n; ++i) node(i);
     for (int32_t t : g_.outputs) {
       if (t < 0 || static_cast<size_t>(t) >= meta_.size() || meta_[static_cast<size_t>(t)].storage < 0) continue;
@@ -181,6 +76,7 @@ class Walker {
       }
     }
     find_loss();
+    sac_recompute_peaks();
     summarise();
     timeline();
   }
@@ -230,7 +126,7 @@ class Walker {
 
   void retype_cast(const WalkNode& node, CallArgs& args) const {
     if (!retype()) return;
-    const std::string_view base = op_base(node.op);
+    const std::string_view base = aten_op_base(node.op);
     if (base != "to" && base != "_to_copy") return;
     // `x.to(device)` records its dtype as x's own at trace time: a move, not a
     // cast (rotary's `inv_freq[...].float().to(x.device)` on an fp32 buffer,
@@ -264,7 +160,7 @@ class Walker {
 
   // `subs` holds the operands put in place (reserved: args point into it).
   void retype_same_dtype_operands(const WalkNode& node, CallArgs& args, std::vector<OpTensor>& subs) const {
-    if (!retype() || upcast_source_.empty() || !same_dtype_operands(op_base(node.op))) return;
+    if (!retype() || upcast_source_.empty() || !same_dtype_operands(aten_op_base(node.op))) return;
     bool compute = false;
     for (const auto& [name, v] : args.items)
       if (v.kind == ArgValue::Kind::Tensor && v.tensor && v.tensor->dtype == opt_.compute_dtype) compute = true;
@@ -421,6 +317,12 @@ class Walker {
   }
 
   void node(int32_t i) {
+    node_first_storage_ = static_cast<int32_t>(storages_.size());
+    node_forward(i);
+    if (opt_.sac) sac_node(i);
+  }
+
+  void node_forward(int32_t i) {
     const WalkNode& node = g_.nodes[static_cast<size_t>(i)];
     CallArgs args = bind(node);
     // Uses: liveness, and the inputs of a checkpointed call (made outside it).
@@ -500,7 +402,7 @@ class Walker {
       outs_view.push_back(&m);
     }
     const char* row_alias = op_row_alias(row);
-    const std::string_view base = op_base(node.op);
+    const std::string_view base = aten_op_base(node.op);
     std::vector<const OpTensor*>& outs = outs_;
     outs.assign(num_outs, nullptr);
     for (size_t k = 0; k < node.outputs.size(); ++k) {
@@ -528,6 +430,7 @@ class Walker {
     note_upcast(node, base);
     const OpCase& c = select_op_case(row, args, outs, opt_.env);
     restride(node, base, c, args, outs);
+    node_case_[static_cast<size_t>(i)] = op_case_name(c);
     if (!recorded) return;
     recorded_[static_cast<size_t>(i)] = true;
     if (const char* name = op_case_name(c); name && node.op == "aten.scaled_dot_product_attention.default") {
@@ -583,6 +486,113 @@ class Walker {
     }
   }
 
+  // ------------------------------------------------------------------ selective checkpointing
+  // The ops of a checkpointed call whose outputs the policy caches
+  // (selective.h); each call has its own policy (and mm count).
+  void sac_node(int32_t i) {
+    const int32_t r = node_region_[static_cast<size_t>(i)];
+    if (r < 0) return;
+    while (sac_calls_.size() <= static_cast<size_t>(r)) sac_calls_.emplace_back(*opt_.sac);
+    const WalkNode& node = g_.nodes[static_cast<size_t>(i)];
+    bool saved = false;
+    for (const SacStep& step : sac_dispatch(node.op, node_case_[static_cast<size_t>(i)])) {
+      if (!sac_calls_[static_cast<size_t>(r)].saves(step.op, mm_rhs(node, step.op))) continue;
+      saved = true;
+      if (step.product == SacProduct::Outputs) {
+        sac_cache_outputs(i, r, step.op.find("attention") != std::string_view::npos);
+        continue;
+      }
+      sac_cache_attention(i, r, step.product);
+    }
+    if (saved) out_.sac_saved_nodes.push_back(i);
+  }
+
+  // The shape (in, out) of an mm's second argument, as torchtitan reads
+  // args[1].shape: for linear's mm, weight.t().
+  std::optional<std::pair<int64_t, int64_t>> mm_rhs(const WalkNode& node, std::string_view op) const {
+    if (op != "aten.mm.default") return std::nullopt;
+    const bool linear = node.op == "aten.linear.default";
+    for (const WalkArg& a : node.args) {
+      if (a.tensors.size() != 1 || !valid(a.tensors[0])) continue;
+      if (a.name != (linear ? "weight" : node.op == "aten.matmul.default" ? "other" : "mat2")) continue;
+      const std::vector<int64_t>& sz = meta_[static_cast<size_t>(a.tensors[0])].sizes;
+      if (sz.size() != 2) return std::nullopt;
+      return linear ? std::make_pair(sz[1], sz[0]) : std::make_pair(sz[0], sz[1]);
+    }
+    return std::nullopt;
+  }
+
+  void sac_cache(int32_t storage, int32_t region) {
+    Storage& s = storages_[static_cast<size_t>(storage)];
+    if (s.kind != StorageKind::Activation || s.cached_in >= 0) return;
+    s.cached_in = region;
+    regions_[static_cast<size_t>(region)].cached += s.bytes;
+  }
+
+  // The op's outputs (new storages; a view's is its base's, made earlier and
+  // not the op's); a fused attention kernel's extra outputs (logsumexp, the
+  // RNG state), which the op table makes as new storages of the node, too.
+  void sac_cache_outputs(int32_t i, int32_t r, bool kernel_extras) {
+    for (int32_t o : g_.nodes[static_cast<size_t>(i)].outputs)
+      if (valid(o)) {
+        const int32_t sid = meta_[static_cast<size_t>(o)].storage;
+        if (sid >= node_first_storage_) sac_cache(sid, r);
+      }
+    if (kernel_extras)
+      for (int32_t sid = node_first_storage_; sid < static_cast<int32_t>(storages_.size()); ++sid) sac_cache(sid, r);
+  }
+
+  // The math SDPA's bmm outputs (attention.cpp: _scaled_dot_product_attention_math,
+  // in float32 for bf16/fp16 inputs): the scores [.., L, S], a tensor of its
+  // own; the output [.., L, Dv], the node's output unless cast back to bf16.
+  void sac_cache_attention(int32_t i, int32_t r, SacProduct product) {
+    const WalkNode& node = g_.nodes[static_cast<size_t>(i)];
+    const OpTensor *q = nullptr, *k = nullptr, *v = nullptr;
+    for (const WalkArg& a : node.args)
+      if (a.tensors.size() == 1 && valid(a.tensors[0])) {
+        const OpTensor* t = &meta_[static_cast<size_t>(a.tensors[0])];
+        if (a.name == "query") q = t;
+        if (a.name == "key") k = t;
+        if (a.name == "value") v = t;
+      }
+    if (!q || !k || !v || q->sizes.empty() || k->sizes.size() < 2 || v->sizes.empty() || !q->dtype) return;
+    const int64_t itemsize = q->dtype->itemsize == 2 ? 4 : q->dtype->itemsize;
+    if (product == SacProduct::AttentionOutput && q->dtype->itemsize != 2) {
+      sac_cache_outputs(i, r, false);
+      return;
+    }
+    int64_t numel = product == SacProduct::AttentionScores ? k->sizes[k->sizes.size() - 2] : v->sizes.back();
+    for (size_t d = 0; d + 1 < q->sizes.size(); ++d) numel *= q->sizes[d];
+    sac_cache(new_storage(numel * itemsize, StorageKind::Activation, i), r);
+  }
+
+  // Each selective call's recompute working set: replayed in the backward, it
+  // makes again what autograd saves in it (held from there), and everything
+  // else it computes lives until its last use in the call (or the call's
+  // end); the cache hands back what it holds (already live).
+  void sac_recompute_peaks() {
+    if (!opt_.sac) return;
+    for (Region& r : regions_) {
+      const size_t len = static_cast<size_t>(r.last - r.first) + 1;
+      std::vector<int64_t> born(len + 1, 0), dies_after(len + 1, 0);
+      const int32_t index = static_cast<int32_t>(&r - regions_.data());
+      for (const Storage& s : storages_) {
+        if (s.kind != StorageKind::Activation || s.created < r.first || s.created > r.last || s.cached_in >= 0)
+          continue;
+        born[static_cast<size_t>(s.created - r.first)] += s.bytes;
+        if (recomputed_in(s) == index) continue;  // saved again: held past the recompute
+        const int32_t end = std::min(std::max(s.last_use, s.created), r.last);
+        dies_after[static_cast<size_t>(end - r.first)] += s.bytes;
+      }
+      int64_t level = 0;
+      for (size_t k = 0; k < len; ++k) {
+        level += born[k];
+        r.recompute_peak = std::max(r.recompute_peak, level);
+        level -= dies_after[k];
+      }
+    }
+  }
+
   void find_loss() {
     // HF returns (loss, logits): the loss is the 0-dim floating output that requires grad.
     for (int32_t t : g_.outputs) {
@@ -615,7 +625,7 @@ class Walker {
   // call, under AC), an input a checkpointed call keeps, or the loss.
   bool held(const Storage& s) const {
     if (s.kind != StorageKind::Activation) return false;
-    if (s.loss) return true;
+    if (s.loss || s.cached_in >= 0) return true;
     if (!regions_.empty() && s.region_input >= 0) return true;
     if (s.first_saver < 0) return false;
     return regions_.empty() || s.saved_outside;
@@ -659,6 +669,7 @@ class Walker {
       ModuleId holder = s.saved_module;
       if (!regions_.empty() && !s.saved_outside && s.region_input >= 0)
         holder = regions_[static_cast<size_t>(s.region_input)].module;
+      if (s.cached_in >= 0) holder = regions_[static_cast<size_t>(s.cached_in)].module;
       const int u = unit_of(holder);
       if (u >= 0 && static_cast<size_t>(u) < out_.unit_bytes.size()) out_.unit_bytes[static_cast<size_t>(u)] += s.bytes;
     }
@@ -689,6 +700,11 @@ class Walker {
       c.unit = unit_of(r.module);
       c.kept_bytes += r.inputs;
       c.recompute_bytes += r.recompute;
+      if (opt_.sac) {
+        c.selective = true;
+        c.cached_bytes += r.cached;
+        c.recompute_peak_bytes = std::max(c.recompute_peak_bytes, r.recompute_peak);
+      }
     }
     out_.missing_ops = missing_;
     out_.sdpa_kernels = sdpa_cases_;
@@ -792,6 +808,7 @@ class Walker {
     std::vector<int64_t> recompute_at;                  // per node: recomputed saves made at its backward
     std::vector<std::vector<int32_t>> recompute_frees;  // per node: recomputed saves its backward frees
     std::vector<bool> param_grad;                       // per storage: a parameter whose gradient exists
+    std::vector<int64_t> recompute_peak;                // selective: per node, its call's recompute working set
     int64_t live = 0;
     int64_t run_grads = 0;  // the current run's own parameters' gradients made so far
   };
@@ -808,6 +825,12 @@ class Walker {
       int32_t at = st.first_saver;
       if (!regions_.empty() && !st.saved_outside && st.region_input >= 0)
         at = regions_[static_cast<size_t>(st.region_input)].first;
+      // A cached output: its call's recompute takes it from the cache, then
+      // autograd's saves there hold it (no later holder outlives those).
+      if (st.cached_in >= 0)
+        at = st.first_saver >= 0 && node_region_[static_cast<size_t>(st.first_saver)] == st.cached_in
+                 ? st.first_saver
+                 : regions_[static_cast<size_t>(st.cached_in)].last;
       if (at >= 0) b.frees[static_cast<size_t>(at)].push_back(static_cast<int32_t>(s));
     }
     // Recomputed saves: made at the call's last node (its backward's start), freed with their first saver.
@@ -819,6 +842,9 @@ class Walker {
       b.recompute_at[static_cast<size_t>(regions_[static_cast<size_t>(r)].last)] += storages_[s].bytes;
       b.recompute_frees[static_cast<size_t>(storages_[s].first_saver)].push_back(static_cast<int32_t>(s));
     }
+    if (!opt_.sac) return;
+    b.recompute_peak.assign(n, 0);
+    for (const Region& r : regions_) b.recompute_peak[static_cast<size_t>(r.last)] = r.recompute_peak;
   }
 
   int64_t tensor_bytes(int32_t t) const {
@@ -858,6 +884,8 @@ class Walker {
         b.run_grads = 0;
       }
       // A checkpointed call's backward starts by running it again.
+      if (!b.recompute_peak.empty())
+        run.backward_peak = std::max(run.backward_peak, b.live + b.recompute_peak[static_cast<size_t>(i)] + b.run_grads);
       b.live += b.recompute_at[static_cast<size_t>(i)];
       run.backward_peak = std::max(run.backward_peak, b.live + b.run_grads);
       node_backward(b, i, run);
@@ -944,6 +972,9 @@ class Walker {
   std::vector<int64_t> node_extra_;
   std::vector<std::vector<int32_t>> node_diff_;  // tensors a gradient may flow to
   std::vector<bool> node_view_;
+  std::vector<const char*> node_case_;  // the op table's case each node took (nullptr: none)
+  std::vector<SacCallPolicy> sac_calls_;  // selective: per checkpointed call, its policy
+  int32_t node_first_storage_ = 0;        // the first storage the node being walked made
   std::vector<std::pair<std::string, int64_t>> missing_;
   std::vector<std::string> missing_why_;
   std::vector<std::string> sdpa_cases_;
