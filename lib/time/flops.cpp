@@ -295,7 +295,17 @@ FlopProfile count_graph_flops(const WalkGraph& g, const ModuleTree& tree, const 
       runs.back().last = i;
       prev = r;
     }
+    std::vector<bool> cached(nn, false);
+    for (int32_t i : opt.sac_saved_nodes)
+      if (i >= 0 && static_cast<size_t>(i) < nn) cached[static_cast<size_t>(i)] = true;
     for (const Run& run : runs) {
+      if (opt.selective) {
+        for (size_t i = run.first; i <= run.last; ++i)
+          if (!cached[i])
+            out.own[static_cast<size_t>(module_of(g.nodes[i]))].recompute =
+                add(out.own[static_cast<size_t>(module_of(g.nodes[i]))].recompute, fwd[i]);
+        continue;
+      }
       size_t stop = run.first;
       bool found = false, output = false;
       for (size_t i = run.first; i <= run.last; ++i) {
@@ -330,7 +340,11 @@ FlopProfile plan_graph_flops(const Plan& plan, const Graph& graph) {
   else own.emplace(walk_input(graph, dims));
   const WalkGraph& input = walked ? *walked : *own;
   GraphFlopOptions opt;
-  for (const CheckpointedModule& c : plan.activations.checkpointed) opt.checkpointed.push_back(c.module);
+  for (const CheckpointedModule& c : plan.activations.checkpointed) {
+    opt.checkpointed.push_back(c.module);
+    opt.selective = opt.selective || c.selective;
+  }
+  opt.sac_saved_nodes = plan.activations.sac_saved_nodes;
   opt.trainable_params = plan_trainable_params(plan);
   opt.tp_local = tp_local_tensors(input, plan);
   if (!opt.tp_local.empty()) opt.tp = plan.tensor_parallel->mesh.tp;
