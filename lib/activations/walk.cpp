@@ -853,7 +853,8 @@ class Walker {
   }
 
   bool activation_tensor(int32_t t) const {
-    return valid(t) && storages_[static_cast<size_t>(meta_[static_cast<size_t>(t)].storage)].kind == StorageKind::Activation;
+    return valid(t) &&
+           storages_[static_cast<size_t>(meta_[static_cast<size_t>(t)].storage)].kind == StorageKind::Activation;
   }
 
   static void release(BackwardState& b, int32_t t) {
@@ -885,7 +886,8 @@ class Walker {
       }
       // A checkpointed call's backward starts by running it again.
       if (!b.recompute_peak.empty())
-        run.backward_peak = std::max(run.backward_peak, b.live + b.recompute_peak[static_cast<size_t>(i)] + b.run_grads);
+        run.backward_peak =
+            std::max(run.backward_peak, b.live + b.recompute_peak[static_cast<size_t>(i)] + b.run_grads);
       b.live += b.recompute_at[static_cast<size_t>(i)];
       run.backward_peak = std::max(run.backward_peak, b.live + b.run_grads);
       node_backward(b, i, run);

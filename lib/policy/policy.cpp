@@ -339,7 +339,8 @@ class Parser {
       } else {
         ac.torchtitan_policy = false;
         ac.save_ops = string_list(*it, "activation_checkpointing.save_ops", true);
-        if (ac.save_ops.empty()) fail("\"activation_checkpointing.save_ops\" is empty: give \"torchtitan\" or ATen overloads");
+        if (ac.save_ops.empty())
+          fail("\"activation_checkpointing.save_ops\" is empty: give \"torchtitan\" or ATen overloads");
         for (const std::string& op : ac.save_ops)
           if (std::count(op.begin(), op.end(), '.') != 2 || op.front() == '.' || op.back() == '.' ||
               op.find("..") != std::string::npos || op.find_first_of(" */") != std::string::npos)
@@ -594,7 +595,8 @@ nlohmann::ordered_json policy_to_json(const Policy& p) {
     out["activation_checkpointing"] = {{"module_classes", p.activation_checkpointing->module_classes},
                                        {"modules", p.activation_checkpointing->modules}};
     // Selective only, so full-AC plans stay as they were.
-    if (p.activation_checkpointing->selective()) add_selective(out["activation_checkpointing"], *p.activation_checkpointing);
+    if (p.activation_checkpointing->selective())
+      add_selective(out["activation_checkpointing"], *p.activation_checkpointing);
   }
   out["fsdp"] = {{"world_size", p.fsdp.world_size},
                  {"sharding_strategy", strategy_name(p.fsdp.strategy)},
