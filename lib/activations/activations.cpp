@@ -94,6 +94,38 @@ std::vector<bool> fsdp1_trainable(const Plan& plan) {
   return out;
 }
 
+// The policy's selective checkpointing, resolved against the model. torchtitan
+// 0.3.0 (SelectiveAC._wrap_block) looks, in each block, for the Linear
+// modules whose path contains one of force_recompute_mm_shapes_by_fqns and
+// forces every mm of their weight's shape (in, out) to be recomputed.
+std::optional<SacPolicy> sac_policy(const Plan& plan, const std::vector<CheckpointedModule>& checkpointed) {
+  const auto& ac = plan.policy.activation_checkpointing;
+  if (!ac || !ac->selective()) return std::nullopt;
+  SacPolicy p;
+  p.torchtitan = ac->torchtitan_policy;
+  p.save_ops = ac->save_ops;
+  const ModuleTree& tree = *plan.tree;
+  std::vector<bool> inside(tree.num_modules(), false);
+  for (const CheckpointedModule& c : checkpointed) inside[static_cast<size_t>(c.module)] = true;
+  for (ModuleId m : tree.preorder()) {
+    const ModuleId parent = tree.module(m).parent;
+    if (parent >= 0 && inside[static_cast<size_t>(parent)]) inside[static_cast<size_t>(m)] = true;
+    if (!inside[static_cast<size_t>(m)] || ac->recompute_mm_fqns.empty()) continue;
+    const std::string path = tree.path(m);
+    if (std::none_of(ac->recompute_mm_fqns.begin(), ac->recompute_mm_fqns.end(),
+                     [&](const std::string& f) { return path.find(f) != std::string::npos; }))
+      continue;
+    for (const TensorSlot& slot : tree.module(m).params) {
+      const std::vector<int64_t>& shape = tree.tensor(slot.tensor).shape;
+      if (slot.name != "weight" || shape.size() != 2) continue;
+      const std::pair<int64_t, int64_t> in_out{shape[1], shape[0]};
+      if (std::find(p.recompute_mm_shapes.begin(), p.recompute_mm_shapes.end(), in_out) == p.recompute_mm_shapes.end())
+        p.recompute_mm_shapes.push_back(in_out);
+    }
+  }
+  return p;
+}
+
 void walk_plan(const Plan& plan, const std::shared_ptr<const Graph>& shared, ActivationPlan& acts,
                std::vector<Warning>* warnings, const LocalWalkGraph& local) {
   const Graph& graph = *shared;
@@ -126,6 +158,8 @@ void walk_plan(const Plan& plan, const std::shared_ptr<const Graph>& shared, Act
           break;
         }
   }
+  const std::optional<SacPolicy> sac = sac_policy(plan, acts.checkpointed);
+  if (sac) opt.sac = &*sac;
   // The walk fills in what each checkpointed module keeps and recomputes.
   acts.source = ActivationSource::Graph;
   for (const DimSetting& d : dims.settings()) acts.dims.emplace_back(d.name, d.value);

@@ -5,6 +5,7 @@
 #include <set>
 #include <unordered_map>
 
+#include "activations/walk_rules.h"
 #include "util/strings.h"
 
 namespace fsdp_plan {
@@ -24,6 +25,7 @@ struct Storage {
   bool output = false;         // a graph output
   bool loss = false;
   int owner = -1;              // a parameter's unit (WalkOptions::unit_of_param), -1: none known
+  int32_t cached_in = -1;      // selective checkpointing: the call whose cache holds it, -1: none
 };
 
 // One call of a checkpointed module: a maximal run of consecutive nodes in its subtree.
@@ -31,116 +33,8 @@ struct Region {
   ModuleId module;
   int32_t first, last;  // nodes
   int64_t inputs = 0, recompute = 0;
+  int64_t cached = 0, recompute_peak = 0;  // selective checkpointing
 };
-
-// Backward temporaries beyond the input gradients, for composite operators
-// whose backward runs several kernels: their intermediate gradient lives
-// next to the one they return. cross_entropy_loss's backward is
-// nll_loss_backward (a [N, C] gradient of the log-probabilities) then
-// _log_softmax_backward_data (the [N, C] gradient of the logits), both in
-// self's dtype (aten/src/ATen/native/LossNLL.cpp, SoftMax.cpp): at the loss of
-// a vocabulary-sized head this is the step's largest temporary
-// (tests/activations/refs/headline_8b_noac.json: Temp 3.91 GiB = 2 x [4096, 128256] fp32).
-// The math SDPA's backward holds the gradients of the probabilities and of
-// the scores, both [B, H, L, S] (attention.cpp: _scaled_dot_product_attention_math).
-int64_t backward_extra(std::string_view op, const char* case_name, const CallArgs& args) {
-  auto bytes_of = [&](std::string_view name) -> int64_t {
-    const ArgValue* a = args.find(name);
-    return a && a->kind == ArgValue::Kind::Tensor && a->tensor ? a->tensor->numel() * a->tensor->dtype->itemsize : 0;
-  };
-  if (op == "aten.cross_entropy_loss.default") return bytes_of("self");
-  if (op == "aten.scaled_dot_product_attention.default" && case_name &&
-      std::string_view(case_name).find("math") != std::string_view::npos) {
-    const ArgValue* q = args.find("query");
-    const ArgValue* k = args.find("key");
-    if (!q || !k || !q->tensor || !k->tensor || q->tensor->sizes.size() < 2) return 0;
-    int64_t probs = k->tensor->sizes[k->tensor->sizes.size() - 2];
-    for (size_t d = 0; d + 1 < q->tensor->sizes.size(); ++d) probs *= q->tensor->sizes[d];
-    const int64_t itemsize = q->tensor->dtype && q->tensor->dtype->itemsize == 2 ? 4 : q->tensor->dtype->itemsize;
-    return 2 * probs * itemsize;
-  }
-  return 0;
-}
-
-// The view's strides from its input's, where the input's were corrected
-// (graph_walk.py: _view_strides); nullopt when not derivable.
-std::optional<std::vector<int64_t>> view_strides(std::string_view name, const OpTensor& t, const OpTensor& o,
-                                                 const CallArgs& args) {
-  const int64_t n = static_cast<int64_t>(t.sizes.size());
-  auto get = [&](std::string_view k, int64_t fallback) {
-    const ArgValue* a = args.find(k);
-    return a && a->kind == ArgValue::Kind::Int ? a->i : fallback;
-  };
-  auto mod = [](int64_t a, int64_t m) { return m == 0 ? 0 : ((a % m) + m) % m; };
-  std::vector<int64_t> st = t.strides;
-  if (name == "alias" || name == "split" || name == "chunk" || name == "contiguous" || name == "to" ||
-      name == "expand_as" || name == "detach")
-    return st;
-  if (name == "transpose") {
-    const int64_t d0 = mod(get("dim0", 0), n), d1 = mod(get("dim1", 0), n);
-    std::swap(st[static_cast<size_t>(d0)], st[static_cast<size_t>(d1)]);
-    return st;
-  }
-  if (name == "t") {
-    std::reverse(st.begin(), st.end());
-    return st;
-  }
-  if (name == "permute") {
-    const ArgValue* dims = args.find("dims");
-    if (!dims || dims->kind != ArgValue::Kind::Ints) return std::nullopt;
-    std::vector<int64_t> out;
-    for (int64_t d : dims->ints) out.push_back(st[static_cast<size_t>(mod(d, n))]);
-    return out;
-  }
-  if (name == "view" || name == "reshape" || name == "_unsafe_view" || name == "flatten")
-    return compute_view_strides(t.sizes, t.strides, o.sizes);
-  if (name == "unsqueeze") {
-    const int64_t d = mod(get("dim", 0), n + 1);
-    const int64_t added = d < n ? st[static_cast<size_t>(d)] * t.sizes[static_cast<size_t>(d)] : 1;
-    st.insert(st.begin() + d, added);
-    return st;
-  }
-  if (name == "squeeze") {
-    if (n == 0) return st;
-    const int64_t d = mod(get("dim", 0), n);
-    if (t.sizes[static_cast<size_t>(d)] == 1) st.erase(st.begin() + d);
-    return st;
-  }
-  if (name == "select") {
-    st.erase(st.begin() + mod(get("dim", 0), n));
-    return st;
-  }
-  if (name == "slice") {
-    st[static_cast<size_t>(mod(get("dim", 0), n))] *= get("step", 1);
-    return st;
-  }
-  if (name == "expand") {
-    const int64_t k = static_cast<int64_t>(o.sizes.size()) - n;
-    if (k < 0) return std::nullopt;
-    std::vector<int64_t> out(static_cast<size_t>(k), 0);
-    for (int64_t i = 0; i < n; ++i)
-      out.push_back(t.sizes[static_cast<size_t>(i)] == 1 && o.sizes[static_cast<size_t>(k + i)] != 1
-                        ? 0
-                        : st[static_cast<size_t>(i)]);
-    return out;
-  }
-  return std::nullopt;
-}
-
-// Operators whose backward returns the output's gradient itself to an input
-// of the same size (derivatives.yaml add.Tensor: self: grad, other: grad (alpha 1); clone: grad).
-bool passes_gradient(std::string_view op) {
-  return op == "aten.add.Tensor" || op == "aten.clone.default" ||
-         op == "aten.lift_fresh_copy.default";
-}
-
-// "aten.transpose.int" -> "transpose"
-std::string_view op_base(std::string_view op) {
-  const size_t a = op.find('.');
-  if (a == std::string_view::npos) return op;
-  const size_t b = op.find('.', a + 1);
-  return op.substr(a + 1, b == std::string_view::npos ? std::string_view::npos : b - a - 1);
-}
 
 class Walker {
  public:
@@ -159,6 +53,7 @@ class Walker {
     node_extra_.assign(static_cast<size_t>(n), 0);
     node_diff_.assign(static_cast<size_t>(n), {});
     node_view_.assign(static_cast<size_t>(n), false);
+    node_case_.assign(static_cast<size_t>(n), nullptr);
     for (int32_t i = 0; i < n; ++i) node(i);
     for (int32_t t : g_.outputs) {
       if (t < 0 || static_cast<size_t>(t) >= meta_.size() || meta_[static_cast<size_t>(t)].storage < 0) continue;
@@ -181,6 +76,7 @@ class Walker {
       }
     }
     find_loss();
+    sac_recompute_peaks();
     summarise();
     timeline();
   }
@@ -230,7 +126,7 @@ class Walker {
 
   void retype_cast(const WalkNode& node, CallArgs& args) const {
     if (!retype()) return;
-    const std::string_view base = op_base(node.op);
+    const std::string_view base = aten_op_base(node.op);
     if (base != "to" && base != "_to_copy") return;
     // `x.to(device)` records its dtype as x's own at trace time: a move, not a
     // cast (rotary's `inv_freq[...].float().to(x.device)` on an fp32 buffer,
@@ -264,7 +160,7 @@ class Walker {
 
   // `subs` holds the operands put in place (reserved: args point into it).
   void retype_same_dtype_operands(const WalkNode& node, CallArgs& args, std::vector<OpTensor>& subs) const {
-    if (!retype() || upcast_source_.empty() || !same_dtype_operands(op_base(node.op))) return;
+    if (!retype() || upcast_source_.empty() || !same_dtype_operands(aten_op_base(node.op))) return;
     bool compute = false;
     for (const auto& [name, v] : args.items)
       if (v.kind == ArgValue::Kind::Tensor && v.tensor && v.tensor->dtype == opt_.compute_dtype) compute = true;
@@ -421,6 +317,12 @@ class Walker {
   }
 
   void node(int32_t i) {
+    node_first_storage_ = static_cast<int32_t>(storages_.size());
+    node_forward(i);
+    if (opt_.sac) sac_node(i);
+  }
+
+  void node_forward(int32_t i) {
     const WalkNode& node = g_.nodes[static_cast<size_t>(i)];
     CallArgs args = bind(node);
     // Uses: liveness, and the inputs of a checkpointed call (made outside it).
@@ -500,7 +402,7 @@ class Walker {
       outs_view.push_back(&m);
     }
     const char* row_alias = op_row_alias(row);
-    const std::string_view base = op_base(node.op);
+    const std::string_view base = aten_op_base(node.op);
     std::vector<const OpTensor*>& outs = outs_;
     outs.assign(num_outs, nullptr);
     for (size_t k = 0; k < node.outputs.size(); ++k) {
@@ -528,6 +430,7 @@ class Walker {
     note_upcast(node, base);
     const OpCase& c = select_op_case(row, args, outs, opt_.env);
     restride(node, base, c, args, outs);
+    node_case_[static_cast<size_t>(i)] = op_case_name(c);
     if (!recorded) return;
     recorded_[static_cast<size_t>(i)] = true;
     if (const char* name = op_case_name(c); name && node.op == "aten.scaled_dot_product_attention.default") {
@@ -583,6 +486,113 @@ class Walker {
     }
   }
 
+  // ------------------------------------------------------------------ selective checkpointing
+  // The ops of a checkpointed call whose outputs the policy caches
+  // (selective.h); each call has its own policy (and mm count).
+  void sac_node(int32_t i) {
+    const int32_t r = node_region_[static_cast<size_t>(i)];
+    if (r < 0) return;
+    while (sac_calls_.size() <= static_cast<size_t>(r)) sac_calls_.emplace_back(*opt_.sac);
+    const WalkNode& node = g_.nodes[static_cast<size_t>(i)];
+    bool saved = false;
+    for (const SacStep& step : sac_dispatch(node.op, node_case_[static_cast<size_t>(i)])) {
+      if (!sac_calls_[static_cast<size_t>(r)].saves(step.op, mm_rhs(node, step.op))) continue;
+      saved = true;
+      if (step.product == SacProduct::Outputs) {
+        sac_cache_outputs(i, r, step.op.find("attention") != std::string_view::npos);
+        continue;
+      }
+      sac_cache_attention(i, r, step.product);
+    }
+    if (saved) out_.sac_saved_nodes.push_back(i);
+  }
+
+  // The shape (in, out) of an mm's second argument, as torchtitan reads
+  // args[1].shape: for linear's mm, weight.t().
+  std::optional<std::pair<int64_t, int64_t>> mm_rhs(const WalkNode& node, std::string_view op) const {
+    if (op != "aten.mm.default") return std::nullopt;
+    const bool linear = node.op == "aten.linear.default";
+    for (const WalkArg& a : node.args) {
+      if (a.tensors.size() != 1 || !valid(a.tensors[0])) continue;
+      if (a.name != (linear ? "weight" : node.op == "aten.matmul.default" ? "other" : "mat2")) continue;
+      const std::vector<int64_t>& sz = meta_[static_cast<size_t>(a.tensors[0])].sizes;
+      if (sz.size() != 2) return std::nullopt;
+      return linear ? std::make_pair(sz[1], sz[0]) : std::make_pair(sz[0], sz[1]);
+    }
+    return std::nullopt;
+  }
+
+  void sac_cache(int32_t storage, int32_t region) {
+    Storage& s = storages_[static_cast<size_t>(storage)];
+    if (s.kind != StorageKind::Activation || s.cached_in >= 0) return;
+    s.cached_in = region;
+    regions_[static_cast<size_t>(region)].cached += s.bytes;
+  }
+
+  // The op's outputs (new storages; a view's is its base's, made earlier and
+  // not the op's); a fused attention kernel's extra outputs (logsumexp, the
+  // RNG state), which the op table makes as new storages of the node, too.
+  void sac_cache_outputs(int32_t i, int32_t r, bool kernel_extras) {
+    for (int32_t o : g_.nodes[static_cast<size_t>(i)].outputs)
+      if (valid(o)) {
+        const int32_t sid = meta_[static_cast<size_t>(o)].storage;
+        if (sid >= node_first_storage_) sac_cache(sid, r);
+      }
+    if (kernel_extras)
+      for (int32_t sid = node_first_storage_; sid < static_cast<int32_t>(storages_.size()); ++sid) sac_cache(sid, r);
+  }
+
+  // The math SDPA's bmm outputs (attention.cpp: _scaled_dot_product_attention_math,
+  // in float32 for bf16/fp16 inputs): the scores [.., L, S], a tensor of its
+  // own; the output [.., L, Dv], the node's output unless cast back to bf16.
+  void sac_cache_attention(int32_t i, int32_t r, SacProduct product) {
+    const WalkNode& node = g_.nodes[static_cast<size_t>(i)];
+    const OpTensor *q = nullptr, *k = nullptr, *v = nullptr;
+    for (const WalkArg& a : node.args)
+      if (a.tensors.size() == 1 && valid(a.tensors[0])) {
+        const OpTensor* t = &meta_[static_cast<size_t>(a.tensors[0])];
+        if (a.name == "query") q = t;
+        if (a.name == "key") k = t;
+        if (a.name == "value") v = t;
+      }
+    if (!q || !k || !v || q->sizes.empty() || k->sizes.size() < 2 || v->sizes.empty() || !q->dtype) return;
+    const int64_t itemsize = q->dtype->itemsize == 2 ? 4 : q->dtype->itemsize;
+    if (product == SacProduct::AttentionOutput && q->dtype->itemsize != 2) {
+      sac_cache_outputs(i, r, false);
+      return;
+    }
+    int64_t numel = product == SacProduct::AttentionScores ? k->sizes[k->sizes.size() - 2] : v->sizes.back();
+    for (size_t d = 0; d + 1 < q->sizes.size(); ++d) numel *= q->sizes[d];
+    sac_cache(new_storage(numel * itemsize, StorageKind::Activation, i), r);
+  }
+
+  // Each selective call's recompute working set: replayed in the backward, it
+  // makes again what autograd saves in it (held from there), and everything
+  // else it computes lives until its last use in the call (or the call's
+  // end); the cache hands back what it holds (already live).
+  void sac_recompute_peaks() {
+    if (!opt_.sac) return;
+    for (Region& r : regions_) {
+      const size_t len = static_cast<size_t>(r.last - r.first) + 1;
+      std::vector<int64_t> born(len + 1, 0), dies_after(len + 1, 0);
+      const int32_t index = static_cast<int32_t>(&r - regions_.data());
+      for (const Storage& s : storages_) {
+        if (s.kind != StorageKind::Activation || s.created < r.first || s.created > r.last || s.cached_in >= 0)
+          continue;
+        born[static_cast<size_t>(s.created - r.first)] += s.bytes;
+        if (recomputed_in(s) == index) continue;  // saved again: held past the recompute
+        const int32_t end = std::min(std::max(s.last_use, s.created), r.last);
+        dies_after[static_cast<size_t>(end - r.first)] += s.bytes;
+      }
+      int64_t level = 0;
+      for (size_t k = 0; k < len; ++k) {
+        level += born[k];
+        r.recompute_peak = std::max(r.recompute_peak, level);
+        level -= dies_after[k];
+      }
+    }
+  }
+
   void find_loss() {
     // HF returns (loss, logits): the loss is the 0-dim floating output that requires grad.
     for (int32_t t : g_.outputs) {
@@ -615,7 +625,7 @@ class Walker {
   // call, under AC), an input a checkpointed call keeps, or the loss.
   bool held(const Storage& s) const {
     if (s.kind != StorageKind::Activation) return false;
-    if (s.loss) return true;
+    if (s.loss || s.cached_in >= 0) return true;
     if (!regions_.empty() && s.region_input >= 0) return true;
     if (s.first_saver < 0) return false;
     return regions_.empty() || s.saved_outside;
@@ -659,6 +669,7 @@ class Walker {
       ModuleId holder = s.saved_module;
       if (!regions_.empty() && !s.saved_outside && s.region_input >= 0)
         holder = regions_[static_cast<size_t>(s.region_input)].module;
+      if (s.cached_in >= 0) holder = regions_[static_cast<size_t>(s.cached_in)].module;
       const int u = unit_of(holder);
       if (u >= 0 && static_cast<size_t>(u) < out_.unit_bytes.size()) out_.unit_bytes[static_cast<size_t>(u)] += s.bytes;
     }
@@ -689,6 +700,11 @@ class Walker {
       c.unit = unit_of(r.module);
       c.kept_bytes += r.inputs;
       c.recompute_bytes += r.recompute;
+      if (opt_.sac) {
+        c.selective = true;
+        c.cached_bytes += r.cached;
+        c.recompute_peak_bytes = std::max(c.recompute_peak_bytes, r.recompute_peak);
+      }
     }
     out_.missing_ops = missing_;
     out_.sdpa_kernels = sdpa_cases_;
@@ -707,9 +723,23 @@ class Walker {
 
   // ------------------------------------------------------------------ the step's levels
   void timeline() {
+    std::vector<int64_t> during, after;
+    const int64_t level0 = forward_levels(during, after);
+    const std::vector<int32_t> run_of = forward_runs(level0, during, after);
+    if (out_.runs.empty()) return;
+    // Between forward and backward the graph's other outputs (logits) are dropped.
+    int64_t held_now = 0;
+    for (const Storage& s : storages_)
+      if (held(s)) held_now += s.bytes;
+    out_.runs.back().forward_end = held_now;
+    backward(held_now, run_of);
+  }
+
+  // Forward: a storage lives from the node that makes it; a transient one
+  // (not held) until its last use; held ones through the forward. Fills the
+  // level during and after each node; returns the level before the first.
+  int64_t forward_levels(std::vector<int64_t>& during, std::vector<int64_t>& after) const {
     const int32_t n = static_cast<int32_t>(g_.nodes.size());
-    // Forward: a storage lives from the node that makes it; a transient one
-    // (not held) until its last use; held ones through the forward.
     std::vector<int64_t> born(static_cast<size_t>(n) + 1, 0), dies_after(static_cast<size_t>(n) + 1, 0);
     int64_t level0 = 0;
     for (const Storage& s : storages_) {
@@ -724,7 +754,8 @@ class Walker {
         else level0 -= s.bytes;  // an input no node reads
       }
     }
-    std::vector<int64_t> during(static_cast<size_t>(n)), after(static_cast<size_t>(n));
+    during.assign(static_cast<size_t>(n), 0);
+    after.assign(static_cast<size_t>(n), 0);
     int64_t level = level0;
     for (int32_t i = 0; i < n; ++i) {
       level += born[static_cast<size_t>(i)];
@@ -732,7 +763,14 @@ class Walker {
       level -= dies_after[static_cast<size_t>(i)];
       after[static_cast<size_t>(i)] = level;
     }
-    // Runs: consecutive nodes in one unit (a node with no module stays in the run around it).
+    return level0;
+  }
+
+  // Runs: consecutive nodes in one unit (a node with no module stays in the
+  // run around it), with their forward levels. Returns each node's run.
+  std::vector<int32_t> forward_runs(int64_t level0, const std::vector<int64_t>& during,
+                                    const std::vector<int64_t>& after) {
+    const int32_t n = static_cast<int32_t>(g_.nodes.size());
     std::vector<int> node_unit(static_cast<size_t>(n));
     for (int32_t i = 0; i < n; ++i) {
       const ModuleId m = g_.nodes[static_cast<size_t>(i)].module;
@@ -752,26 +790,34 @@ class Walker {
       r.forward_end = after[static_cast<size_t>(i)];
       run_of[static_cast<size_t>(i)] = static_cast<int32_t>(out_.runs.size()) - 1;
     }
-    if (out_.runs.empty()) return;
-    // Between forward and backward the graph's other outputs (logits) are dropped.
-    int64_t held_now = 0;
-    for (const Storage& s : storages_)
-      if (held(s)) held_now += s.bytes;
-    out_.runs.back().forward_end = held_now;
+    return run_of;
+  }
 
-    // Backward, from the loss: gradients per tensor (an alias passes its
-    // output's gradient through when it keeps the size), saves freed after the
-    // backward of the first node that saved them, checkpointed calls
-    // recomputed when their backward starts.
-    // Gradient buffers: a view's backward (and add's) hands its output's gradient on as the
-    // input's, so one buffer may serve several tensors until the last lets go.
-    struct GradBuf {
-      int64_t bytes;
-      int refs;
-    };
+  // The backward's state, from the loss: gradients per tensor, in buffers (a
+  // view's backward (and add's) hands its output's gradient on as the
+  // input's, so one buffer may serve several tensors until the last lets go),
+  // and what each node's backward frees.
+  struct GradBuf {
+    int64_t bytes;
+    int refs;
+  };
+  struct BackwardState {
     std::vector<GradBuf> bufs;
-    std::vector<int32_t> grad_of(meta_.size(), -1);  // tensor -> buffer
-    std::vector<std::vector<int32_t>> frees(static_cast<size_t>(n));
+    std::vector<int32_t> grad_of;                       // tensor -> buffer
+    std::vector<std::vector<int32_t>> frees;            // per node: held storages its backward frees
+    std::vector<int64_t> recompute_at;                  // per node: recomputed saves made at its backward
+    std::vector<std::vector<int32_t>> recompute_frees;  // per node: recomputed saves its backward frees
+    std::vector<bool> param_grad;                       // per storage: a parameter whose gradient exists
+    std::vector<int64_t> recompute_peak;                // selective: per node, its call's recompute working set
+    int64_t live = 0;
+    int64_t run_grads = 0;  // the current run's own parameters' gradients made so far
+  };
+
+  // Saves freed after the backward of the first node that saved them;
+  // checkpointed calls recomputed when their backward starts.
+  void backward_frees(BackwardState& b) const {
+    const size_t n = g_.nodes.size();
+    b.frees.assign(n, {});
     for (size_t s = 0; s < storages_.size(); ++s) {
       const Storage& st = storages_[s];
       if (!held(st) || st.loss) continue;
@@ -779,106 +825,132 @@ class Walker {
       int32_t at = st.first_saver;
       if (!regions_.empty() && !st.saved_outside && st.region_input >= 0)
         at = regions_[static_cast<size_t>(st.region_input)].first;
-      if (at >= 0) frees[static_cast<size_t>(at)].push_back(static_cast<int32_t>(s));
+      // A cached output: its call's recompute takes it from the cache, then
+      // autograd's saves there hold it (no later holder outlives those).
+      if (st.cached_in >= 0)
+        at = st.first_saver >= 0 && node_region_[static_cast<size_t>(st.first_saver)] == st.cached_in
+                 ? st.first_saver
+                 : regions_[static_cast<size_t>(st.cached_in)].last;
+      if (at >= 0) b.frees[static_cast<size_t>(at)].push_back(static_cast<int32_t>(s));
     }
     // Recomputed saves: made at the call's last node (its backward's start), freed with their first saver.
-    std::vector<int64_t> recompute_at(static_cast<size_t>(n), 0);
-    std::vector<std::vector<int32_t>> recompute_frees(static_cast<size_t>(n));
+    b.recompute_at.assign(n, 0);
+    b.recompute_frees.assign(n, {});
     for (size_t s = 0; s < storages_.size(); ++s) {
       const int32_t r = recomputed_in(storages_[s]);
       if (r < 0) continue;
-      recompute_at[static_cast<size_t>(regions_[static_cast<size_t>(r)].last)] += storages_[s].bytes;
-      recompute_frees[static_cast<size_t>(storages_[s].first_saver)].push_back(static_cast<int32_t>(s));
+      b.recompute_at[static_cast<size_t>(regions_[static_cast<size_t>(r)].last)] += storages_[s].bytes;
+      b.recompute_frees[static_cast<size_t>(storages_[s].first_saver)].push_back(static_cast<int32_t>(s));
     }
-    int64_t live = held_now;
-    auto tensor_bytes = [&](int32_t t) {
-      const OpTensor& m = meta_[static_cast<size_t>(t)];
-      return m.numel() * (m.dtype ? m.dtype->itemsize : 4);
-    };
-    auto release = [&](int32_t t) {
-      const int32_t b = grad_of[static_cast<size_t>(t)];
-      if (b < 0) return;
-      grad_of[static_cast<size_t>(t)] = -1;
-      if (--bufs[static_cast<size_t>(b)].refs == 0) live -= bufs[static_cast<size_t>(b)].bytes;
-    };
+    if (!opt_.sac) return;
+    b.recompute_peak.assign(n, 0);
+    for (const Region& r : regions_) b.recompute_peak[static_cast<size_t>(r.last)] = r.recompute_peak;
+  }
+
+  int64_t tensor_bytes(int32_t t) const {
+    const OpTensor& m = meta_[static_cast<size_t>(t)];
+    return m.numel() * (m.dtype ? m.dtype->itemsize : 4);
+  }
+
+  bool activation_tensor(int32_t t) const {
+    return valid(t) &&
+           storages_[static_cast<size_t>(meta_[static_cast<size_t>(t)].storage)].kind == StorageKind::Activation;
+  }
+
+  static void release(BackwardState& b, int32_t t) {
+    const int32_t buf = b.grad_of[static_cast<size_t>(t)];
+    if (buf < 0) return;
+    b.grad_of[static_cast<size_t>(t)] = -1;
+    if (--b.bufs[static_cast<size_t>(buf)].refs == 0) b.live -= b.bufs[static_cast<size_t>(buf)].bytes;
+  }
+
+  void backward(int64_t held_now, const std::vector<int32_t>& run_of) {
+    const int32_t n = static_cast<int32_t>(g_.nodes.size());
+    BackwardState b;
+    b.grad_of.assign(meta_.size(), -1);
+    backward_frees(b);
+    b.live = held_now;
     if (start_tensor_ >= 0) {
-      bufs.push_back({tensor_bytes(start_tensor_), 1});
-      grad_of[static_cast<size_t>(start_tensor_)] = 0;
-      live += bufs[0].bytes;
+      b.bufs.push_back({tensor_bytes(start_tensor_), 1});
+      b.grad_of[static_cast<size_t>(start_tensor_)] = 0;
+      b.live += b.bufs[0].bytes;
     }
-    auto activation_tensor = [&](int32_t t) {
-      return valid(t) && storages_[static_cast<size_t>(meta_[static_cast<size_t>(t)].storage)].kind == StorageKind::Activation;
-    };
-    // Parameters' gradients: AccumulateGrad makes one at the first backward
-    // that reaches the parameter (its last use in the forward) and later uses
-    // add into it (torch/csrc/autograd/functions/accumulate_grad.h:
-    // AccumulateGrad::accumulateGrad). FSDP2 keeps them until the group's
-    // post-backward reduce-scatter (_fsdp_param_group.py:
-    // FSDPParamGroup.post_backward), FSDP1 the views' until
-    // SplitWithSizesBackward concatenates them (_flat_param.py:
-    // FlatParamHandle._use_unsharded_views): so inside a unit's backward its
-    // gradients made so far sit beside its activations and their gradients.
-    std::vector<bool> param_grad(storages_.size(), false);
-    int64_t run_grads = 0;  // the current run's own parameters' gradients made so far
+    b.param_grad.assign(storages_.size(), false);
     for (int32_t i = n - 1; i >= 0; --i) {
       ActivationRun& run = out_.runs[static_cast<size_t>(run_of[static_cast<size_t>(i)])];
       const bool last_of_run = i == n - 1 || run_of[static_cast<size_t>(i + 1)] != run_of[static_cast<size_t>(i)];
       if (last_of_run) {
-        run.backward_start = live;
-        run.backward_peak = live;
-        run_grads = 0;
+        run.backward_start = b.live;
+        run.backward_peak = b.live;
+        b.run_grads = 0;
       }
-      const WalkNode& node = g_.nodes[static_cast<size_t>(i)];
       // A checkpointed call's backward starts by running it again.
-      live += recompute_at[static_cast<size_t>(i)];
-      run.backward_peak = std::max(run.backward_peak, live + run_grads);
-      int32_t out_buf = -1;  // the first output's gradient, which a view hands on
-      bool reached = false;
-      for (int32_t o : node.outputs)
-        if (o >= 0 && static_cast<size_t>(o) < grad_of.size() && grad_of[static_cast<size_t>(o)] >= 0) {
-          reached = true;
-          if (out_buf < 0) out_buf = grad_of[static_cast<size_t>(o)];
-        }
-      if (reached && recorded_[static_cast<size_t>(i)]) {
-        // The gradients this node's backward makes for its inputs that need them.
-        int64_t made = 0, made_params = 0;
-        const bool passthrough = node_view_[static_cast<size_t>(i)] || passes_gradient(node.op);
-        for (int32_t t : node_diff_[static_cast<size_t>(i)]) {
-          if (!valid(t) || !meta_[static_cast<size_t>(t)].requires_grad) continue;
-          if (const int32_t sid = meta_[static_cast<size_t>(t)].storage;
-              storages_[static_cast<size_t>(sid)].kind == StorageKind::Param) {
-            // A view of a parameter (t, expand) hands its gradient on to the parameter's.
-            const Storage& st = storages_[static_cast<size_t>(sid)];
-            if (!param_grad[static_cast<size_t>(sid)] && st.owner >= 0 && st.owner == run.unit) {
-              run.backward_grads += st.bytes;
-              made_params += st.bytes;
-            }
-            param_grad[static_cast<size_t>(sid)] = true;
-            continue;
-          }
-          if (!activation_tensor(t)) continue;
-          if (grad_of[static_cast<size_t>(t)] >= 0) continue;  // accumulated into the gradient it has
-          const int64_t bytes = tensor_bytes(t);
-          if (passthrough && out_buf >= 0 && bytes <= bufs[static_cast<size_t>(out_buf)].bytes) {
-            grad_of[static_cast<size_t>(t)] = out_buf;
-            ++bufs[static_cast<size_t>(out_buf)].refs;
-            continue;
-          }
-          bufs.push_back({bytes, 1});
-          grad_of[static_cast<size_t>(t)] = static_cast<int32_t>(bufs.size()) - 1;
-          made += bytes;
-        }
-        run_grads += made_params;
-        run.backward_peak = std::max(run.backward_peak, live + run_grads + made + node_extra_[static_cast<size_t>(i)]);
-        live += made;
-        for (int32_t o : node.outputs)
-          if (o >= 0 && static_cast<size_t>(o) < grad_of.size()) release(o);
-      }
-      for (int32_t s : frees[static_cast<size_t>(i)]) live -= storages_[static_cast<size_t>(s)].bytes;
-      for (int32_t s : recompute_frees[static_cast<size_t>(i)]) live -= storages_[static_cast<size_t>(s)].bytes;
+      if (!b.recompute_peak.empty())
+        run.backward_peak =
+            std::max(run.backward_peak, b.live + b.recompute_peak[static_cast<size_t>(i)] + b.run_grads);
+      b.live += b.recompute_at[static_cast<size_t>(i)];
+      run.backward_peak = std::max(run.backward_peak, b.live + b.run_grads);
+      node_backward(b, i, run);
+      for (int32_t s : b.frees[static_cast<size_t>(i)]) b.live -= storages_[static_cast<size_t>(s)].bytes;
+      for (int32_t s : b.recompute_frees[static_cast<size_t>(i)]) b.live -= storages_[static_cast<size_t>(s)].bytes;
       const bool first_of_run = i == 0 || run_of[static_cast<size_t>(i - 1)] != run_of[static_cast<size_t>(i)];
-      if (first_of_run) run.backward_end = live;
+      if (first_of_run) run.backward_end = b.live;
     }
+  }
+
+  // Node i's backward, where a gradient reaches it: the gradients it makes
+  // for its inputs that need them appear, its outputs' gradients go.
+  // Parameters' gradients: AccumulateGrad makes one at the first backward
+  // that reaches the parameter (its last use in the forward) and later uses
+  // add into it (torch/csrc/autograd/functions/accumulate_grad.h:
+  // AccumulateGrad::accumulateGrad). FSDP2 keeps them until the group's
+  // post-backward reduce-scatter (_fsdp_param_group.py:
+  // FSDPParamGroup.post_backward), FSDP1 the views' until
+  // SplitWithSizesBackward concatenates them (_flat_param.py:
+  // FlatParamHandle._use_unsharded_views): so inside a unit's backward its
+  // gradients made so far sit beside its activations and their gradients.
+  void node_backward(BackwardState& b, int32_t i, ActivationRun& run) {
+    const WalkNode& node = g_.nodes[static_cast<size_t>(i)];
+    int32_t out_buf = -1;  // the first output's gradient, which a view hands on
+    bool reached = false;
+    for (int32_t o : node.outputs)
+      if (o >= 0 && static_cast<size_t>(o) < b.grad_of.size() && b.grad_of[static_cast<size_t>(o)] >= 0) {
+        reached = true;
+        if (out_buf < 0) out_buf = b.grad_of[static_cast<size_t>(o)];
+      }
+    if (!reached || !recorded_[static_cast<size_t>(i)]) return;
+    int64_t made = 0, made_params = 0;
+    const bool passthrough = node_view_[static_cast<size_t>(i)] || passes_gradient(node.op);
+    for (int32_t t : node_diff_[static_cast<size_t>(i)]) {
+      if (!valid(t) || !meta_[static_cast<size_t>(t)].requires_grad) continue;
+      if (const int32_t sid = meta_[static_cast<size_t>(t)].storage;
+          storages_[static_cast<size_t>(sid)].kind == StorageKind::Param) {
+        // A view of a parameter (t, expand) hands its gradient on to the parameter's.
+        const Storage& st = storages_[static_cast<size_t>(sid)];
+        if (!b.param_grad[static_cast<size_t>(sid)] && st.owner >= 0 && st.owner == run.unit) {
+          run.backward_grads += st.bytes;
+          made_params += st.bytes;
+        }
+        b.param_grad[static_cast<size_t>(sid)] = true;
+        continue;
+      }
+      if (!activation_tensor(t)) continue;
+      if (b.grad_of[static_cast<size_t>(t)] >= 0) continue;  // accumulated into the gradient it has
+      const int64_t bytes = tensor_bytes(t);
+      if (passthrough && out_buf >= 0 && bytes <= b.bufs[static_cast<size_t>(out_buf)].bytes) {
+        b.grad_of[static_cast<size_t>(t)] = out_buf;
+        ++b.bufs[static_cast<size_t>(out_buf)].refs;
+        continue;
+      }
+      b.bufs.push_back({bytes, 1});
+      b.grad_of[static_cast<size_t>(t)] = static_cast<int32_t>(b.bufs.size()) - 1;
+      made += bytes;
+    }
+    b.run_grads += made_params;
+    run.backward_peak = std::max(run.backward_peak, b.live + b.run_grads + made + node_extra_[static_cast<size_t>(i)]);
+    b.live += made;
+    for (int32_t o : node.outputs)
+      if (o >= 0 && static_cast<size_t>(o) < b.grad_of.size()) release(b, o);
   }
 
   const WalkGraph& g_;
@@ -902,6 +974,9 @@ class Walker {
   std::vector<int64_t> node_extra_;
   std::vector<std::vector<int32_t>> node_diff_;  // tensors a gradient may flow to
   std::vector<bool> node_view_;
+  std::vector<const char*> node_case_;  // the op table's case each node took (nullptr: none)
+  std::vector<SacCallPolicy> sac_calls_;  // selective: per checkpointed call, its policy
+  int32_t node_first_storage_ = 0;        // the first storage the node being walked made
   std::vector<std::pair<std::string, int64_t>> missing_;
   std::vector<std::string> missing_why_;
   std::vector<std::string> sdpa_cases_;

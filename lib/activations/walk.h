@@ -22,7 +22,13 @@
 //     counted in the run of the unit that owns it;
 //  6. activation checkpointing: a checkpointed module call keeps only its
 //     inputs made outside it; its backward starts by recomputing it, which
-//     saves again what it saves.
+//     saves again what it saves;
+//  7. selective checkpointing (WalkOptions::sac, selective.h): inside a
+//     checkpointed call the outputs of the ops the policy saves are held too,
+//     from the op to the call's recompute (then as long as autograd's saves in
+//     the recompute hold them); the recompute runs the whole call
+//     (torchtitan's early_stop=False), its working set (its saves so far and
+//     the transients of the op then running) counted at its start.
 // The walk reads WalkGraph, a neutral form of the graph evaluated at the
 // plan's dimensions (activations/graph_input.h builds it from model/graph.h),
 // so the rules are tested on hand-built graphs too.
@@ -33,6 +39,7 @@
 #include <vector>
 
 #include "activations/saved_ops.h"
+#include "activations/selective.h"
 #include "model/module_tree.h"
 #include "plan/activations.h"
 #include "util/warnings.h"
@@ -91,6 +98,8 @@ struct WalkOptions {
   // export recorded export_dtype (its parameters' floating dtype); walk.cpp: retype.
   const DtypeInfo* compute_dtype = nullptr;
   const DtypeInfo* export_dtype = nullptr;
+  // Selective checkpointing: every checkpointed call runs under this policy; nullptr: full AC.
+  const SacPolicy* sac = nullptr;
 };
 
 // Walks `graph`; fills everything of `out` the graph decides (saved bytes per

@@ -126,6 +126,10 @@ std::string plan_to_torch_fsdp2(const Plan& plan) {
   if (s.cpu_offload) o << "    kwargs[\"offload_policy\"] = CPUOffloadPolicy()\n";
   o << "    if IGNORED_PARAMS:\n"
        "        kwargs[\"ignored_params\"] = {model.get_parameter(name) for name in IGNORED_PARAMS}\n";
+  if (ac && p.activation_checkpointing && p.activation_checkpointing->selective())
+    o << "    # The plan checkpoints selectively (activation_checkpointing.mode \"selective\"); this code\n"
+         "    # checkpoints fully: give checkpoint_wrapper context_fn=lambda: create_selective_checkpoint_contexts(\n"
+         "    # policy) with the plan's policy (fsdp-plan does not write it yet: issue 42, item 4).\n";
   if (ac)
     // First, as torchtitan's apply_ac and Accelerate's fsdp2_apply_ac do; the wrappers move each
     // module under _checkpoint_wrapped_module, so the groups are looked up before.

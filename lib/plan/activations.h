@@ -49,6 +49,13 @@ struct CheckpointedModule {
   int unit = -1;                // the unit its forward runs in
   int64_t kept_bytes = 0;       // its inputs made outside it (each storage once)
   int64_t recompute_bytes = 0;  // what its recompute saves
+  // Selective checkpointing (policy mode "selective", activations/selective.h):
+  // the outputs its saved ops keep from the forward to its recompute, and the
+  // most its recompute has live at once (its saves so far and the op's
+  // transients), on top of what is live when it starts.
+  bool selective = false;
+  int64_t cached_bytes = 0;
+  int64_t recompute_peak_bytes = 0;
 };
 
 // Saved bytes of one module (graph source): by the module's own nodes, and
@@ -85,6 +92,9 @@ struct ActivationPlan {
   std::vector<ModuleActivations> modules;  // modules with saved bytes in their subtree, in pre-order
   std::vector<ActivationRun> runs;          // forward order
   std::vector<CheckpointedModule> checkpointed;
+  // Selective checkpointing: the graph nodes whose dispatched op the policy
+  // saves (not recomputed: the time model leaves their FLOPs out of the recompute).
+  std::vector<int32_t> sac_saved_nodes;
   // Operators without a row in the table, counted conservatively (all their tensor inputs): name -> nodes.
   std::vector<std::pair<std::string, int64_t>> missing_ops;
   int64_t nodes = 0;  // graph nodes walked

@@ -29,7 +29,8 @@ const std::vector<std::string> kTopKeys = {"$schema", "module_classes", "min_num
                                            "mixed_precision", "ignored_modules", "ignored_params",
                                            "fsdp", "checks", "groups", "tensor_parallel",
                                            "activation_checkpointing", "hardware"};
-const std::vector<std::string> kActivationCheckpointingKeys = {"module_classes", "modules"};
+const std::vector<std::string> kActivationCheckpointingKeys = {"module_classes", "modules", "mode", "save_ops",
+                                                                "recompute_mm_fqns"};
 const std::vector<std::string> kChecksKeys = {"max_unit_numel", "max_units", "max_root_share", "max_peak_bytes",
                                               "fail_on", "warn_root_share"};
 const std::vector<std::string> kMixedPrecisionKeys = {"param_dtype", "reduce_dtype", "buffer_dtype",
@@ -316,7 +317,44 @@ class Parser {
     if (ac.module_classes.empty() && ac.modules.empty())
       fail("\"activation_checkpointing\" names no module: give \"module_classes\" (e.g. [\"LlamaDecoderLayer\"]) "
            "or \"modules\", or leave the key out");
+    checkpoint_mode(v, ac);
     return ac;
+  }
+
+  // "mode", "save_ops", "recompute_mm_fqns" (issue 42: selective checkpointing).
+  void checkpoint_mode(const json& v, ActivationCheckpointing& ac) const {
+    if (auto it = v.find("mode"); it != v.end() && !it->is_null()) {
+      if (!it->is_string() || (*it != "full" && *it != "selective"))
+        fail("\"activation_checkpointing.mode\" must be \"full\" or \"selective\", not " + it->dump());
+      ac.mode = *it == "selective" ? CheckpointMode::Selective : CheckpointMode::Full;
+    }
+    for (const char* key : {"save_ops", "recompute_mm_fqns"})
+      if (auto it = v.find(key); it != v.end() && !it->is_null() && !ac.selective())
+        fail(std::string("\"activation_checkpointing.") + key + "\" needs \"mode\": \"selective\"");
+    if (auto it = v.find("save_ops"); it != v.end() && !it->is_null()) {
+      if (it->is_string()) {
+        if (*it != "torchtitan")
+          fail("\"activation_checkpointing.save_ops\" must be \"torchtitan\" or a list of ATen overloads, not " +
+               it->dump());
+      } else {
+        ac.torchtitan_policy = false;
+        ac.save_ops = string_list(*it, "activation_checkpointing.save_ops", true);
+        if (ac.save_ops.empty())
+          fail("\"activation_checkpointing.save_ops\" is empty: give \"torchtitan\" or ATen overloads");
+        for (const std::string& op : ac.save_ops)
+          if (std::count(op.begin(), op.end(), '.') != 2 || op.front() == '.' || op.back() == '.' ||
+              op.find("..") != std::string::npos || op.find_first_of(" */") != std::string::npos)
+            fail("\"activation_checkpointing.save_ops\" holds \"" + op +
+                 "\": name an ATen overload as torch.ops spells it without the prefix, e.g. \"aten.mm.default\"");
+      }
+    }
+    if (auto it = v.find("recompute_mm_fqns"); it != v.end() && !it->is_null()) {
+      if (!ac.torchtitan_policy)
+        fail("\"activation_checkpointing.recompute_mm_fqns\" is part of torchtitan's policy: it needs "
+             "\"save_ops\": \"torchtitan\"");
+      ac.recompute_mm_fqns = string_list(*it, "activation_checkpointing.recompute_mm_fqns", true);
+      ac.recompute_mm_fqns_given = true;
+    }
   }
 
   double share(const json& v, const std::string& key) const {
@@ -504,6 +542,20 @@ nlohmann::ordered_json reshard_to_json(const ReshardAfterForward& r) {
   return true;
 }
 
+namespace {
+
+// The selective checkpointing fields, as the policy file spells them.
+void add_selective(nlohmann::ordered_json& ac, const ActivationCheckpointing& c) {
+  ac["mode"] = "selective";
+  if (c.torchtitan_policy)
+    ac["save_ops"] = "torchtitan";
+  else
+    ac["save_ops"] = c.save_ops;
+  if (c.recompute_mm_fqns_given) ac["recompute_mm_fqns"] = c.recompute_mm_fqns;
+}
+
+}  // namespace
+
 nlohmann::ordered_json policy_to_json(const Policy& p) {
   nlohmann::ordered_json out;
   out["auto_wrap"] = p.auto_wrap();
@@ -538,9 +590,13 @@ nlohmann::ordered_json policy_to_json(const Policy& p) {
   out["ignored_modules"] = p.ignored_modules;
   out["ignored_params"] = p.ignored_params;
   // Only when set, so plans without it stay as they were.
-  if (p.activation_checkpointing)
+  if (p.activation_checkpointing) {
     out["activation_checkpointing"] = {{"module_classes", p.activation_checkpointing->module_classes},
                                        {"modules", p.activation_checkpointing->modules}};
+    // Selective only, so full-AC plans stay as they were.
+    if (p.activation_checkpointing->selective())
+      add_selective(out["activation_checkpointing"], *p.activation_checkpointing);
+  }
   out["fsdp"] = {{"world_size", p.fsdp.world_size},
                  {"sharding_strategy", strategy_name(p.fsdp.strategy)},
                  {"shard_group_size", p.fsdp.shard_group_size > 0 ? nlohmann::ordered_json(p.fsdp.shard_group_size)
@@ -586,6 +642,7 @@ nlohmann::ordered_json policy_file_json(const Policy& p) {
     if (!p.activation_checkpointing->module_classes.empty())
       ac["module_classes"] = p.activation_checkpointing->module_classes;
     if (!p.activation_checkpointing->modules.empty()) ac["modules"] = p.activation_checkpointing->modules;
+    if (p.activation_checkpointing->selective()) add_selective(ac, *p.activation_checkpointing);
     out["activation_checkpointing"] = std::move(ac);
   }
   if (!p.groups.empty()) {

@@ -45,9 +45,27 @@ struct Fsdp2Group {
 // these classes (isinstance, as module_classes) or at these paths keeps only
 // its inputs through the forward and runs again in the backward. A module
 // inside another checkpointed one adds nothing the outer one does not cover.
+// mode "selective" (issue 42): per-op selective checkpointing in eager mode,
+// torch/utils/checkpoint.py create_selective_checkpoint_contexts as the
+// context_fn: ops the policy saves keep their outputs until the module's
+// backward, the rest are recomputed there (activations/selective.h).
+enum class CheckpointMode : uint8_t { Full, Selective };
 struct ActivationCheckpointing {
   std::vector<std::string> module_classes;
   std::vector<std::string> modules;  // exact module paths ("" is the whole model)
+  CheckpointMode mode = CheckpointMode::Full;
+  // Selective only. save_ops "torchtitan" (torchtitan's SelectiveAC policy:
+  // its save list, every second mm recomputed), or a list of ATen overloads
+  // (MUST_SAVE for these, PREFER_RECOMPUTE for the rest, as a list given to
+  // create_selective_checkpoint_contexts).
+  bool torchtitan_policy = true;
+  std::vector<std::string> save_ops;
+  // torchtitan's force_recompute_mm_shapes_by_fqns: a Linear whose path
+  // contains one of these; every mm of its weight's shape is recomputed.
+  std::vector<std::string> recompute_mm_fqns;
+  bool recompute_mm_fqns_given = false;
+
+  bool selective() const { return mode == CheckpointMode::Selective; }
 };
 
 // How activations are counted (command line only; not part of a policy file):

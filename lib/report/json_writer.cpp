@@ -221,6 +221,12 @@ void activations_json(JsonSink& w, const Plan& plan) {
             w.field("unit", index_or_null(c.unit));
             w.field("kept_bytes", c.kept_bytes);
             w.field("recompute_bytes", c.recompute_bytes);
+            // Selective checkpointing only, so full-AC plans stay as they were.
+            if (c.selective) {
+              w.field("mode", "selective");
+              w.field("cached_bytes", c.cached_bytes);
+              w.field("recompute_peak_bytes", c.recompute_peak_bytes);
+            }
           }
         });
     });

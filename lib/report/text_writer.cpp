@@ -134,6 +134,20 @@ std::string activations_clause(const Plan& plan) {
   return plan.activations.known() ? "" : "; activations not included";
 }
 
+// Selective checkpointing (issue 42): the policy, what its caches hold over
+// the forward, and the largest recompute working set of one module.
+std::string selective_text(const Plan& plan) {
+  const auto& ac = plan.policy.activation_checkpointing;
+  if (!ac || !ac->selective()) return "";
+  int64_t cached = 0, peak = 0;
+  for (const CheckpointedModule& c : plan.activations.checkpointed) {
+    cached += c.cached_bytes;
+    peak = std::max(peak, c.recompute_peak_bytes);
+  }
+  return std::string(" (selective, ") + (ac->torchtitan_policy ? "torchtitan's policy" : "listed ops") + ": " +
+         format_bytes(cached) + " of saved ops' outputs, recompute working set up to " + format_bytes(peak) + ")";
+}
+
 // Activations as their own category: from the graph (what forward saves, what
 // AC keeps), an allowance, or not known and how to get them.
 std::string activations_text(const Plan& plan) {
@@ -151,7 +165,7 @@ std::string activations_text(const Plan& plan) {
       line = "activations " + format_bytes(a.saved_bytes) + " saved in forward";
       if (!a.checkpointed.empty())
         line += ", " + format_bytes(a.held_bytes) + " held with " + std::to_string(a.checkpointed.size()) +
-                " checkpointed module" + (a.checkpointed.size() == 1 ? "" : "s");
+                " checkpointed module" + (a.checkpointed.size() == 1 ? "" : "s") + selective_text(plan);
       line += " (graph" + (dims.empty() ? std::string() : ", " + join(dims, " ")) + ", " + a.device + ", sdpa " +
               a.sdpa + (a.sdpa_kernels.empty() ? "" : ": " + join(a.sdpa_kernels)) + ")";
       if (a.loss.empty()) line += "; no loss in the export";

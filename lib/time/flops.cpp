@@ -202,6 +202,79 @@ NodeFlops node_flops(const WalkGraph& g, const WalkNode& n, const std::vector<bo
   return out;
 }
 
+namespace {
+
+// Activation checkpointing: each call of a checkpointed module (a maximal
+// run of consecutive nodes in its subtree, as the activation walk finds
+// them) runs its forward again in backward. Non-reentrant checkpointing
+// stops as soon as the last tensor the call saved is re-created
+// (torch/utils/checkpoint.py: _checkpoint_hook's unpack raises
+// _StopRecomputationError, early stop on by default): inputs are saved
+// before an op runs, outputs after, so ops past the last saving op, and
+// that op itself when it saves only its inputs, are not recomputed.
+void add_checkpoint_recompute(const WalkGraph& g, const ModuleTree& tree, const GraphFlopOptions& opt,
+                              const std::vector<int64_t>& fwd, const std::vector<bool>& out_grad, FlopProfile& out) {
+  const size_t nm = tree.num_modules(), nn = g.nodes.size();
+  auto module_of = [&](const WalkNode& n) -> ModuleId {
+    return n.module >= 0 && static_cast<size_t>(n.module) < nm ? n.module : 0;
+  };
+  std::vector<ModuleId> region_of(nm, -1);
+  for (ModuleId m : opt.checkpointed) region_of[static_cast<size_t>(m)] = m;
+  for (ModuleId m : tree.preorder()) {
+    const ModuleId parent = tree.module(m).parent;
+    if (region_of[static_cast<size_t>(m)] < 0 && parent >= 0)
+      region_of[static_cast<size_t>(m)] = region_of[static_cast<size_t>(parent)];
+  }
+  struct Run {
+    ModuleId module;
+    size_t first, last;
+  };
+  std::vector<Run> runs;
+  ModuleId prev = -1;
+  for (size_t i = 0; i < nn; ++i) {
+    const ModuleId mod = g.nodes[i].module;
+    ModuleId r = mod >= 0 && static_cast<size_t>(mod) < nm ? region_of[static_cast<size_t>(mod)] : -1;
+    if (mod < 0 && prev >= 0 && i + 1 < nn) r = prev;  // a node with no module (sym_size) stays in its call
+    if (r < 0) {
+      prev = -1;
+      continue;
+    }
+    if (r != prev) runs.push_back({r, i, i});
+    runs.back().last = i;
+    prev = r;
+  }
+  std::vector<bool> cached(nn, false);
+  for (int32_t i : opt.sac_saved_nodes)
+    if (i >= 0 && static_cast<size_t>(i) < nn) cached[static_cast<size_t>(i)] = true;
+  for (const Run& run : runs) {
+    if (opt.selective) {
+      for (size_t i = run.first; i <= run.last; ++i)
+        if (!cached[i])
+          out.own[static_cast<size_t>(module_of(g.nodes[i]))].recompute =
+              add(out.own[static_cast<size_t>(module_of(g.nodes[i]))].recompute, fwd[i]);
+      continue;
+    }
+    size_t stop = run.first;
+    bool found = false, output = false;
+    for (size_t i = run.first; i <= run.last; ++i) {
+      const Saves s = saves_of(g.nodes[i].op);
+      if (s != Saves::Nothing && out_grad[i]) {
+        stop = i;
+        found = true;
+        output = s == Saves::Output;
+      }
+    }
+    if (!found) continue;
+    for (size_t i = run.first; i <= run.last; ++i)
+      if (i < stop || (i == stop && output))
+        out.own[static_cast<size_t>(module_of(g.nodes[i]))].recompute =
+            add(out.own[static_cast<size_t>(module_of(g.nodes[i]))].recompute, fwd[i]);
+  }
+
+}
+
+}  // namespace
+
 FlopProfile count_graph_flops(const WalkGraph& g, const ModuleTree& tree, const GraphFlopOptions& opt) {
   const size_t nm = tree.num_modules();
   FlopProfile out;
@@ -261,58 +334,7 @@ FlopProfile count_graph_flops(const WalkGraph& g, const ModuleTree& tree, const 
         out_grad[i] = true;
       }
   }
-  // Activation checkpointing: each call of a checkpointed module (a maximal
-  // run of consecutive nodes in its subtree, as the activation walk finds
-  // them) runs its forward again in backward. Non-reentrant checkpointing
-  // stops as soon as the last tensor the call saved is re-created
-  // (torch/utils/checkpoint.py: _checkpoint_hook's unpack raises
-  // _StopRecomputationError, early stop on by default): inputs are saved
-  // before an op runs, outputs after, so ops past the last saving op, and
-  // that op itself when it saves only its inputs, are not recomputed.
-  if (!opt.checkpointed.empty()) {
-    std::vector<ModuleId> region_of(nm, -1);
-    for (ModuleId m : opt.checkpointed) region_of[static_cast<size_t>(m)] = m;
-    for (ModuleId m : tree.preorder()) {
-      const ModuleId parent = tree.module(m).parent;
-      if (region_of[static_cast<size_t>(m)] < 0 && parent >= 0)
-        region_of[static_cast<size_t>(m)] = region_of[static_cast<size_t>(parent)];
-    }
-    struct Run {
-      ModuleId module;
-      size_t first, last;
-    };
-    std::vector<Run> runs;
-    ModuleId prev = -1;
-    for (size_t i = 0; i < nn; ++i) {
-      const ModuleId mod = g.nodes[i].module;
-      ModuleId r = mod >= 0 && static_cast<size_t>(mod) < nm ? region_of[static_cast<size_t>(mod)] : -1;
-      if (mod < 0 && prev >= 0 && i + 1 < nn) r = prev;  // a node with no module (sym_size) stays in its call
-      if (r < 0) {
-        prev = -1;
-        continue;
-      }
-      if (r != prev) runs.push_back({r, i, i});
-      runs.back().last = i;
-      prev = r;
-    }
-    for (const Run& run : runs) {
-      size_t stop = run.first;
-      bool found = false, output = false;
-      for (size_t i = run.first; i <= run.last; ++i) {
-        const Saves s = saves_of(g.nodes[i].op);
-        if (s != Saves::Nothing && out_grad[i]) {
-          stop = i;
-          found = true;
-          output = s == Saves::Output;
-        }
-      }
-      if (!found) continue;
-      for (size_t i = run.first; i <= run.last; ++i)
-        if (i < stop || (i == stop && output))
-          out.own[static_cast<size_t>(module_of(g.nodes[i]))].recompute =
-              add(out.own[static_cast<size_t>(module_of(g.nodes[i]))].recompute, fwd[i]);
-    }
-  }
+  if (!opt.checkpointed.empty()) add_checkpoint_recompute(g, tree, opt, fwd, out_grad, out);
   for (const auto& [op, count] : unknown)
     out.notes.push_back(op + " (" + std::to_string(count) + (count == 1 ? " node" : " nodes") +
                         ") counted as 0 FLOPs: FlopCounterMode's formulas here do not cover it");
@@ -330,7 +352,11 @@ FlopProfile plan_graph_flops(const Plan& plan, const Graph& graph) {
   else own.emplace(walk_input(graph, dims));
   const WalkGraph& input = walked ? *walked : *own;
   GraphFlopOptions opt;
-  for (const CheckpointedModule& c : plan.activations.checkpointed) opt.checkpointed.push_back(c.module);
+  for (const CheckpointedModule& c : plan.activations.checkpointed) {
+    opt.checkpointed.push_back(c.module);
+    opt.selective = opt.selective || c.selective;
+  }
+  opt.sac_saved_nodes = plan.activations.sac_saved_nodes;
   opt.trainable_params = plan_trainable_params(plan);
   opt.tp_local = tp_local_tensors(input, plan);
   if (!opt.tp_local.empty()) opt.tp = plan.mesh.size(MeshDim::Tp);

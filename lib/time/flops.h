@@ -43,6 +43,11 @@ NodeFlops node_flops(const WalkGraph& graph, const WalkNode& node, const std::ve
 
 struct GraphFlopOptions {
   std::vector<ModuleId> checkpointed;  // outermost checkpointed modules (activations.h)
+  // Selective checkpointing (activations/selective.h): each call is recomputed
+  // whole (torchtitan's early_stop=False) but for the nodes the policy saved
+  // (ActivationPlan::sac_saved_nodes), which its cache hands back.
+  bool selective = false;
+  std::vector<int32_t> sac_saved_nodes;
   std::vector<bool> trainable_params;  // per tree TensorId; empty: requires_grad as recorded
   // Tensor parallelism (tp/local.h): per graph tensor, whether a rank holds a
   // 1/tp share; an op with such an argument counts 1/tp of its FLOPs.

@@ -226,7 +226,10 @@ std::vector<std::string> assumptions(const Plan& plan, const StepTime& t) {
         dims += (dims.empty() ? "" : ", ") + name + "=" + std::to_string(value);
       source += dims.empty() ? "the exported shapes" : dims;
       const size_t ac = plan.activations.checkpointed.size();
-      source += ac ? ", with the recompute of " + std::to_string(ac) + " checkpointed module" + (ac == 1 ? "" : "s")
+      const bool sac = ac && plan.activations.checkpointed.front().selective;
+      source += ac ? ", with the " + std::string(sac ? "selective recompute (the ops its policy saves left out) of "
+                                                     : "recompute of ") +
+                         std::to_string(ac) + " checkpointed module" + (ac == 1 ? "" : "s")
                    : ", no activation checkpointing";
     }
     out.push_back("FLOPs: " + source +

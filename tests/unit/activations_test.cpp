@@ -836,3 +836,172 @@ TEST_CASE("memory: the batch is held through the step, the optimizer step includ
   const ActivationPlan mp = walk_bf16_cast(net, plan);
   CHECK(mp.input_bytes == 96 + 48);
 }
+
+// ------------------------------------------------------------------ selective checkpointing (issue 42)
+namespace {
+
+// A block of four bias-free Linears (fc1 4->8, fc2 8->8, fc3 8->8, fc4 8->4) with a relu after each
+// of the first three, then a head (Linear(4, 10) with bias) and the loss in the root. Tokens: 6, fp32.
+// A bias-free linear on a 2-D input is one mm (aten/src/ATen/native/Linear.cpp), so the block runs
+// four mms: a1 [6, 8], a2, a3 [6, 8] and a4 [6, 4]. autograd saves each relu's output (192 B), which
+// the next linear saves too, and the head saves a4 (96 B, outside the block).
+struct SacNet {
+  TreeBuilder b{"__torch__.Net"};
+  GraphBuilder gb;
+  SacNet() {
+    b.add("layers", "ModuleList");
+    b.add("layers.0", "Block");
+    b.linear("layers.0.fc1", 4, 8);
+    b.linear("layers.0.fc2", 8, 8);
+    b.linear("layers.0.fc3", 8, 8);
+    b.linear("layers.0.fc4", 8, 4);
+    b.linear("head", 4, 10);
+    gb.input("x", {6, 4});
+    gb.input("y", {6}, i64());
+    const std::vector<std::pair<int64_t, int64_t>> shapes = {{8, 4}, {8, 8}, {8, 8}, {4, 8}};
+    TensorId t = 0;
+    for (size_t k = 0; k < 4; ++k) {
+      gb.param("w" + std::to_string(k + 1), {shapes[k].first, shapes[k].second}, t);
+      t += 2;  // the tree's bias, unused by the graph
+    }
+    gb.param("hw", {10, 4}, t++);
+    gb.param("hb", {10}, t++);
+    std::string h = "x";
+    for (int k = 1; k <= 4; ++k) {
+      const std::string fc = "layers.0.fc" + std::to_string(k), a = "a" + std::to_string(k);
+      gb.node("aten.linear.default", b.id(fc), {{"input", h}, {"weight", "w" + std::to_string(k)}}, a,
+              {6, k == 4 ? 4 : 8});
+      h = a;
+      if (k < 4) {
+        gb.node("aten.relu.default", b.id("layers.0"), {{"self", a}}, "r" + std::to_string(k), {6, 8});
+        h = "r" + std::to_string(k);
+      }
+    }
+    gb.node("aten.linear.default", b.id("head"), {{"input", h}, {"weight", "hw"}, {"bias", "hb"}}, "logits", {6, 10});
+    gb.node("aten.cross_entropy_loss.default", 0, {{"self", "logits"}, {"target", "y"}}, "loss", {});
+    gb.g.outputs = {gb.ids.at("loss"), gb.ids.at("logits")};
+  }
+};
+
+ActivationPlan walk_sac(SacNet& net, const SacPolicy* sac) {
+  WalkOptions opt;
+  opt.env = env(ComputeDevice::Cuda);
+  opt.checkpointed = {net.b.id("layers.0")};
+  opt.unit_of_module.assign(net.b.tree.num_modules(), 0);
+  opt.sac = sac;
+  ActivationPlan acts;
+  acts.source = ActivationSource::Graph;
+  std::vector<Warning> warnings;
+  walk_graph(net.gb.g, net.b.tree, 1, opt, acts, &warnings);
+  CHECK(warnings.empty());
+  return acts;
+}
+
+}  // namespace
+
+TEST_CASE("selective: torchtitan's policy saves the odd mms of a call, recomputes the even ones") {
+  // torchtitan 0.3.0 SelectiveAC: the count goes up before the check, so the 1st and 3rd mm are
+  // saved (count 1, 3: odd), the 2nd and 4th recomputed.
+  SacPolicy tt;
+  SacCallPolicy call(tt);
+  CHECK(call.saves("aten.mm.default", std::nullopt));
+  CHECK_FALSE(call.saves("aten.mm.default", std::nullopt));
+  CHECK(call.saves("aten.addmm.default", std::nullopt));  // always saved, not counted
+  CHECK(call.saves("aten.mm.default", std::nullopt));
+  CHECK_FALSE(call.saves("aten.relu.default", std::nullopt));
+  CHECK(call.saves("aten.topk.default", std::nullopt));
+  CHECK_FALSE(call.saves("aten._scaled_dot_product_flash_attention_for_cpu.default", std::nullopt));
+  CHECK(call.saves("aten._scaled_dot_product_efficient_attention.default", std::nullopt));
+  CHECK(call.mm_count() == 3);
+  // A forced shape is recomputed and not counted.
+  tt.recompute_mm_shapes = {{16, 4}};
+  SacCallPolicy forced(tt);
+  CHECK_FALSE(forced.saves("aten.mm.default", std::make_pair(int64_t{16}, int64_t{4})));
+  CHECK(forced.saves("aten.mm.default", std::make_pair(int64_t{4}, int64_t{16})));
+  CHECK(forced.mm_count() == 1);
+  // What the dispatch mode sees of composite ops, by the op table's case.
+  CHECK(sac_dispatch("aten.linear.default", "mm(input, weight.t()) (+ add_(bias))")[0].op == "aten.mm.default");
+  CHECK(sac_dispatch("aten.linear.default", "addmm(bias, input, weight.t())")[0].op == "aten.addmm.default");
+  CHECK(sac_dispatch("aten.matmul.default", "batched (expand + reshape to 3-D, bmm); equal batch dims assumed")[0].op ==
+        "aten.bmm.default");
+  CHECK(sac_dispatch("aten.scaled_dot_product_attention.default", "math (_scaled_dot_product_attention_math)").size() ==
+        2);
+}
+
+TEST_CASE("selective: the saved mms' outputs are held to the block's recompute, the rest recomputed") {
+  SacNet net;
+  const ActivationPlan full = walk_sac(net, nullptr);
+  SacPolicy tt;
+  const ActivationPlan sac = walk_sac(net, &tt);
+  REQUIRE(sac.checkpointed.size() == 1);
+  const CheckpointedModule& c = sac.checkpointed[0];
+  CHECK(c.selective);
+  CHECK_FALSE(full.checkpointed[0].selective);
+  // a1 and a3 (the 1st and 3rd mm, 192 B each) are cached; a2 and a4 are not.
+  CHECK(c.cached_bytes == 192 + 192);
+  CHECK(sac.held_bytes == full.held_bytes + 384);
+  // The nodes: a1 is node 0, r1 1, a2 2, r2 3, a3 4.
+  CHECK(sac.sac_saved_nodes == std::vector<int32_t>{0, 4});
+  // The recompute saves the three relu outputs again (not cached).
+  CHECK(c.recompute_bytes == 3 * 192);
+  CHECK(full.checkpointed[0].recompute_bytes == 3 * 192);
+  // Its working set: r1, r2, r3 saved as they come, a2 until r2 is made, and a4 (made again, held
+  // outside, dropped at the end): 3 * 192 + 96.
+  CHECK(c.recompute_peak_bytes == 3 * 192 + 96);
+  // Forward: the cached outputs stay to the end of the forward.
+  REQUIRE(sac.runs.size() == 1);
+  CHECK(sac.runs[0].forward_end == full.runs[0].forward_end + 384);
+  // Backward: the recompute's working set on top of what is live at its start (the cached 384 among it).
+  CHECK(sac.runs[0].backward_peak >= 384 + 3 * 192 + 96);
+  CHECK(sac.runs[0].backward_end == full.runs[0].backward_end);
+}
+
+TEST_CASE("selective: recompute_mm_fqns forces every mm of that weight shape, a list policy saves what it names") {
+  SacNet net;
+  // fc3's weight is (8, 8): fc2's mm has the same shape and is forced too; fc1 (count 1) is saved,
+  // fc4 (count 2) recomputed.
+  SacPolicy forced;
+  forced.recompute_mm_shapes = {{8, 8}};
+  CHECK(walk_sac(net, &forced).checkpointed[0].cached_bytes == 192);
+  SacPolicy list;
+  list.torchtitan = false;
+  list.save_ops = {"aten.mm.default"};
+  CHECK(walk_sac(net, &list).checkpointed[0].cached_bytes == 3 * 192 + 96);
+  list.save_ops = {"aten.relu.default"};
+  // relu's outputs: cached, and saved by autograd in the recompute (already live: not made again).
+  const ActivationPlan relu = walk_sac(net, &list);
+  CHECK(relu.checkpointed[0].cached_bytes == 3 * 192);
+  CHECK(relu.checkpointed[0].recompute_bytes == 0);
+}
+
+TEST_CASE("policy: activation_checkpointing mode selective is read, written back and checked") {
+  Policy p = policy(R"({"activation_checkpointing": {"module_classes": ["Block"], "mode": "selective",
+                        "recompute_mm_fqns": ["router.gate"]}})");
+  REQUIRE(p.activation_checkpointing);
+  CHECK(p.activation_checkpointing->selective());
+  CHECK(p.activation_checkpointing->torchtitan_policy);
+  CHECK(p.activation_checkpointing->recompute_mm_fqns == Names{"router.gate"});
+  Policy back = policy(policy_file_json(p).dump());
+  REQUIRE(back.activation_checkpointing);
+  CHECK(back.activation_checkpointing->selective());
+  CHECK(back.activation_checkpointing->recompute_mm_fqns == Names{"router.gate"});
+  CHECK(policy_to_json(p)["activation_checkpointing"]["save_ops"] == "torchtitan");
+  Policy list = policy(R"({"activation_checkpointing": {"modules": [""], "mode": "selective",
+                           "save_ops": ["aten.mm.default"]}})");
+  CHECK_FALSE(list.activation_checkpointing->torchtitan_policy);
+  CHECK(policy(policy_file_json(list).dump()).activation_checkpointing->save_ops == Names{"aten.mm.default"});
+  // Full AC (the default) writes nothing new.
+  Policy full = policy(R"({"activation_checkpointing": {"module_classes": ["Block"], "mode": "full"}})");
+  CHECK_FALSE(full.activation_checkpointing->selective());
+  CHECK_FALSE(policy_file_json(full)["activation_checkpointing"].contains("mode"));
+  CHECK_THROWS_WITH_AS(policy(R"({"activation_checkpointing": {"module_classes": ["B"], "mode": "op"}})"),
+                       doctest::Contains("\"full\" or \"selective\""), InputError);
+  CHECK_THROWS_WITH_AS(policy(R"({"activation_checkpointing": {"module_classes": ["B"], "save_ops": "torchtitan"}})"),
+                       doctest::Contains("needs \"mode\": \"selective\""), InputError);
+  CHECK_THROWS_WITH_AS(policy(R"({"activation_checkpointing": {"module_classes": ["B"], "mode": "selective",
+                                  "save_ops": ["mm"]}})"),
+                       doctest::Contains("e.g. \"aten.mm.default\""), InputError);
+  CHECK_THROWS_WITH_AS(policy(R"({"activation_checkpointing": {"module_classes": ["B"], "mode": "selective",
+                                  "save_ops": ["aten.mm.default"], "recompute_mm_fqns": ["g"]}})"),
+                       doctest::Contains("torchtitan's policy"), InputError);
+}

@@ -157,6 +157,19 @@ TEST_CASE("graph FLOPs: activation checkpointing recomputes up to the last savin
     CHECK(net.own(p, "layers.1.fc2").recompute == 0);
     CHECK(net.own(p, "head").recompute == 0);
   }
+  SUBCASE("selective: the whole call again (early_stop=False) but the nodes the policy saved") {
+    Net net;
+    GraphFlopOptions opt;
+    opt.checkpointed = {net.b.id("layers.0"), net.b.id("layers.1")};
+    opt.selective = true;
+    opt.sac_saved_nodes = {0};  // layers.0.fc1's output came from the cache
+    FlopProfile p = net.count(opt);
+    CHECK(net.own(p, "layers.0.fc1").recompute == 0);
+    CHECK(net.own(p, "layers.0.fc2").recompute == 384);
+    CHECK(net.own(p, "layers.1.fc1").recompute == 384);
+    CHECK(net.own(p, "layers.1.fc2").recompute == 384);
+    CHECK(net.own(p, "head").recompute == 0);
+  }
   SUBCASE("a trailing op that saves its output (tanh): the whole block again") {
     Net net(true);
     GraphFlopOptions opt;

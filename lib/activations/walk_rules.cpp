@@ -1,0 +1,116 @@
+#include "activations/walk_rules.h"
+
+#include <algorithm>
+
+namespace fsdp_plan {
+
+// Backward temporaries beyond the input gradients, for composite operators
+// whose backward runs several kernels: their intermediate gradient lives
+// next to the one they return. cross_entropy_loss's backward is
+// nll_loss_backward (a [N, C] gradient of the log-probabilities) then
+// _log_softmax_backward_data (the [N, C] gradient of the logits), both in
+// self's dtype (aten/src/ATen/native/LossNLL.cpp, SoftMax.cpp): at the loss of
+// a vocabulary-sized head this is the step's largest temporary
+// (tests/activations/refs/headline_8b_noac.json: Temp 3.91 GiB = 2 x [4096, 128256] fp32).
+// The math SDPA's backward holds the gradients of the probabilities and of
+// the scores, both [B, H, L, S] (attention.cpp: _scaled_dot_product_attention_math).
+int64_t backward_extra(std::string_view op, const char* case_name, const CallArgs& args) {
+  auto bytes_of = [&](std::string_view name) -> int64_t {
+    const ArgValue* a = args.find(name);
+    return a && a->kind == ArgValue::Kind::Tensor && a->tensor ? a->tensor->numel() * a->tensor->dtype->itemsize : 0;
+  };
+  if (op == "aten.cross_entropy_loss.default") return bytes_of("self");
+  if (op == "aten.scaled_dot_product_attention.default" && case_name &&
+      std::string_view(case_name).find("math") != std::string_view::npos) {
+    const ArgValue* q = args.find("query");
+    const ArgValue* k = args.find("key");
+    if (!q || !k || !q->tensor || !k->tensor || q->tensor->sizes.size() < 2) return 0;
+    int64_t probs = k->tensor->sizes[k->tensor->sizes.size() - 2];
+    for (size_t d = 0; d + 1 < q->tensor->sizes.size(); ++d) probs *= q->tensor->sizes[d];
+    const int64_t itemsize = q->tensor->dtype && q->tensor->dtype->itemsize == 2 ? 4 : q->tensor->dtype->itemsize;
+    return 2 * probs * itemsize;
+  }
+  return 0;
+}
+
+// The view's strides from its input's, where the input's were corrected
+// (graph_walk.py: _view_strides); nullopt when not derivable.
+std::optional<std::vector<int64_t>> view_strides(std::string_view name, const OpTensor& t, const OpTensor& o,
+                                                 const CallArgs& args) {
+  const int64_t n = static_cast<int64_t>(t.sizes.size());
+  auto get = [&](std::string_view k, int64_t fallback) {
+    const ArgValue* a = args.find(k);
+    return a && a->kind == ArgValue::Kind::Int ? a->i : fallback;
+  };
+  auto mod = [](int64_t a, int64_t m) { return m == 0 ? 0 : ((a % m) + m) % m; };
+  std::vector<int64_t> st = t.strides;
+  if (name == "alias" || name == "split" || name == "chunk" || name == "contiguous" || name == "to" ||
+      name == "expand_as" || name == "detach")
+    return st;
+  if (name == "transpose") {
+    const int64_t d0 = mod(get("dim0", 0), n), d1 = mod(get("dim1", 0), n);
+    std::swap(st[static_cast<size_t>(d0)], st[static_cast<size_t>(d1)]);
+    return st;
+  }
+  if (name == "t") {
+    std::reverse(st.begin(), st.end());
+    return st;
+  }
+  if (name == "permute") {
+    const ArgValue* dims = args.find("dims");
+    if (!dims || dims->kind != ArgValue::Kind::Ints) return std::nullopt;
+    std::vector<int64_t> out;
+    for (int64_t d : dims->ints) out.push_back(st[static_cast<size_t>(mod(d, n))]);
+    return out;
+  }
+  if (name == "view" || name == "reshape" || name == "_unsafe_view" || name == "flatten")
+    return compute_view_strides(t.sizes, t.strides, o.sizes);
+  if (name == "unsqueeze") {
+    const int64_t d = mod(get("dim", 0), n + 1);
+    const int64_t added = d < n ? st[static_cast<size_t>(d)] * t.sizes[static_cast<size_t>(d)] : 1;
+    st.insert(st.begin() + d, added);
+    return st;
+  }
+  if (name == "squeeze") {
+    if (n == 0) return st;
+    const int64_t d = mod(get("dim", 0), n);
+    if (t.sizes[static_cast<size_t>(d)] == 1) st.erase(st.begin() + d);
+    return st;
+  }
+  if (name == "select") {
+    st.erase(st.begin() + mod(get("dim", 0), n));
+    return st;
+  }
+  if (name == "slice") {
+    st[static_cast<size_t>(mod(get("dim", 0), n))] *= get("step", 1);
+    return st;
+  }
+  if (name == "expand") {
+    const int64_t k = static_cast<int64_t>(o.sizes.size()) - n;
+    if (k < 0) return std::nullopt;
+    std::vector<int64_t> out(static_cast<size_t>(k), 0);
+    for (int64_t i = 0; i < n; ++i)
+      out.push_back(t.sizes[static_cast<size_t>(i)] == 1 && o.sizes[static_cast<size_t>(k + i)] != 1
+                        ? 0
+                        : st[static_cast<size_t>(i)]);
+    return out;
+  }
+  return std::nullopt;
+}
+
+// Operators whose backward returns the output's gradient itself to an input
+// of the same size (derivatives.yaml add.Tensor: self: grad, other: grad (alpha 1); clone: grad).
+bool passes_gradient(std::string_view op) {
+  return op == "aten.add.Tensor" || op == "aten.clone.default" ||
+         op == "aten.lift_fresh_copy.default";
+}
+
+// "aten.transpose.int" -> "transpose"
+std::string_view aten_op_base(std::string_view op) {
+  const size_t a = op.find('.');
+  if (a == std::string_view::npos) return op;
+  const size_t b = op.find('.', a + 1);
+  return op.substr(a + 1, b == std::string_view::npos ? std::string_view::npos : b - a - 1);
+}
+
+}  // namespace fsdp_plan
