@@ -1101,6 +1101,7 @@ class Reader {
              std::to_string(m) + " machines, " + std::to_string(n / m * m) + " in all, not " + std::to_string(n) +
              "; set num_processes to a multiple of num_machines");
       note("num_machines", std::to_string(m), true);
+      out_.policy.hardware.gpus_per_node = n / m;  // nproc_per_node: a node of the time model
     }
   }
 
@@ -1394,6 +1395,8 @@ class Reader {
     note("mixed_precision", mp, given);
     out_.mixed_precision = mp;
     out_.policy.mixed_precision = accelerate_dtypes(mp, out_.policy.fsdp.version);
+    // Accelerate then keeps fp32 master weights (plan/master_weights.h).
+    out_.policy.fsdp.fp32_master_weights = mp != "no";
   }
 
   // The launcher exports every size, one the file leaves out as its default 1, dp_shard_size included

@@ -153,7 +153,7 @@ MemoryPlan estimate_memory(const Plan& plan, const FsdpSettings& settings, bool 
     const int64_t state_itemsize = settings.optimizer == Optimizer::SgdMomentum ? kept_itemsize : itemsize;
     r.optimizer_bytes += states * state_numel * state_itemsize;
     // Adam's step counter: a 4-byte tensor per parameter it steps (optim/adam.py: _init_group).
-    if (trains && settings.optimizer == Optimizer::Adam) {
+    if (trains && is_adam(settings.optimizer)) {
       if (u.frozen_numel > 0 && settings.use_orig_params) {
         int64_t offset = 0;
         const int64_t aligned = std::max<int64_t>(1, 16 / itemsize);
@@ -191,7 +191,7 @@ MemoryPlan estimate_memory(const Plan& plan, const FsdpSettings& settings, bool 
   r.params_bytes += ignored_all;
   r.grads_bytes += ignored;
   r.optimizer_bytes += states * ignored;
-  if (settings.optimizer == Optimizer::Adam) r.optimizer_bytes += 4 * static_cast<int64_t>(optim_params.size());
+  if (is_adam(settings.optimizer)) r.optimizer_bytes += 4 * static_cast<int64_t>(optim_params.size());
   r.steady_bytes = r.params_bytes + r.grads_bytes + r.optimizer_bytes + r.buffers_bytes;
 
   // Walk a training step. Gradients were freed by zero_grad before forward;
@@ -361,7 +361,7 @@ MemoryPlan estimate_memory(const Plan& plan, const FsdpSettings& settings, bool 
   // The optimizer step: the steady state, nothing gathered, and Adam's
   // temporaries (adam_step_temp_bytes).
   int64_t optimizer_temp = 0;
-  if (settings.optimizer == Optimizer::Adam)
+  if (is_adam(settings.optimizer))
     optimizer_temp = adam_step_temp_bytes(optim_params, settings.optimizer_impl.value_or(OptimizerImpl::ForLoop));
   MemoryStep step;
   step.phase = "optimizer step";
@@ -390,7 +390,7 @@ MemoryPlan estimate_memory(const Plan& plan, const FsdpSettings& settings, bool 
       if (live && gathered[k] > 0) r.peak_gathered.push_back(static_cast<int>(k));
     }
   }
-  if (kept_low_grads && settings.optimizer == Optimizer::Adam)
+  if (kept_low_grads && is_adam(settings.optimizer))
     mem.notes.push_back("keep_low_precision_grads: torch.optim.Adam and AdamW raise on low-precision gradients of "
                         "full-precision parameters (\"expected dtype float for `end`\"); the optimizer figures assume "
                         "one that accepts them and keeps its state in the parameters' dtype");

@@ -202,7 +202,7 @@ MemoryPlan Fsdp2Memory::estimate(const FsdpSettings& settings, bool timeline) co
     g.rs_output_is_grad = up.rs_output_is_grad;
     g.grads_sharded = trainable_sharded;
     // Rank 0's real shard is ceil(d0/S) rows: its whole padded shard.
-    g.optimizer = states * trainable_sharded + (settings.optimizer == Optimizer::Adam ? 4 * trainable : 0);
+    g.optimizer = states * trainable_sharded + (is_adam(settings.optimizer) ? 4 * trainable : 0);
     UnitMemory um;
     um.sharded_numel = padded_numel;
     um.flat_numel = padded_numel * S;
@@ -467,7 +467,7 @@ MemoryPlan Fsdp2Memory::estimate(const FsdpSettings& settings, bool timeline) co
   live.reduce_scatter = 0;
   live.grads_unsharded = 0;
   live.grads_sharded += ignored_grads;
-  if (settings.optimizer == Optimizer::Adam) {
+  if (is_adam(settings.optimizer)) {
     std::vector<int64_t> state;  // each trainable parameter's local state tensor, in the optimizer's order
     for (size_t k : optim_order_) {
       const Param& p = params_[k];

@@ -29,6 +29,7 @@ class Analysis {
       mixed_precision();
       shared_params();
     }
+    mixed_precision_noop();
     empty_units();
     unmatched_classes();
     unmatched_globs();
@@ -111,6 +112,29 @@ class Analysis {
         "the model already has FSDP applied (at " + listing(modules) +
             "); FSDP auto wrapping would refuse it. Save the model before wrapping it with FSDP.",
         modules);
+  }
+
+  // A param_dtype every trainable parameter already has casts nothing: FSDP
+  // shards parameters in it, and their gradients and the optimizer state are
+  // in it too (issue 41, item 2). torchtitan builds its model in float32 and
+  // Accelerate casts to float32 (plan/master_weights.h): both keep fp32 masters.
+  void mixed_precision_noop() {
+    const auto& mp = plan_.policy.mixed_precision;
+    if (!mp || !mp->param_dtype) return;
+    int64_t trainable = 0;
+    for (TensorId t = 0; t < static_cast<TensorId>(tree_.num_tensors()); ++t) {
+      if (!tree_.is_param(t) || !tree_.tensor(t).requires_grad) continue;
+      if (tree_.tensor(t).dtype != *mp->param_dtype) return;
+      ++trainable;
+    }
+    if (trainable == 0) return;
+    const std::string& d = *mp->param_dtype;
+    add("mixed_precision_noop", Severity::Warning,
+        "mixed_precision.param_dtype " + d + " is the dtype every trainable parameter already has, so it casts "
+            "nothing: FSDP shards " + d + " parameters, and their gradients and optimizer state are " + d +
+            " too (no fp32 master weights; torchtitan builds its model in float32, Accelerate casts it to "
+            "float32); to plan fp32 masters, export the model in float32 (fsdp-plan-export --dtype float32) or "
+            "set \"fsdp\": {\"fp32_master_weights\": true}");
   }
 
   void mixed_precision() {

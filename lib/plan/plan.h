@@ -70,6 +70,8 @@ struct Plan {
   // The loaded tree without module aliases (aliases.h), when it had any: `tree` points here.
   std::shared_ptr<const ModuleTree> dealiased_tree;
   std::vector<Alias> aliases;
+  // That tree with fsdp.fp32_master_weights' casts (plan/master_weights.h), when any: `tree` points here.
+  std::shared_ptr<const ModuleTree> master_weights_tree;
   Policy policy;
   ModelSummary model;
   std::vector<Unit> units;

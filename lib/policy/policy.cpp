@@ -47,7 +47,7 @@ const std::pair<const char*, std::optional<bool> MixedPrecision::*> kFlagFields[
     {"cast_root_forward_inputs", &MixedPrecision::cast_root_forward_inputs}};
 const std::vector<std::string> kFsdpKeys = {"world_size", "sharding_strategy", "shard_group_size",
                                             "use_orig_params", "optimizer", "optimizer_impl", "version",
-                                            "reshard_after_forward", "cpu_offload"};
+                                            "reshard_after_forward", "cpu_offload", "fp32_master_weights"};
 std::vector<std::string> hardware_keys() {
   std::vector<std::string> out = {"preset", "gpus_per_node"};
   for (const auto& f : hardware_fields()) out.push_back(f.key);
@@ -188,6 +188,10 @@ class Parser {
     if (auto it = v.find("use_orig_params"); it != v.end()) {
       if (!it->is_boolean()) fail("\"fsdp.use_orig_params\" must be true or false, not " + json_type_name(*it));
       out.use_orig_params = it->get<bool>();
+    }
+    if (auto it = v.find("fp32_master_weights"); it != v.end()) {
+      if (!it->is_boolean()) fail("\"fsdp.fp32_master_weights\" must be true or false, not " + json_type_name(*it));
+      out.fp32_master_weights = it->get<bool>();
     }
     if (auto it = v.find("optimizer"); it != v.end())
       out.optimizer = *optimizer_names().parse(one_of(*it, "fsdp.optimizer", optimizer_names().names()));
@@ -506,6 +510,7 @@ nlohmann::ordered_json policy_to_json(const Policy& p) {
                  {"use_orig_params", p.fsdp.use_orig_params},
                  {"optimizer", optimizer_name(p.fsdp.optimizer)}};
   if (p.fsdp.optimizer_impl) out["fsdp"]["optimizer_impl"] = optimizer_impl_name(*p.fsdp.optimizer_impl);
+  if (p.fsdp.fp32_master_weights) out["fsdp"]["fp32_master_weights"] = true;  // only when set, as above
   if (p.fsdp.v2()) {
     out["fsdp"]["version"] = 2;
     out["fsdp"]["reshard_after_forward"] = reshard_to_json(p.fsdp.reshard_after_forward);
@@ -562,6 +567,7 @@ nlohmann::ordered_json policy_file_json(const Policy& p) {
   fsdp["optimizer"] = optimizer_name(p.fsdp.optimizer);
   if (p.fsdp.optimizer_impl) fsdp["optimizer_impl"] = optimizer_impl_name(*p.fsdp.optimizer_impl);
   if (p.fsdp.cpu_offload) fsdp["cpu_offload"] = true;
+  if (p.fsdp.fp32_master_weights) fsdp["fp32_master_weights"] = true;
   if (p.fsdp.v2()) {
     fsdp["version"] = 2;
     if (!(p.fsdp.reshard_after_forward == ReshardAfterForward{}))

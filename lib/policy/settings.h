@@ -15,7 +15,9 @@ namespace fsdp_plan {
 // --fsdp-version, Accelerate's fsdp_version.
 enum class FsdpVersion { V1 = 1, V2 = 2 };
 enum class ShardingStrategy { FullShard, ShardGradOp, NoShard, HybridShard };
-enum class Optimizer { Adam, Sgd, SgdMomentum, None };
+// AdamW keeps Adam's state (its decoupled weight decay is one more in-place op); kept apart so it is echoed as given.
+enum class Optimizer { Adam, AdamW, Sgd, SgdMomentum, None };
+inline bool is_adam(Optimizer o) { return o == Optimizer::Adam || o == Optimizer::AdamW; }
 // How torch.optim runs Adam's step (its foreach / fused arguments): what the
 // step's temporaries are. Default: PyTorch's choice (default_optimizer_impl).
 enum class OptimizerImpl { ForLoop, Foreach, Fused };
@@ -101,6 +103,11 @@ struct FsdpSettings {
   // and CPUOffloadPolicy.
   ReshardAfterForward reshard_after_forward;
   bool cpu_offload = false;
+  // fsdp.fp32_master_weights: trainable parameters not in float32 are cast to
+  // float32 before sharding, as Accelerate does under mixed_precision bf16,
+  // fp16 or fp8 (plan/master_weights.h says exactly which, per FSDP version);
+  // MixedPrecision's param_dtype is then what the all-gathers carry.
+  bool fp32_master_weights = false;
 
   bool v2() const { return version == FsdpVersion::V2; }
 };

@@ -487,7 +487,7 @@ std::vector<FitAdvice> fit_advice(const ModuleTree& tree, const std::vector<Cand
   }
   // Optimizer: fewer states per parameter (Adam 2, SGD with momentum 1, SGD 0).
   std::vector<Optimizer> cheaper;
-  if (base.fsdp.optimizer == Optimizer::Adam) cheaper = {Optimizer::SgdMomentum, Optimizer::Sgd};
+  if (is_adam(base.fsdp.optimizer)) cheaper = {Optimizer::SgdMomentum, Optimizer::Sgd};
   if (base.fsdp.optimizer == Optimizer::SgdMomentum) cheaper = {Optimizer::Sgd};
   for (Optimizer o : cheaper) {  // the units stay: only the memory estimate changes
     auto fits = std::find_if(ranked.begin(), ranked.end(), [&](const Candidate* cp) {

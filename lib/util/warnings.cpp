@@ -27,6 +27,8 @@ const std::vector<WarningKind>& warning_table() {
       {"ignored_root", S::Warning, std::nullopt, W::Any},
       {"unrecorded_class", S::Warning, std::nullopt, W::Any},
       {"inferred_class", S::Info, std::nullopt, W::Any},
+      {"fp32_master_weights", S::Info, std::nullopt, W::Any},  // plan/master_weights.cpp
+      {"mixed_precision_noop", S::Warning, std::nullopt, W::Any},
       // Read from an Accelerate config (accelerate/).
       {"accelerate_config", S::Info, std::nullopt, W::Accelerate},
       {"accelerate_config_key", S::Warning, std::nullopt, W::Accelerate},
