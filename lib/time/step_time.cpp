@@ -144,16 +144,71 @@ std::vector<Segment> with_missing(const std::vector<Segment>& segs, const std::v
   return out;
 }
 
-std::string unit_compute_dtype(const Plan& plan, const Unit& u) {
+std::string fmt(const char* format, double v);
+
+bool low_precision(const std::string& dtype) { return dtype == "bfloat16" || dtype == "float16"; }
+
+// Per module, whether its own matmuls run at the bf16 (fp16) Tensor Core peak
+// or at TF32's: in its unit's param_dtype under mixed precision; else in its
+// own parameters' dtype (the widest: peft's fp32 lora_A beside a bf16 base
+// layer runs in fp32); a module with none (attention's SDPA, a container)
+// computes on its unit's activations, in the dtype most of the unit's
+// parameters are in.
+std::vector<bool> low_precision_modules(const Plan& plan, const std::vector<int>& owner) {
+  const ModuleTree& tree = *plan.tree;
   const auto& mp = plan.policy.mixed_precision;
-  if (u.mixed_precision.value_or(false) && mp && mp->param_dtype) return *mp->param_dtype;
-  std::string widest;
-  int64_t size = 0;
-  for (const auto& o : u.params) {
-    const TensorInfo& t = plan.tree->tensor(o.tensor);
-    if (t.itemsize > size) size = t.itemsize, widest = t.dtype;
+  std::vector<int64_t> low_numel(plan.units.size(), 0), numel(plan.units.size(), 0);
+  for (size_t u = 0; u < plan.units.size(); ++u)
+    for (const auto& o : plan.units[u].params) {
+      numel[u] += tree.numel(o.tensor);
+      if (low_precision(tree.tensor(o.tensor).dtype)) low_numel[u] += tree.numel(o.tensor);
+    }
+  std::vector<bool> out(tree.num_modules(), false);
+  for (size_t m = 0; m < tree.num_modules() && m < owner.size(); ++m) {
+    const auto u = static_cast<size_t>(owner[m]);
+    if (plan.units[u].mixed_precision.value_or(false) && mp && mp->param_dtype) {
+      out[m] = low_precision(*mp->param_dtype);
+      continue;
+    }
+    int64_t widest = 0;
+    bool low = false;
+    for (const auto& slot : tree.module(static_cast<ModuleId>(m)).params) {
+      const TensorInfo& t = tree.tensor(slot.tensor);
+      if (t.itemsize > widest) widest = t.itemsize, low = low_precision(t.dtype);
+    }
+    out[m] = widest > 0 ? low : numel[u] > 0 && 2 * low_numel[u] > numel[u];
   }
-  return widest;
+  return out;
+}
+
+// The assumption line on the compute's dtypes: which peak, for what share of the FLOPs.
+std::string compute_dtype_note(const Plan& plan, const HardwareFigures& hw, const FlopProfile& flops,
+                               const std::vector<bool>& low) {
+  int64_t low_flops = 0, all = 0, tf32_modules = 0;
+  std::string names;
+  for (const auto& [module, f] : flops.forward_order) {
+    all += f;
+    if (low[static_cast<size_t>(module)]) {
+      low_flops += f;
+    } else if (f > 0 && ++tf32_modules <= 3) {
+      names += (names.empty() ? "" : ", ") + path_or_root(plan.tree->path(module));
+    }
+  }
+  if (tf32_modules > 3) names += ", ... (" + std::to_string(tf32_modules) + " modules)";
+  const double share = all > 0 ? static_cast<double>(low_flops) / static_cast<double>(all) : 1.0;
+  // Each module's matmuls at the peak of the dtype they run in (its unit's param_dtype under mixed
+  // precision, else its own parameters').
+  const std::string bf16 = "bf16 peak (" + fmt("%.1f", hw.bf16_flops / 1e12) + " TFLOP/s)";
+  const std::string tf32 = "TF32 peak (" + fmt("%.1f", hw.tf32_flops / 1e12) + " TFLOP/s)";
+  std::string out;
+  if (low_flops == all)
+    out = "compute dtype: bf16, at the " + bf16 + ", all FLOPs";
+  else if (low_flops == 0)
+    out = "compute dtype: fp32, at the " + tf32 + ", all FLOPs";
+  else
+    out = "compute dtypes, each module at its own: " + bf16 + " for " + fmt("%.1f", 100 * share) +
+          "% of the forward FLOPs, " + tf32 + " for " + fmt("%.1f", 100 * (1 - share)) + "% (fp32: " + names + ")";
+  return out;
 }
 
 // Bytes of HBM the optimizer step moves per trainable element of the fp32
@@ -171,7 +226,8 @@ std::string unit_compute_dtype(const Plan& plan, const Unit& u) {
 int optimizer_bytes_per_param(Optimizer o, OptimizerImpl impl) {
   const bool fused = impl == OptimizerImpl::Fused;
   switch (o) {
-    case Optimizer::Adam: return fused ? 28 : 84;
+    case Optimizer::Adam:
+    case Optimizer::AdamW: return fused ? 28 : 84;  // AdamW's weight-decay pass not counted
     case Optimizer::SgdMomentum: return fused ? 20 : 32;
     case Optimizer::Sgd: return 12;
     case Optimizer::None: return 0;
@@ -230,14 +286,18 @@ std::vector<std::string> assumptions(const Plan& plan, const StepTime& t) {
     }
     out.push_back("FLOPs: " + source +
                   ", counted as FlopCounterMode counts (matmul-like ops only, causal attention in full); compute at " +
-                  fmt("%g", hw.compute_efficiency) + " of the " + t.compute_dtype + " peak");
+                  fmt("%g", hw.compute_efficiency) + " of the peak");
+    out.push_back(t.compute_dtype_note);
     const FsdpSettings& s = plan.memory.settings;
-    out.push_back(std::string("optimizer: ") + optimizer_name(s.optimizer) + " (" +
-                  optimizer_impl_name(s.optimizer_impl.value_or(OptimizerImpl::ForLoop)) +
-                  ") on the shards, memory-bound (" + std::to_string(optimizer_bytes_per_param(s)) +
-                  " B per trainable element at " +
-                  fmt("%g", hw.memory_efficiency) + " of the HBM peak)" +
-                  (s.cpu_offload ? "; CPU offload's optimizer step on the CPU is not modelled" : ""));
+    if (s.cpu_offload) {
+      out.push_back(std::string("optimizer: ") + optimizer_name(s.optimizer) +
+                    " on the CPU (CPU offload): not modelled; the step time leaves it out");
+    } else {
+      out.push_back(std::string("optimizer: ") + optimizer_name(s.optimizer) + " (" +
+                    optimizer_impl_name(s.optimizer_impl.value_or(OptimizerImpl::ForLoop)) +
+                    ") on the shards, memory-bound (" + std::to_string(optimizer_bytes_per_param(s)) +
+                    " B per trainable element at " + fmt("%g", hw.memory_efficiency) + " of the HBM peak)");
+    }
   } else {
     out.push_back("FLOPs unknown (no op graph: a TorchScript model, and no --flops): no compute time and no step "
                   "time; the exposed communication assumes every unit holding a matrix computes long enough to "
@@ -326,21 +386,25 @@ StepTime estimate_step_time(const Plan& plan, const HardwareFigures& hw, const F
   const std::vector<int> owner = unit_of_modules(plan);
   std::vector<Segment> fwd;
   double flop_rate = 1;
+  bool one_rate = true;  // every module at one peak: the backward at flop_rate, as before
   if (flops) {
-    bool low = true, any = false;
-    for (const Unit& u : plan.units) {
-      if (u.params.empty()) continue;
-      const std::string d = unit_compute_dtype(plan, u);
-      any = true;
-      low = low && (d == "bfloat16" || d == "float16");
+    const std::vector<bool> low = low_precision_modules(plan, owner);
+    int64_t low_flops = 0, all_flops = 0;
+    for (const auto& [module, f] : flops->forward_order) {
+      all_flops += f;
+      if (low[static_cast<size_t>(module)]) low_flops += f;
     }
-    t.compute_dtype = any && low ? "bf16" : "tf32";
+    // The dtype most FLOPs run in: what a rate without a module (a backward with no forward) takes.
+    t.compute_dtype = 2 * low_flops >= all_flops && (low_flops > 0 || all_flops == 0) ? "bf16" : "tf32";
     t.compute_peak_flops = t.compute_dtype == "bf16" ? hw.bf16_flops : hw.tf32_flops;
+    t.compute_dtype_note = compute_dtype_note(plan, hw, *flops, low);
     flop_rate = t.compute_peak_flops * hw.compute_efficiency;
+    one_rate = low_flops == 0 || low_flops == all_flops;
     for (const auto& [module, f] : flops->forward_order) {
       // A module's TP collectives go with its first forward segment.
       const auto m = static_cast<size_t>(module);
-      push_merged(fwd, owner[m], f, static_cast<double>(f) / flop_rate, tp_fwd[m], tp_bwd[m]);
+      const double rate = (low[m] ? hw.bf16_flops : hw.tf32_flops) * hw.compute_efficiency;
+      push_merged(fwd, owner[m], f, static_cast<double>(f) / rate, tp_fwd[m], tp_bwd[m]);
       tp_fwd[m] = tp_bwd[m] = 0;
     }
     // A module with TP collectives but no FLOPs of its own: its unit's last segment so far.
@@ -381,7 +445,11 @@ StepTime estimate_step_time(const Plan& plan, const HardwareFigures& hw, const F
         f = placed[u] ? 0 : unit_backward[u];  // no forward FLOPs to divide by: its first backward segment
       }
       placed[u] = true;
-      bwd.push_back({fwd[k].unit, f, static_cast<double>(f) / flop_rate + fwd[k].tp_backward_s,
+      // The backward at the rate its forward segment ran at (its modules' dtypes).
+      const double compute_s = fwd[k].seconds - fwd[k].tp_s;
+      const double rate = !one_rate && fwd[k].flops > 0 && compute_s > 0
+                              ? static_cast<double>(fwd[k].flops) / compute_s : flop_rate;
+      bwd.push_back({fwd[k].unit, f, static_cast<double>(f) / rate + fwd[k].tp_backward_s,
                      fwd[k].tp_backward_s});
     }
   } else {
@@ -583,8 +651,11 @@ StepTime estimate_step_time(const Plan& plan, const HardwareFigures& hw, const F
     for (const UnitTime& u : t.units) t.compute_s += u.forward_compute_s + u.backward_compute_s;
     for (const UnitComm& u : comm.units) t.optimizer_trainable_shard_numel += u.trainable_shard_numel;
     const int per = optimizer_bytes_per_param(plan.memory.settings);
-    t.optimizer_s = static_cast<double>(t.optimizer_trainable_shard_numel * per) /
-                    (hw.hbm_bytes_per_s * hw.memory_efficiency);
+    // CPU offload steps the optimizer on the host, which no figure here models: left out, and said.
+    t.optimizer_modelled = !plan.memory.settings.cpu_offload;
+    t.optimizer_s = t.optimizer_modelled ? static_cast<double>(t.optimizer_trainable_shard_numel * per) /
+                                               (hw.hbm_bytes_per_s * hw.memory_efficiency)
+                                         : 0;
     t.step_s = backward_end + t.optimizer_s;
   } else {
     // The segments' lengths were a device: no compute, no step to report.
