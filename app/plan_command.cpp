@@ -25,6 +25,7 @@
 #include "report/html_writer.h"
 #include "report/json_writer.h"
 #include "report/text_writer.h"
+#include "report/warning_groups.h"
 #include "util/errors.h"
 #include "util/file_io.h"
 #include "util/strings.h"
@@ -144,13 +145,15 @@ int run(const Options& opt) {
         Gate::reads_plan(policy.checks, opt.gate) ? plan_to_json(plan, json_options) : nlohmann::ordered_json();
     Gate gate(json, policy.checks, opt.gate, opt.model);
     if (plan.has_errors() || !gate.passed()) code = kExitRefused;
-    for (const auto& w : plan.warnings)
-      if (w.severity == Severity::Error) failures.push_back(w.kind + ": " + printable(w.message, kMaxMessage));
+    for (const WarningGroup& g :
+         group_warnings(plan.warnings, [](const Warning& w) { return w.severity == Severity::Error; }))
+      failures.push_back(printable(warning_group_text(g), kMaxMessage));
     for (auto& line : gate.failures()) failures.push_back(std::move(line));
     if (!opt.emit.empty()) {
       // The plan's findings still matter: on stderr, and no config for a plan FSDP would refuse.
-      for (const auto& w : plan.warnings)
-        if (w.severity == Severity::Warning) spdlog::warn("{}: {}", w.kind, printable(w.message, kMaxMessage));
+      for (const WarningGroup& g :
+           group_warnings(plan.warnings, [](const Warning& w) { return w.severity == Severity::Warning; }))
+        spdlog::warn("{}", printable(warning_group_text(g), kMaxMessage));
       if (code != kExitOk) {
         for (const auto& line : failures) spdlog::error("{}", line);
         spdlog::error("--emit {}: nothing written: the plan has errors or fails a check", opt.emit);

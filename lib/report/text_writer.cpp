@@ -2,9 +2,12 @@
 
 #include <algorithm>
 #include <map>
+#include <utility>
+#include <vector>
 
 #include "model/class_names.h"
 #include "report/time_text.h"
+#include "report/warning_groups.h"
 #include "tp/placements.h"
 #include "util/strings.h"
 
@@ -231,6 +234,50 @@ std::string memory_text(const Plan& plan) {
   return out + wrap(peak, 100, std::string(10, ' '), std::string(8, ' '));
 }
 
+// "layers.7" -> ("layers.", 7); -1 when the last name is no index.
+std::pair<std::string, long> split_index(const std::string& path) {
+  const size_t dot = path.rfind('.');
+  const std::string last = dot == std::string::npos ? path : path.substr(dot + 1);
+  if (last.empty() || last.size() > 9 || last.find_first_not_of("0123456789") != std::string::npos) return {"", -1};
+  return {path.substr(0, path.size() - last.size()), std::stol(last)};
+}
+
+// Without --wide, a run of kFoldRun or more consecutive unit rows that differ
+// only in their index (a 70B's 80 decoder layers) is one row,
+// "layers.0 .. layers.79  x80": same class, sizes, mixed precision and
+// reshard_after_forward, indices counting up by one. Rows is plan_to_text's.
+template <class Row>
+void fold_identical_rows(const Plan& plan, std::vector<Row>& rows) {
+  constexpr size_t kFoldRun = 6;
+  auto same = [&](const Row& a, const Row& b) {
+    if (a.unit < 0 || b.unit < 0 || a.group || b.group) return false;
+    const Unit& ua = plan.units[static_cast<size_t>(a.unit)];
+    const Unit& ub = plan.units[static_cast<size_t>(b.unit)];
+    const auto [pa, ia] = split_index(a.path);
+    const auto [pb, ib] = split_index(b.path);
+    return ia >= 0 && pa == pb && ib == ia + 1 && a.indent == b.indent && a.cls == b.cls && a.numel == b.numel &&
+           a.frozen == b.frozen && a.bytes == b.bytes && a.buffer_bytes == b.buffer_bytes && a.buffers == b.buffers &&
+           ua.mixed_precision == ub.mixed_precision && ua.reshard_after_forward == ub.reshard_after_forward;
+  };
+  std::vector<Row> out;
+  for (size_t i = 0; i < rows.size();) {
+    size_t j = i + 1;
+    while (j < rows.size() && same(rows[j - 1], rows[j])) ++j;
+    if (j - i >= kFoldRun) {
+      Row r = rows[i];
+      r.count = static_cast<int>(j - i);
+      r.last_unit = rows[j - 1].unit;
+      r.path = rows[i].path + " .. " + rows[j - 1].path + "  x" + std::to_string(j - i);
+      r.group = true;  // not shortened
+      out.push_back(std::move(r));
+    } else {
+      for (size_t k = i; k < j; ++k) out.push_back(std::move(rows[k]));
+    }
+    i = j;
+  }
+  rows = std::move(out);
+}
+
 }  // namespace
 
 std::string plan_to_text(const Plan& plan, const TextOptions& options) {
@@ -271,6 +318,8 @@ std::string plan_to_text(const Plan& plan, const TextOptions& options) {
     bool group = false;  // "[a, b]": not shortened
     int64_t numel = 0, frozen = 0, bytes = 0, buffer_bytes = 0;
     bool buffers = false;
+    int count = 1;  // a fold of identical consecutive units (layers.0 .. layers.79): how many
+    int last_unit = -1;
   };
   std::vector<Row> rows;
   for (size_t i = 0; i < plan.units.size(); ++i) {
@@ -321,6 +370,7 @@ std::string plan_to_text(const Plan& plan, const TextOptions& options) {
         k->buffers = true;
       }
   }
+  if (!options.wide) fold_identical_rows(plan, rows);
   const size_t n = rows.size();
   size_t unit_width = kUnitWidth, class_width = kClassWidth;
   for (const Row& r : rows) {
@@ -360,6 +410,13 @@ std::string plan_to_text(const Plan& plan, const TextOptions& options) {
   size_t call_width = 4;
   for (const Unit& u : plan.units)
     if (u.reshard_after_forward) call_width = std::max(call_width, std::to_string(u.call).size() + 2);
+  auto call_text = [&](const Row& r, const Unit& u) {
+    return r.count > 1 ? "[" + std::to_string(u.call) + ".." + std::to_string(plan.units[static_cast<size_t>(r.last_unit)].call) + "]"
+                       : "[" + std::to_string(u.call) + "]";
+  };
+  for (const Row& r : rows)
+    if (r.count > 1 && plan.units[static_cast<size_t>(r.unit)].reshard_after_forward)
+      call_width = std::max(call_width, call_text(r, plan.units[static_cast<size_t>(r.unit)]).size());
   const bool calls = plan.v2();
   // --wide: each unit's communication per step (exact) and what compute leaves exposed (estimate).
   const bool wide_time = options.wide && plan.comm.computed && plan.time.computed;
@@ -379,7 +436,7 @@ std::string plan_to_text(const Plan& plan, const TextOptions& options) {
         line += pad(unit_comm_cell(plan, static_cast<size_t>(r.unit)), 11, true) +
                 pad(unit_exposed_cell(plan, static_cast<size_t>(r.unit)), 13, true);
       if (u.reshard_after_forward)
-        line += "  " + pad("[" + std::to_string(u.call) + "]", call_width) + "  " + reshard_text(*u.reshard_after_forward);
+        line += "  " + pad(call_text(r, u), call_width) + "  " + reshard_text(*u.reshard_after_forward);
     }
     out += line + "\n";
   }
@@ -402,9 +459,10 @@ std::string plan_to_text(const Plan& plan, const TextOptions& options) {
 
   if (std::any_of(plan.warnings.begin(), plan.warnings.end(), [](const Warning& w) { return w.kind != "unmatched_class"; })) {
     out += "\n";
-    for (const auto& w : plan.warnings)
-      if (w.kind != "unmatched_class")
-        out += wrap(pad(severity_name(w.severity), 8) + w.kind + ": " + w.message, 100, std::string(10, ' '));
+    // One line per kind of per-module warning, with the count and the first paths (JSON keeps each).
+    const auto others = [](const Warning& w) { return w.kind != "unmatched_class"; };
+    for (const WarningGroup& g : group_warnings(plan.warnings, others))
+      out += wrap(pad(severity_name(g.first->severity), 8) + warning_group_text(g), 100, std::string(10, ' '));
   }
   return out;
 }

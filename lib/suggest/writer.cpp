@@ -142,10 +142,13 @@ std::string suggestion_to_text(const Suggestion& s, const SuggestContext& ctx) {
     for (size_t i = 1; i < s.ranked.size() && !next; ++i)
       if (s.ranked[i].fits) next = &s.ranked[i];
     if (next) out += "why     " + why_best(*best, *next) + "\n";
-    out += std::string("time    an ESTIMATE (docs/time-model.md): ") +
-           (step ? "step time from the --flops figures" : "the communication compute cannot hide (no FLOPs: "
-                                                          "every unit's compute assumed long enough to hide its "
-                                                          "neighbours' collectives)") +
+    const std::string& source = best->plan->time.flops_source;
+    const std::string basis =
+        !step ? "the communication compute cannot hide (no FLOPs: every unit's compute assumed long enough to hide "
+                "its neighbours' collectives)"
+        : source == "graph" ? "step time from the .pt2 graph's FLOPs"
+                            : "step time from the --flops figures (" + source + ")";
+    out += "time    an ESTIMATE (docs/time-model.md): " + basis +
            ", " + best->plan->time.hardware.name + ", " + std::to_string(best->plan->time.hardware.gpus_per_node) +
            " GPUs per node\n";
     return out;
