@@ -6,6 +6,7 @@
 
 #include "model/graph.h"
 #include "time/flop_file.h"
+#include "util/strings.h"
 
 namespace fsdp_plan {
 namespace {
@@ -130,6 +131,14 @@ void add_fsdp_options(CLI::App& app, FsdpOptions& opt, const std::string& policy
                  "estimate its compute time; without it a TorchScript model gets exposed communication only")
       ->type_name("FILE")
       ->group(time);
+}
+
+std::string activation_bytes_error(const std::string& text) {
+  const std::optional<int64_t> v = parse_size(text);
+  if (!v) return "\"" + text + "\" is not a size (e.g. 20GiB)";
+  if (*v > ActivationSettings::kMaxAllowanceBytes)
+    return "\"" + text + "\" is more than an allowance can be (4PiB, 2^52 bytes; docs/limits.md)";
+  return "";
 }
 
 std::optional<FlopProfile> load_flops(const FsdpOptions& opt, const ModuleTree& tree) {

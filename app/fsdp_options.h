@@ -48,6 +48,10 @@ void add_fsdp_options(CLI::App& app, FsdpOptions& opt, const std::string& policy
 // Throws InputError naming the file.
 std::optional<FlopProfile> load_flops(const FsdpOptions& opt, const ModuleTree& tree);
 
+// --activation-bytes SIZE, as CLI11 validators return it: "" when it is a size
+// of at most ActivationSettings::kMaxAllowanceBytes, else why not.
+std::string activation_bytes_error(const std::string& text);
+
 // Reads the policy file and applies the settings given on the command line.
 // Throws InputError for a bad file, UsageError for settings FSDP would refuse.
 PolicyFile load_policy(const FsdpOptions& opt);

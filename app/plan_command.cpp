@@ -100,7 +100,8 @@ int run(const Options& opt) {
                      " in place of the plan; --format does not apply to it");
   refuse_output_over_input(opt.output, {{opt.model, "model file"},
                                         {opt.fsdp.policy, "policy file"},
-                                        {opt.gate.expect, "reviewed plan (--expect)"}});
+                                        {opt.gate.expect, "reviewed plan (--expect)"},
+                                        {opt.fsdp.flops, "FLOP profile (--flops)"}});
   PolicyFile policy_file = load_policy(opt.fsdp);
   Policy& policy = policy_file.policy;
   if (opt.warn_root_share) policy.checks.warn_root_share = opt.warn_root_share;
@@ -227,7 +228,7 @@ int plan_main(int argc, char** argv) {
                  "activations per rank as a flat allowance (e.g. 20GiB), held through forward and backward, in "
                  "place of what a .pt2 graph gives; a TorchScript file has no graph")
       ->check(CLI::Validator(
-          [](std::string& v) { return parse_size(v) ? std::string() : "\"" + v + "\" is not a size (e.g. 20GiB)"; },
+          [](std::string& v) { return activation_bytes_error(v); },
           "SIZE"))
       ->group("Activations (from a .pt2 graph)");
   app.add_flag("--wide", opt.wide,

@@ -41,7 +41,8 @@ int suggest_main(int argc, char** argv) {
   app.add_option("--activation-bytes", activations, "allowance added to each candidate's peak: a .pt2's "
                                                     "graph activations are in the peak already, a TorchScript file's "
                                                     "are not")
-      ->check(kSize)->capture_default_str();
+      ->check(CLI::Validator([](std::string& v) { return activation_bytes_error(v); }, "SIZE"))
+      ->capture_default_str();
   add_fsdp_options(app, fsdp,
                    "base policy (JSON, or an Accelerate config): its settings (mixed precision, strategy, "
                    "ignored parameters, world size) are kept; what is wrapped varies",
@@ -72,7 +73,9 @@ int suggest_main(int argc, char** argv) {
   if (auto done = parse_command(app, argc, argv, "suggest")) return *done;
   setup_logging(verbose ? 1 : 0, false);
   return run_guarded([&] {
-    refuse_output_over_input(output, {{model, "model file"}, {fsdp.policy, "policy file"}});
+    refuse_output_over_input(output, {{model, "model file"},
+                                      {fsdp.policy, "policy file"},
+                                      {fsdp.flops, "FLOP profile (--flops)"}});
     PolicyFile policy_file;
     try {
       policy_file = load_policy(fsdp);

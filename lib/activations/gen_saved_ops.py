@@ -2,9 +2,10 @@
 """Generate saved_ops.inc, the C++ form of saved_ops.yaml (what autograd saves per ATen operator).
 
 saved_ops.yaml is the reviewed source: one row per operator, each citing derivatives.yaml or the
-decomposition it follows; tests/activations/saved_ops.py is its reference evaluator and
-tests/activations/test_saved_ops.py checks every row against autograd. This script turns the rows
-into constant arrays that lib/activations/saved_ops.cpp reads: the row's expressions (`when`,
+decomposition it follows; its rows override saved_ops_generated.yaml's (gen_op_rows.py: a row for
+every ATen operator, from the installed torch's autograd metadata), and the .inc holds the merge;
+tests/activations/saved_ops.py is its reference evaluator and test_saved_ops.py checks every row
+against autograd. This script turns the rows into constant arrays that lib/activations/saved_ops.cpp reads: the row's expressions (`when`,
 shapes, dtypes, `alias_when`, `output_strides`) are parsed here with Python's own `ast`, checked
 against the grammar saved_ops.py accepts, and written as a flat array of expression nodes, so the
 C++ side evaluates them without a parser.
@@ -27,6 +28,7 @@ import yaml
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_YAML = os.path.join(HERE, "saved_ops.yaml")
+DEFAULT_GENERATED = os.path.join(HERE, "saved_ops_generated.yaml")
 DEFAULT_OUT = os.path.join(HERE, "saved_ops.inc")
 
 # The dtype names a `new` tensor may be given literally (saved_ops.py: ITEMSIZE).
@@ -262,28 +264,46 @@ class Emitter:
         return "\n".join(out)
 
 
-def generate(yaml_path: str) -> Tuple[str, Dict[str, Any]]:
-    with open(yaml_path) as f:
-        doc = yaml.safe_load(f)
+def read_table(path: str) -> Dict[str, Any]:
+    with open(path) as f:
+        doc = yaml.load(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     if doc.get("version") != 1:
-        raise TableError(f"{yaml_path}: version {doc.get('version')!r}, this generator reads version 1")
-    ops = doc["ops"]
+        raise TableError(f"{path}: version {doc.get('version')!r}, this generator reads version 1")
+    return doc
+
+
+def merged_ops(yaml_path: str, generated_path: Optional[str]) -> Tuple[Dict[str, Any], int, int]:
+    """The hand rows over the generated ones (gen_op_rows.py): (ops, hand rows, generated rows used)."""
+    hand = read_table(yaml_path)["ops"]
+    gen = read_table(generated_path)["ops"] if generated_path else {}
+    ops = dict(gen)
+    ops.update(hand)
+    return ops, len(hand), len(ops) - len(hand)
+
+
+def generate(yaml_path: str, generated_path: Optional[str] = None) -> Tuple[str, Dict[str, Any]]:
+    ops, n_hand, n_gen = merged_ops(yaml_path, generated_path)
     em = Emitter()
     for op in sorted(ops):  # sorted: the C++ side looks rows up by binary search
         em.row(op, ops[op])
-    rel = os.path.relpath(yaml_path, os.path.dirname(os.path.dirname(HERE)))
-    return em.text(rel.replace(os.sep, "/")), ops
+    root = os.path.dirname(os.path.dirname(HERE))
+    source = os.path.relpath(yaml_path, root).replace(os.sep, "/")
+    if generated_path:
+        source += f" ({n_hand} rows) over {os.path.relpath(generated_path, root).replace(os.sep, '/')} ({n_gen} rows)"
+    return em.text(source), ops
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--yaml", default=DEFAULT_YAML)
+    ap.add_argument("--generated", default=DEFAULT_GENERATED,
+                    help="the generated rows (gen_op_rows.py) the YAML's rows override; '' for none")
     ap.add_argument("--out", default=DEFAULT_OUT)
     ap.add_argument("--check", action="store_true", help="compare with --out instead of writing it; exit 1 if stale")
     ap.add_argument("--catalogue", help="op_catalogue.json: exit 1 if an operator it lists has no row")
     args = ap.parse_args()
     try:
-        text, ops = generate(args.yaml)
+        text, ops = generate(args.yaml, args.generated or None)
     except TableError as e:
         print(f"gen_saved_ops.py: {e}", file=sys.stderr)
         return 1

@@ -1,13 +1,60 @@
 #include "activations/graph_input.h"
 
+#include <algorithm>
+#include <optional>
+
 #include "model/dtype.h"
+#include "util/checked.h"
+#include "util/errors.h"
+#include "util/strings.h"
 
 namespace fsdp_plan {
+namespace {
+
+// A tensor's sizes, strides and storage span at the given --dim values,
+// checked once here so that the walk's products (numel x itemsize, the span a
+// view reaches, a retype to a wider dtype) cannot wrap: a size or stride
+// below 0 is damage, a tensor past kMaxGraphTensorBytes or a graph past
+// kMaxGraphBytes too large to plan (docs/limits.md). Returns its bytes.
+int64_t checked_tensor_bytes(const Graph& g, ValueId v, const WalkTensor& t) {
+  const std::string what = "tensor " + g.value_name(v);
+  for (size_t d = 0; d < t.sizes.size(); ++d) {
+    if (t.sizes[d] < 0)
+      throw InputError(g.file(), what + " has the negative size " + std::to_string(t.sizes[d]) + " in dimension " +
+                                     std::to_string(d) + " (a size expression below 0 at these --dim values)");
+    if (d < t.strides.size() && t.strides[d] < 0)
+      throw InputError(g.file(), what + " has the negative stride " + std::to_string(t.strides[d]) +
+                                     " in dimension " + std::to_string(d));
+  }
+  if (t.offset < 0) throw InputError(g.file(), what + " has a negative storage offset");
+  const int64_t itemsize = t.dtype ? t.dtype->itemsize : 4;
+  // The storage it reaches: offset + sum (size - 1) x stride + 1 elements, or none when a size is 0.
+  std::optional<int64_t> last = t.offset;
+  bool empty = false;
+  for (size_t d = 0; d < t.sizes.size() && last; ++d) {
+    if (t.sizes[d] == 0) empty = true;
+    const int64_t stride = d < t.strides.size() ? t.strides[d] : 0;
+    if (auto step = checked_mul(t.sizes[d] > 0 ? t.sizes[d] - 1 : 0, stride)) last = checked_add(*last, *step);
+    else last = std::nullopt;
+  }
+  std::optional<int64_t> numel = checked_product(t.sizes, itemsize);
+  std::optional<int64_t> span = last ? checked_mul(*last + 1, itemsize) : std::nullopt;
+  if (!numel || !span || *numel > kMaxGraphTensorBytes || (!empty && *span > kMaxGraphTensorBytes))
+    throw TooLargeError(g.file(), what + " would hold " +
+                                      (numel ? format_bytes(*numel) + " (" + std::to_string(*numel) + " bytes)"
+                                             : std::string("more than 2^63 bytes")) +
+                                      " at these --dim values, more than a tensor fsdp-plan plans (2^48 bytes, "
+                                      "256 TiB; docs/limits.md)");
+  return empty ? 0 : std::max(*numel, *span);
+}
+
+}  // namespace
 
 WalkGraph walk_input(const Graph& g, const DimValues& dims) {
   WalkGraph w;
   // Tensor ids are the graph's value ids; a value that is no tensor keeps an empty entry.
   w.tensors.resize(static_cast<size_t>(g.num_values()));
+  int64_t total = 0;  // every tensor's bytes: bounded, so no sum of them the walk makes can wrap
   for (ValueId v = 0; v < g.num_values(); ++v) {
     if (!g.is_tensor(v)) continue;
     const auto& meta = g.tensor(v);
@@ -18,7 +65,12 @@ WalkGraph walk_input(const Graph& g, const DimValues& dims) {
     t.dtype = dtype_from_export_code(meta.dtype);
     if (!t.dtype) t.dtype = dtype_from_stem("Float");  // UNKNOWN: sized as float32
     t.requires_grad = meta.requires_grad;
+    total = saturating_add(total, checked_tensor_bytes(g, v, t));
   }
+  if (total > kMaxGraphBytes)
+    throw TooLargeError(g.file(), "the graph's tensors would hold " + format_bytes(total) +
+                                      " together at these --dim values, more than fsdp-plan plans (2^52 bytes, "
+                                      "4 PiB; docs/limits.md)");
   for (const GraphInput& in : g.inputs()) {
     if (in.value == kNone || !g.is_tensor(in.value)) continue;
     WalkPlaceholder p;

@@ -12,8 +12,16 @@
 
 namespace fsdp_plan {
 
+// The most bytes one graph tensor may hold at the given dimensions, and all of
+// them together (docs/limits.md): far past any accelerator, and low enough
+// that no sum the walk and the memory model make of them (each storage counted
+// a few times, retyped to at most 16 bytes an element) reaches 2^63.
+inline constexpr int64_t kMaxGraphTensorBytes = int64_t{1} << 48;
+inline constexpr int64_t kMaxGraphBytes = int64_t{1} << 52;
+
 // Throws InputError (naming the file and the dimension) where a size needs a
-// dimension `dims` has no value for.
+// dimension `dims` has no value for, or a size or stride is negative there;
+// TooLargeError where a tensor or all of them pass the limits above.
 WalkGraph walk_input(const Graph& graph, const DimValues& dims);
 
 // walk_input of `graph` at `dims`, the values DimValues::hints(*graph, given)

@@ -3,6 +3,10 @@
 #include <algorithm>
 #include <cstring>
 #include <numeric>
+#include <optional>
+
+#include "activations/graph_input.h"
+#include "util/checked.h"
 
 namespace fsdp_plan {
 
@@ -620,9 +624,11 @@ std::vector<SavedTensor> op_saves(const OpRow& row, const OpCase& c, const CallA
       slot_names.emplace_back();  // unnamed: its own slot
       slot = static_cast<int>(slot_names.size()) - 1;
     }
-    int64_t numel = 1;
-    for (int64_t s : sizes) numel *= s;
-    out.push_back({-1, slot, numel * dtype->itemsize, dtype, item.name ? item.name : "new"});
+    // Checked: a shape the table computes from the call (seq x seq scores) may pass int64; the walk then
+    // takes the conservative path (every argument saved), whose sizes walk_input bounded.
+    const std::optional<int64_t> bytes = checked_product(sizes, dtype->itemsize);
+    if (!bytes || *bytes > kMaxGraphTensorBytes) throw TableExprError("a new tensor past 2^48 bytes");
+    out.push_back({-1, slot, *bytes, dtype, item.name ? item.name : "new"});
   }
   return out;
 }
@@ -630,18 +636,19 @@ std::vector<SavedTensor> op_saves(const OpRow& row, const OpCase& c, const CallA
 std::optional<std::vector<int64_t>> compute_view_strides(const std::vector<int64_t>& sizes,
                                                          const std::vector<int64_t>& strides,
                                                          std::vector<int64_t> shape) {
-  int64_t numel = 1;
-  for (int64_t s : sizes) numel *= s;
+  const std::optional<int64_t> numel_or = checked_product(sizes);
+  if (!numel_or) return std::nullopt;
+  const int64_t numel = *numel_or;
   auto minus = std::find(shape.begin(), shape.end(), -1);
   if (minus != shape.end()) {
     int64_t known = 1;
     for (int64_t s : shape)
-      if (s != -1) known *= s;
+      if (s != -1 && (s < 0 || __builtin_mul_overflow(known, s, &known))) return std::nullopt;
     *minus = known ? numel / known : 0;
   }
-  int64_t shape_numel = 1;
-  for (int64_t s : shape) shape_numel *= s;
-  if (shape_numel != numel) return std::nullopt;
+  // A view's shape comes from the call's arguments: checked, as a wrapped product could equal numel.
+  const std::optional<int64_t> shape_numel = checked_product(shape);
+  if (!shape_numel || *shape_numel != numel) return std::nullopt;
   if (numel == 0 || sizes.empty()) {
     if (!sizes.empty() || numel == 1) return std::vector<int64_t>(shape.size(), 1);
     return std::nullopt;

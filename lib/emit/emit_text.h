@@ -13,6 +13,14 @@ namespace fsdp_plan {
 inline std::string py_string(const std::string& s) {
   std::string out = "\"";
   for (char c : s) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u < 0x20 || u == 0x7f) {  // a newline or other control character: an escape, so the line still parses
+      static const char kHex[] = "0123456789abcdef";
+      out += "\\x";
+      out += kHex[u >> 4];
+      out += kHex[u & 15];
+      continue;
+    }
     if (c == '"' || c == '\\') out += '\\';
     out += c;
   }

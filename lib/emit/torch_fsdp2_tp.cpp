@@ -48,145 +48,183 @@ std::string py_import(const std::string& module, std::vector<std::string> names)
   return out + ")\n";
 }
 
-}  // namespace
-
-std::string plan_to_torch_fsdp2_tp(const Plan& plan) {
-  const Policy& p = plan.policy;
-  const ModuleTree& tree = *plan.tree;
-  const TensorParallel& tp = *p.tensor_parallel;
-  const TpMeshSizes& m = plan.tensor_parallel->mesh;
-  const FsdpSettings& s = plan.memory.settings;
+// What the 2-D module imports and writes, worked out once from the plan.
+class Fsdp2TpWriter {
+ public:
+  explicit Fsdp2TpWriter(const Plan& plan)
+      : plan_(plan), p_(plan.policy), tree_(*plan.tree), tp_(*p_.tensor_parallel), m_(plan.tensor_parallel->mesh),
+        s_(plan.memory.settings), hsdp_(m_.dp_replicate > 1), hf_(tp_.from_model) {}
 
   // checkpoint_wrapper before parallelize_module would move the module paths TP_PLAN names
   // (under _checkpoint_wrapped_module); torchtitan applies it between TP and FSDP. Not written yet.
-  if (!checkpointed_paths(plan).empty())
-    throw EmitError("the code for a 2-D plan with activation checkpointing is not written yet: plan it without "
-                    "\"activation_checkpointing\" to emit, and wrap the blocks with checkpoint_wrapper between "
-                    "parallelize_module and fully_shard, as torchtitan's parallelize_llama does");
-  // Styles torch itself does not have: refuse rather than write code that does something else.
-  std::set<std::string> style_classes;
-  bool replicate_layout = false, shard_layout = false;
-  for (const auto& [pattern, spec] : tp.plan) {
-    switch (spec.style) {
-      case TpStyle::Replicate:
-        throw EmitError("the tensor_parallel plan key '" + pattern + "' is planned \"replicate\", transformers' "
-                        "ReplicateParallel, which torch's parallelize_module has no style for (and transformers "
-                        "5.24 no longer exports); plan the module's parameters sequence_parallel, or leave the "
-                        "key out (its parameters then stay plain tensors on the dp_shard mesh)");
-      default: break;
+  void refuse_checkpointing() const {
+    if (!checkpointed_paths(plan_).empty())
+      throw EmitError("the code for a 2-D plan with activation checkpointing is not written yet: plan it without "
+                      "\"activation_checkpointing\" to emit, and wrap the blocks with checkpoint_wrapper between "
+                      "parallelize_module and fully_shard, as torchtitan's parallelize_llama does");
+  }
+
+  // The style classes and placements the plan uses. Styles torch itself does
+  // not have: refuse rather than write code that does something else.
+  void find_styles() {
+    for (const auto& [pattern, spec] : tp_.plan) {
+      switch (spec.style) {
+        case TpStyle::Replicate:
+          throw EmitError("the tensor_parallel plan key '" + pattern + "' is planned \"replicate\", transformers' "
+                          "ReplicateParallel, which torch's parallelize_module has no style for (and transformers "
+                          "5.24 no longer exports); plan the module's parameters sequence_parallel, or leave the "
+                          "key out (its parameters then stay plain tensors on the dp_shard mesh)");
+        default: break;
+      }
+      const std::string py = tp_style_python(spec);
+      style_classes_.insert(py.substr(0, py.find('(')));
+      std::vector<std::optional<std::string>> used{spec.input_layouts, spec.output_layouts};
+      used.insert(used.end(), spec.prepare_layouts.begin(), spec.prepare_layouts.end());
+      used.insert(used.end(), spec.prepare_desired.begin(), spec.prepare_desired.end());
+      for (const auto& l : used)
+        if (l) (*l == "replicate" ? replicate_layout_ : shard_layout_) = true;
     }
-    const std::string py = tp_style_python(spec);
-    style_classes.insert(py.substr(0, py.find('(')));
-    std::vector<std::optional<std::string>> used{spec.input_layouts, spec.output_layouts};
-    used.insert(used.end(), spec.prepare_layouts.begin(), spec.prepare_layouts.end());
-    used.insert(used.end(), spec.prepare_desired.begin(), spec.prepare_desired.end());
-    for (const auto& l : used)
-      if (l) (*l == "replicate" ? replicate_layout : shard_layout) = true;
   }
 
-  std::vector<const Unit*> calls;
-  for (const Unit& u : plan.units) calls.push_back(&u);
-  std::stable_sort(calls.begin(), calls.end(), [](const Unit* a, const Unit* b) { return a->call < b->call; });
-  std::vector<std::string> ignored = ignored_param_names(tree, resolve_ignored(tree, p));
-
-  const bool hsdp = m.dp_replicate > 1;
-  const std::string mesh_shape = "(" + (hsdp ? std::to_string(m.dp_replicate) + ", " : std::string()) +
-                                 std::to_string(m.dp_shard) + ", " + std::to_string(m.tp) + ")";
-  const std::string dim_names = hsdp ? "(\"dp_replicate\", \"dp_shard\", \"tp\")" : "(\"dp_shard\", \"tp\")";
-  std::string mp = "MixedPrecisionPolicy()";
-  if (p.mixed_precision) {
-    const MixedPrecision& x = *p.mixed_precision;
-    mp = "MixedPrecisionPolicy(param_dtype=" + py_dtype(x.param_dtype) + ", reduce_dtype=" + py_dtype(x.reduce_dtype);
-    if (x.output_dtype) mp += ", output_dtype=" + py_dtype(x.output_dtype);
-    if (!x.casts_forward_inputs(FsdpVersion::V2)) mp += ", cast_forward_inputs=False";
-    mp += ")";
+  // FSDP2's MixedPrecisionPolicy from the plan's mixed_precision.
+  void find_mp_policy() {
+    if (!p_.mixed_precision) return;
+    const MixedPrecision& x = *p_.mixed_precision;
+    mp_ = "MixedPrecisionPolicy(param_dtype=" + py_dtype(x.param_dtype) + ", reduce_dtype=" + py_dtype(x.reduce_dtype);
+    if (x.output_dtype) mp_ += ", output_dtype=" + py_dtype(x.output_dtype);
+    if (!x.casts_forward_inputs(FsdpVersion::V2)) mp_ += ", cast_forward_inputs=False";
+    mp_ += ")";
   }
 
-  std::vector<std::string> fsdp_names{"FSDPModule", "MixedPrecisionPolicy", "fully_shard"};
-  if (s.cpu_offload) fsdp_names.push_back("CPUOffloadPolicy");
-  std::vector<std::string> layout_names;
-  if (replicate_layout) layout_names.push_back("Replicate");
-  if (shard_layout) layout_names.push_back("Shard");
-  std::vector<std::string> tp_names(style_classes.begin(), style_classes.end());
-  tp_names.push_back("parallelize_module");
-  // The model's own plan: transformers applies it (policy/tensor_parallel.h: from_model).
-  const bool hf = tp.from_model;
-  if (hf) layout_names.clear();
+  // The module's docstring comment and its imports.
+  void write_header(std::ostringstream& o) const {
+    std::vector<std::string> fsdp_names{"FSDPModule", "MixedPrecisionPolicy", "fully_shard"};
+    if (s_.cpu_offload) fsdp_names.push_back("CPUOffloadPolicy");
+    std::vector<std::string> layout_names;
+    if (replicate_layout_) layout_names.push_back("Replicate");
+    if (shard_layout_) layout_names.push_back("Shard");
+    std::vector<std::string> tp_names(style_classes_.begin(), style_classes_.end());
+    tp_names.push_back("parallelize_module");
+    // The model's own plan: transformers applies it (policy/tensor_parallel.h: from_model).
+    if (hf_) layout_names.clear();
+    o << "# Generated by fsdp-plan from " << plan_.model.path << ": a 2-D plan, tensor parallelism on a\n"
+      << "# " << tp_mesh_text(m_) << " device mesh, then the plan's " << plan_.units.size()
+      << " FSDP2 groups on its " << (hsdp_ ? "(dp_replicate, dp_shard)" : "dp_shard") << " dimension"
+      << (hsdp_ ? "s" : "") << "\n"
+      << "# (torch 2.7 or later). Call after torch.distributed.init_process_group:\n"
+         "#     model = apply_fsdp(model, device_type=\"cuda\")\n"
+      << (hf_ ? "# Tensor parallelism on mesh[\"tp\"] first (transformers' apply_tensor_parallelism), then fully_shard\n"
+              : "# As torchtitan's parallelize_llama: parallelize_module on mesh[\"tp\"] first, then fully_shard\n")
+      << "# bottom-up in the plan's order, the root last. Extra keyword arguments go to every\n"
+         "# fully_shard call; apply_fsdp raises if the modules fully_shard was applied to are not\n"
+         "# the plan's (a different model, say).\n"
+      << (mp_.find("torch.") != std::string::npos ? "import torch\n" : "")
+      << "from torch.distributed.device_mesh import init_device_mesh\n"
+      << py_import("torch.distributed.fsdp", fsdp_names)
+      << (layout_names.empty() ? "" : py_import("torch.distributed.tensor", layout_names))
+      << (hf_ ? "from transformers.distributed.tensor_parallel import apply_tensor_parallelism\n"
+              : py_import("torch.distributed.tensor.parallel", tp_names))
+      << "\n";
+  }
 
+  // The device mesh's shape and names, and the tensor-parallel plan.
+  void write_mesh_and_tp_plan(std::ostringstream& o) const {
+    const std::string mesh_shape = "(" + (hsdp_ ? std::to_string(m_.dp_replicate) + ", " : std::string()) +
+                                   std::to_string(m_.dp_shard) + ", " + std::to_string(m_.tp) + ")";
+    const std::string dim_names = hsdp_ ? "(\"dp_replicate\", \"dp_shard\", \"tp\")" : "(\"dp_shard\", \"tp\")";
+    o << "# The device mesh: (" << (hsdp_ ? "dp_replicate, " : "") << "dp_shard, tp).\n"
+      << "MESH_SHAPE = " << mesh_shape << "\n"
+      << "MESH_DIM_NAMES = " << dim_names << "\n";
+    if (hf_) {
+      o << "# The model's own tensor-parallel plan (model.tp_plan), applied as transformers applies it in\n"
+           "# from_pretrained(distributed_config=...): expanded to the model's modules and parameters,\n"
+           "# then apply_tensor_parallelism on mesh[\"tp\"]. Its keys, as planned:\n"
+           "TP_PLAN_KEYS = [\n";
+      for (const auto& entry : tp_.plan) o << "    " << py_string(entry.first) << ",\n";
+      o << "]\n";
+    } else {
+      o << "# parallelize_module's plan, applied in this order (module-path patterns, fnmatch per token).\n"
+           "TP_PLAN = {\n";
+      for (const auto& [pattern, spec] : tp_.plan) o << "    " << py_string(pattern) << ": " << tp_style_python(spec) << ",\n";
+      o << "}\n";
+    }
+  }
+
+  // The fully_shard calls in call order, and the ignored parameters.
+  void write_calls(std::ostringstream& o) const {
+    std::vector<const Unit*> calls;
+    for (const Unit& u : plan_.units) calls.push_back(&u);
+    std::stable_sort(calls.begin(), calls.end(), [](const Unit* a, const Unit* b) { return a->call < b->call; });
+    const std::vector<std::string> ignored = ignored_param_names(tree_, resolve_ignored(tree_, p_));
+    o << "# One fully_shard call per group, in call order: (module paths, reshard_after_forward).\n"
+         "# The root (\"\") keeps PyTorch's default, None, which is False for the root.\n"
+         "CALLS = [\n";
+    for (const Unit* u : calls) {
+      const bool root = u->modules.size() == 1 && u->modules.front() == 0;
+      std::string list;
+      for (ModuleId mod : u->modules) list += (list.empty() ? "" : ", ") + py_string(tree_.path(mod));
+      o << "    ([" << list << "], " << (root ? "None" : py_reshard_tp(u->reshard_after_forward)) << "),\n";
+    }
+    o << "]\n"
+      << "IGNORED_PARAMS = " << py_list(ignored, "") << "\n\n\n";
+  }
+
+  // built_groups and apply_fsdp: the mesh checked, tensor parallelism applied, then fully_shard.
+  void write_apply_fsdp(std::ostringstream& o) const {
+    o << "def built_groups(model):\n"
+         "    \"\"\"Module paths of the modules fully_shard was applied to.\"\"\"\n"
+         "    return sorted(name for name, m in model.named_modules() if isinstance(m, FSDPModule))\n\n\n"
+      << "def apply_fsdp(model, device_type=\"cuda\", mesh=None, **fully_shard_kwargs):\n"
+         "    if mesh is None:\n"
+         "        mesh = init_device_mesh(device_type, MESH_SHAPE, mesh_dim_names=MESH_DIM_NAMES)\n"
+         "    if tuple(mesh.shape) != MESH_SHAPE or tuple(mesh.mesh_dim_names or ()) != MESH_DIM_NAMES:\n"
+         "        raise RuntimeError(\n"
+         "            f\"the plan is for a mesh {MESH_DIM_NAMES} of shape {MESH_SHAPE}, \"\n"
+         "            f\"not {mesh.mesh_dim_names} of shape {tuple(mesh.shape)}\"\n"
+         "        )\n"
+      << (hf_ ? "    if sorted(model.tp_plan) != sorted(TP_PLAN_KEYS):\n"
+                "        raise RuntimeError(f\"the model's tp_plan {sorted(model.tp_plan)} is not the plan's {TP_PLAN_KEYS}\")\n"
+                "    apply_tensor_parallelism(model, mesh[\"tp\"], model._expand_parallel_plan(model.tp_plan))\n"
+              : "    parallelize_module(model, mesh[\"tp\"], TP_PLAN)\n")
+      << "    kwargs = {\"mesh\": mesh[" << (hsdp_ ? "(\"dp_replicate\", \"dp_shard\")" : "\"dp_shard\"")
+      << "], \"mp_policy\": " << mp_ << "}\n";
+    if (p_.mixed_precision && p_.mixed_precision->buffer_dtype)
+      o << "    # FSDP2 casts no buffers: the plan's buffer_dtype (" << *p_.mixed_precision->buffer_dtype
+        << ") has no equivalent.\n";
+    if (s_.cpu_offload) o << "    kwargs[\"offload_policy\"] = CPUOffloadPolicy()\n";
+    o << "    if IGNORED_PARAMS:\n"
+         "        kwargs[\"ignored_params\"] = {model.get_parameter(name) for name in IGNORED_PARAMS}\n"
+         "    for paths, reshard_after_forward in CALLS:\n"
+         "        modules = [model.get_submodule(path) for path in paths]\n"
+      << kFullyShardCallsAndCheck;
+  }
+
+ private:
+  const Plan& plan_;
+  const Policy& p_;
+  const ModuleTree& tree_;
+  const TensorParallel& tp_;
+  const TpMeshSizes& m_;
+  const FsdpSettings& s_;
+  const bool hsdp_;
+  const bool hf_;  // the model's own plan, which transformers applies
+  std::set<std::string> style_classes_;
+  bool replicate_layout_ = false, shard_layout_ = false;
+  std::string mp_ = "MixedPrecisionPolicy()";
+};
+
+}  // namespace
+
+std::string plan_to_torch_fsdp2_tp(const Plan& plan) {
+  Fsdp2TpWriter w(plan);
+  w.refuse_checkpointing();
+  w.find_styles();
+  w.find_mp_policy();
   std::ostringstream o;
-  o << "# Generated by fsdp-plan from " << plan.model.path << ": a 2-D plan, tensor parallelism on a\n"
-    << "# " << tp_mesh_text(m) << " device mesh, then the plan's " << plan.units.size()
-    << " FSDP2 groups on its " << (hsdp ? "(dp_replicate, dp_shard)" : "dp_shard") << " dimension"
-    << (hsdp ? "s" : "") << "\n"
-    << "# (torch 2.7 or later). Call after torch.distributed.init_process_group:\n"
-       "#     model = apply_fsdp(model, device_type=\"cuda\")\n"
-    << (hf ? "# Tensor parallelism on mesh[\"tp\"] first (transformers' apply_tensor_parallelism), then fully_shard\n"
-           : "# As torchtitan's parallelize_llama: parallelize_module on mesh[\"tp\"] first, then fully_shard\n")
-    << 
-       "# bottom-up in the plan's order, the root last. Extra keyword arguments go to every\n"
-       "# fully_shard call; apply_fsdp raises if the modules fully_shard was applied to are not\n"
-       "# the plan's (a different model, say).\n"
-    << (mp.find("torch.") != std::string::npos ? "import torch\n" : "")
-    << "from torch.distributed.device_mesh import init_device_mesh\n"
-    << py_import("torch.distributed.fsdp", fsdp_names)
-    << (layout_names.empty() ? "" : py_import("torch.distributed.tensor", layout_names))
-    << (hf ? "from transformers.distributed.tensor_parallel import apply_tensor_parallelism\n"
-           : py_import("torch.distributed.tensor.parallel", tp_names))
-    << "\n"
-    << "# The device mesh: (" << (hsdp ? "dp_replicate, " : "") << "dp_shard, tp).\n"
-    << "MESH_SHAPE = " << mesh_shape << "\n"
-    << "MESH_DIM_NAMES = " << dim_names << "\n";
-  if (hf) {
-    o << "# The model's own tensor-parallel plan (model.tp_plan), applied as transformers applies it in\n"
-         "# from_pretrained(distributed_config=...): expanded to the model's modules and parameters,\n"
-         "# then apply_tensor_parallelism on mesh[\"tp\"]. Its keys, as planned:\n"
-         "TP_PLAN_KEYS = [\n";
-    for (const auto& entry : tp.plan) o << "    " << py_string(entry.first) << ",\n";
-    o << "]\n";
-  } else {
-    o << "# parallelize_module's plan, applied in this order (module-path patterns, fnmatch per token).\n"
-         "TP_PLAN = {\n";
-    for (const auto& [pattern, spec] : tp.plan) o << "    " << py_string(pattern) << ": " << tp_style_python(spec) << ",\n";
-    o << "}\n";
-  }
-  o
-    << "# One fully_shard call per group, in call order: (module paths, reshard_after_forward).\n"
-       "# The root (\"\") keeps PyTorch's default, None, which is False for the root.\n"
-       "CALLS = [\n";
-  for (const Unit* u : calls) {
-    const bool root = u->modules.size() == 1 && u->modules.front() == 0;
-    std::string list;
-    for (ModuleId mod : u->modules) list += (list.empty() ? "" : ", ") + py_string(tree.path(mod));
-    o << "    ([" << list << "], " << (root ? "None" : py_reshard_tp(u->reshard_after_forward)) << "),\n";
-  }
-  o << "]\n"
-    << "IGNORED_PARAMS = " << py_list(ignored, "") << "\n\n\n"
-    << "def built_groups(model):\n"
-       "    \"\"\"Module paths of the modules fully_shard was applied to.\"\"\"\n"
-       "    return sorted(name for name, m in model.named_modules() if isinstance(m, FSDPModule))\n\n\n"
-    << "def apply_fsdp(model, device_type=\"cuda\", mesh=None, **fully_shard_kwargs):\n"
-       "    if mesh is None:\n"
-       "        mesh = init_device_mesh(device_type, MESH_SHAPE, mesh_dim_names=MESH_DIM_NAMES)\n"
-       "    if tuple(mesh.shape) != MESH_SHAPE or tuple(mesh.mesh_dim_names or ()) != MESH_DIM_NAMES:\n"
-       "        raise RuntimeError(\n"
-       "            f\"the plan is for a mesh {MESH_DIM_NAMES} of shape {MESH_SHAPE}, \"\n"
-       "            f\"not {mesh.mesh_dim_names} of shape {tuple(mesh.shape)}\"\n"
-       "        )\n"
-    << (hf ? "    if sorted(model.tp_plan) != sorted(TP_PLAN_KEYS):\n"
-             "        raise RuntimeError(f\"the model's tp_plan {sorted(model.tp_plan)} is not the plan's {TP_PLAN_KEYS}\")\n"
-             "    apply_tensor_parallelism(model, mesh[\"tp\"], model._expand_parallel_plan(model.tp_plan))\n"
-           : "    parallelize_module(model, mesh[\"tp\"], TP_PLAN)\n")
-    << "    kwargs = {\"mesh\": mesh[" << (hsdp ? "(\"dp_replicate\", \"dp_shard\")" : "\"dp_shard\"")
-    << "], \"mp_policy\": " << mp << "}\n";
-  if (p.mixed_precision && p.mixed_precision->buffer_dtype)
-    o << "    # FSDP2 casts no buffers: the plan's buffer_dtype (" << *p.mixed_precision->buffer_dtype
-      << ") has no equivalent.\n";
-  if (s.cpu_offload) o << "    kwargs[\"offload_policy\"] = CPUOffloadPolicy()\n";
-  o << "    if IGNORED_PARAMS:\n"
-       "        kwargs[\"ignored_params\"] = {model.get_parameter(name) for name in IGNORED_PARAMS}\n"
-       "    for paths, reshard_after_forward in CALLS:\n"
-       "        modules = [model.get_submodule(path) for path in paths]\n"
-    << kFullyShardCallsAndCheck;
+  w.write_header(o);
+  w.write_mesh_and_tp_plan(o);
+  w.write_calls(o);
+  w.write_apply_fsdp(o);
   return o.str();
 }
 

@@ -5,111 +5,134 @@
 #include "plan/plan.h"
 
 namespace fsdp_plan {
+namespace {
 
-CommPlan fsdp2_comm(const Plan& plan) {
-  const ModuleTree& tree = *plan.tree;
-  const FsdpSettings& s = plan.memory.settings;
-  // A 2-D / 3-D mesh: fully_shard on the dp sub-mesh, whose groups stride over
-  // the tp ranks (init_device_mesh's row-major layout puts tp innermost).
+// The process groups FSDP2's collectives run on. A 2-D / 3-D mesh:
+// fully_shard on the dp sub-mesh, whose groups stride over the tp ranks
+// (init_device_mesh's row-major layout puts tp innermost).
+struct Fsdp2CommGroups {
+  Fsdp2Mesh mesh;
+  int64_t tp = 1;
+  RankGroup shard() const { return RankGroup{mesh.shard, tp}; }
+  RankGroup replicate() const { return RankGroup{mesh.replicate, mesh.shard * tp}; }
+};
+
+Fsdp2CommGroups fsdp2_comm_groups(const Plan& plan) {
   const TensorParallelPlan* tp = plan.tensor_parallel ? &*plan.tensor_parallel : nullptr;
-  const Fsdp2Mesh mesh = tp ? Fsdp2Mesh{tp->mesh.dp_replicate, tp->mesh.dp_shard} : fsdp2_mesh(s);
-  const int64_t S = mesh.shard;
-  const int64_t T = tp ? tp->mesh.tp : 1;
-  const auto& mp = plan.policy.mixed_precision;
-  const size_t n = plan.units.size();
+  return tp ? Fsdp2CommGroups{Fsdp2Mesh{tp->mesh.dp_replicate, tp->mesh.dp_shard}, tp->mesh.tp}
+            : Fsdp2CommGroups{fsdp2_mesh(plan.memory.settings), 1};
+}
 
-  CommPlan comm;
-  comm.computed = true;
-  struct GroupComms {
-    bool gathers = false, reduces = false, all_reduces = false;
-    Collective gather, reduce, all_reduce;
-    RankGroup backward_group;
-  };
-  std::vector<GroupComms> per(n);
-  std::vector<bool> regathered(n, false);
-  std::vector<int> parent(n);
-  comm.units.resize(n);
-  for (size_t i = 0; i < n; ++i) {
-    const Unit& u = plan.units[i];
-    parent[i] = u.parent;
-    if (u.params.empty()) continue;  // no FSDPParamGroup
-    GroupComms& g = per[i];
-    int64_t gathered = 0, gathered_numel = 0, sharded_bytes = 0, reduced = 0, reduced_numel = 0, grad_bytes = 0;
-    std::string gather_dtype, reduce_dtype;
-    bool mixed = false, trainable = false;
-    for (const auto& o : u.params) {
-      const TensorInfo& t = tree.tensor(o.tensor);
-      int64_t d0 = tree.dim0(o.tensor), numel = tree.numel(o.tensor);
-      if (tp) {  // FSDPParam._init_sharding_spec_tp: the TP-local tensor is what FSDP shards
-        const auto& local = tp->local_shape[static_cast<size_t>(o.tensor)];
-        numel = 1;
-        for (int64_t d : local) numel *= d;
-        d0 = local.empty() ? 1 : local[0];
-      }
-      // _init_sharded_param: ceil(d0 / S) rows on every rank, padded.
-      const int64_t padded = d0 == 0 ? 0 : ceil_div(d0, S) * (numel / d0);
-      // MixedPrecisionPolicy.param_dtype applies to floating parameters of another dtype.
-      std::string pe = t.dtype;
-      if (mp && mp->param_dtype && dtype_itemsize(t.dtype) > 0 && *mp->param_dtype != t.dtype) pe = *mp->param_dtype;
-      const int64_t pe_size = pe == t.dtype ? t.itemsize : dtype_itemsize(pe);
-      if (!gather_dtype.empty() && gather_dtype != pe) mixed = true;
-      gather_dtype = pe;
-      gathered += padded * pe_size;
-      gathered_numel += padded;
-      sharded_bytes += padded * t.itemsize;
-      if (!t.requires_grad) continue;
-      // foreach_reduce: only parameters with a gradient, in reduce_dtype
-      // (default: the gradient's, i.e. param_dtype).
-      trainable = true;
-      reduce_dtype = mp && mp->reduce_dtype ? *mp->reduce_dtype : pe;
-      const int64_t rd_size = mp && mp->reduce_dtype ? dtype_itemsize(*mp->reduce_dtype) : pe_size;
-      reduced += padded * rd_size;
-      reduced_numel += padded;
-      comm.units[i].trainable_shard_numel += padded;
-      grad_bytes += padded * t.itemsize;
+// What one FSDPParamGroup gathers and reduces, summed over its parameters.
+struct Fsdp2GroupSizes {
+  int64_t gathered = 0, gathered_numel = 0, sharded_bytes = 0, reduced = 0, reduced_numel = 0, grad_bytes = 0;
+  std::string gather_dtype, reduce_dtype;
+  bool trainable = false;
+};
+
+// The padded shards unit u's group gathers (in param_dtype) and reduces (in
+// reduce_dtype, the trainable parameters only).
+Fsdp2GroupSizes fsdp2_group_sizes(const Plan& plan, const Unit& u, int64_t S) {
+  const ModuleTree& tree = *plan.tree;
+  const TensorParallelPlan* tp = plan.tensor_parallel ? &*plan.tensor_parallel : nullptr;
+  const auto& mp = plan.policy.mixed_precision;
+  Fsdp2GroupSizes z;
+  bool mixed = false;
+  for (const auto& o : u.params) {
+    const TensorInfo& t = tree.tensor(o.tensor);
+    int64_t d0 = tree.dim0(o.tensor), numel = tree.numel(o.tensor);
+    if (tp) {  // FSDPParam._init_sharding_spec_tp: the TP-local tensor is what FSDP shards
+      const auto& local = tp->local_shape[static_cast<size_t>(o.tensor)];
+      numel = 1;
+      for (int64_t d : local) numel *= d;
+      d0 = local.empty() ? 1 : local[0];
     }
-    // _get_all_gather_input_metadatas: inputs of different dtypes go as bytes.
-    if (mixed) {
-      gather_dtype = "uint8";
-      gathered_numel = gathered;
-    }
-    const int idx = static_cast<int>(i);
-    const int64_t offload_in = s.cpu_offload ? sharded_bytes : 0;
-    // FSDPParamGroup.unshard: a 1-rank shard group gathers nothing.
-    if (S > 1) {
-      g.gathers = true;
-      g.gather = {CollectiveKind::AllGather, StepPhase::Forward, idx, gathered_numel * S, gathered * S,
-                  gather_dtype, RankGroup{S, T}, "unshard", offload_in};
-      // reshard_after_forward (the root's None is False): True gathers again
-      // over the shard group, k < S over k ranks (_fsdp_param_group.py
-      // post_forward_mesh_info); k = 1 keeps the whole, like False.
-      const ReshardAfterForward raf = u.reshard_after_forward.value_or(ReshardAfterForward{});
-      if (raf.kind == ReshardAfterForward::Kind::True ||
-          (raf.kind == ReshardAfterForward::Kind::Ranks && raf.ranks > 1)) {
-        regathered[i] = true;
-        g.backward_group = RankGroup{raf.kind == ReshardAfterForward::Kind::Ranks && raf.ranks < S ? raf.ranks : S, T};
-      }
-    }
-    if (!trainable) continue;  // foreach_reduce returns before any collective
-    const int64_t offload_out = s.cpu_offload ? grad_bytes : 0;
-    if (S > 1) {
-      g.reduces = true;
-      g.reduce = {CollectiveKind::ReduceScatter, StepPhase::Backward, idx, reduced_numel * S, reduced * S,
-                  reduce_dtype, RankGroup{S, T}, "reduce", mesh.replicate > 1 ? 0 : offload_out};
-    }
-    // HSDP: the reduce-scatter's output (or, on a 1-rank shard group, the
-    // whole gradient) all-reduced over the replicate group.
-    if (mesh.replicate > 1) {
-      g.all_reduces = true;
-      g.all_reduce = {CollectiveKind::AllReduce, StepPhase::Backward, idx, reduced_numel, reduced,
-                      reduce_dtype, RankGroup{mesh.replicate, S * T}, "reduce", offload_out};
+    // _init_sharded_param: ceil(d0 / S) rows on every rank, padded.
+    const int64_t padded = d0 == 0 ? 0 : ceil_div(d0, S) * (numel / d0);
+    // MixedPrecisionPolicy.param_dtype applies to floating parameters of another dtype.
+    std::string pe = t.dtype;
+    if (mp && mp->param_dtype && dtype_itemsize(t.dtype) > 0 && *mp->param_dtype != t.dtype) pe = *mp->param_dtype;
+    const int64_t pe_size = pe == t.dtype ? t.itemsize : dtype_itemsize(pe);
+    if (!z.gather_dtype.empty() && z.gather_dtype != pe) mixed = true;
+    z.gather_dtype = pe;
+    z.gathered += padded * pe_size;
+    z.gathered_numel += padded;
+    z.sharded_bytes += padded * t.itemsize;
+    if (!t.requires_grad) continue;
+    // foreach_reduce: only parameters with a gradient, in reduce_dtype
+    // (default: the gradient's, i.e. param_dtype).
+    z.trainable = true;
+    z.reduce_dtype = mp && mp->reduce_dtype ? *mp->reduce_dtype : pe;
+    const int64_t rd_size = mp && mp->reduce_dtype ? dtype_itemsize(*mp->reduce_dtype) : pe_size;
+    z.reduced += padded * rd_size;
+    z.reduced_numel += padded;
+    z.grad_bytes += padded * t.itemsize;
+  }
+  // _get_all_gather_input_metadatas: inputs of different dtypes go as bytes.
+  if (mixed) {
+    z.gather_dtype = "uint8";
+    z.gathered_numel = z.gathered;
+  }
+  return z;
+}
+
+// One FSDPParamGroup's collectives: its unshard (and the regather in
+// backward), its reduce-scatter and HSDP's all-reduce.
+struct Fsdp2GroupComms {
+  bool gathers = false, reduces = false, all_reduces = false, regathered = false;
+  Collective gather, reduce, all_reduce;
+  RankGroup backward_group;
+};
+
+Fsdp2GroupComms fsdp2_group_comms(const Unit& u, int idx, const Fsdp2GroupSizes& z, const Fsdp2CommGroups& groups,
+                                  bool cpu_offload) {
+  const int64_t S = groups.mesh.shard;
+  Fsdp2GroupComms g;
+  const int64_t offload_in = cpu_offload ? z.sharded_bytes : 0;
+  // FSDPParamGroup.unshard: a 1-rank shard group gathers nothing.
+  if (S > 1) {
+    g.gathers = true;
+    g.gather = {CollectiveKind::AllGather, StepPhase::Forward, idx, z.gathered_numel * S, z.gathered * S,
+                z.gather_dtype, groups.shard(), "unshard", offload_in};
+    // reshard_after_forward (the root's None is False): True gathers again
+    // over the shard group, k < S over k ranks (_fsdp_param_group.py
+    // post_forward_mesh_info); k = 1 keeps the whole, like False.
+    const ReshardAfterForward raf = u.reshard_after_forward.value_or(ReshardAfterForward{});
+    if (raf.kind == ReshardAfterForward::Kind::True ||
+        (raf.kind == ReshardAfterForward::Kind::Ranks && raf.ranks > 1)) {
+      g.regathered = true;
+      g.backward_group = RankGroup{raf.kind == ReshardAfterForward::Kind::Ranks && raf.ranks < S ? raf.ranks : S,
+                                   groups.tp};
     }
   }
+  if (!z.trainable) return g;  // foreach_reduce returns before any collective
+  const int64_t offload_out = cpu_offload ? z.grad_bytes : 0;
+  if (S > 1) {
+    g.reduces = true;
+    g.reduce = {CollectiveKind::ReduceScatter, StepPhase::Backward, idx, z.reduced_numel * S, z.reduced * S,
+                z.reduce_dtype, groups.shard(), "reduce", groups.mesh.replicate > 1 ? 0 : offload_out};
+  }
+  // HSDP: the reduce-scatter's output (or, on a 1-rank shard group, the
+  // whole gradient) all-reduced over the replicate group.
+  if (groups.mesh.replicate > 1) {
+    g.all_reduces = true;
+    g.all_reduce = {CollectiveKind::AllReduce, StepPhase::Backward, idx, z.reduced_numel, z.reduced,
+                    z.reduce_dtype, groups.replicate(), "reduce", offload_out};
+  }
+  return g;
+}
+
+// The collectives in issue order: forward, each group's pre-forward unshards
+// it, in forward order; backward, as the hooks run (backward_hook_order).
+void issue_fsdp2_collectives(const std::vector<Fsdp2GroupComms>& per, const std::vector<int>& parent, CommPlan& comm) {
+  const size_t n = per.size();
+  std::vector<bool> regathered(n, false);
   size_t calls = 0;  // gathers (twice when regathered), reduce-scatters, HSDP's all-reduces
-  for (size_t i = 0; i < n; ++i)
+  for (size_t i = 0; i < n; ++i) {
+    regathered[i] = per[i].regathered;
     calls += static_cast<size_t>((per[i].gathers ? 1 + regathered[i] : 0) + per[i].reduces + per[i].all_reduces);
+  }
   comm.collectives.reserve(calls);
-  // Forward: each group's pre-forward unshards it, in forward order.
   for (size_t i = 0; i < n; ++i)
     if (per[i].gathers) comm.collectives.push_back(per[i].gather);
   backward_hook_order(
@@ -125,6 +148,27 @@ CommPlan fsdp2_comm(const Plan& plan) {
         if (per[i].reduces) comm.collectives.push_back(per[i].reduce);
         if (per[i].all_reduces) comm.collectives.push_back(per[i].all_reduce);
       });
+}
+
+}  // namespace
+
+CommPlan fsdp2_comm(const Plan& plan) {
+  const Fsdp2CommGroups groups = fsdp2_comm_groups(plan);
+  const size_t n = plan.units.size();
+  CommPlan comm;
+  comm.computed = true;
+  comm.units.resize(n);
+  std::vector<Fsdp2GroupComms> per(n);
+  std::vector<int> parent(n);
+  for (size_t i = 0; i < n; ++i) {
+    const Unit& u = plan.units[i];
+    parent[i] = u.parent;
+    if (u.params.empty()) continue;  // no FSDPParamGroup
+    const Fsdp2GroupSizes z = fsdp2_group_sizes(plan, u, groups.mesh.shard);
+    comm.units[i].trainable_shard_numel += z.reduced_numel;
+    per[i] = fsdp2_group_comms(u, static_cast<int>(i), z, groups, plan.memory.settings.cpu_offload);
+  }
+  issue_fsdp2_collectives(per, parent, comm);
   summarize_comm(comm, n);
   comm.notes.push_back("FSDP2: implicit forward prefetch, one group prefetched in backward (the defaults); module "
                        "order stands for execution order");

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "plan/activations.h"
@@ -41,6 +42,14 @@ class Fsdp2Memory {
   MemoryPlan estimate(const FsdpSettings& settings, bool timeline = true) const;
 
  private:
+  class Estimate;  // one estimate(): the groups' sizes at a shard size, then the step's walk
+  // The constructor's steps, in order.
+  using GradParams = std::vector<std::vector<std::pair<TensorId, int64_t>>>;
+  void add_units(const Plan& plan, GradParams& grad_params);
+  void add_late_gradients(const Plan& plan, const GradParams& grad_params);
+  void order_hooks(const Plan& plan);
+  void add_unowned_params(const Plan& plan);
+
   struct Param {              // one parameter of a unit
     int64_t dim0, row;        // padded shard: ceil(dim0 / S) * row elements (row 0 when dim0 is)
     int32_t orig, pe, rd;     // itemsize: own dtype, gathered (param_dtype), reduced (reduce_dtype)

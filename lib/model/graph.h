@@ -3,7 +3,7 @@
 // name and its outputs; every tensor value's dtype, sizes, strides and offset
 // (symbolic sizes kept as expressions, sym_expr.h); the module each node ran
 // in; the placeholders' roles from the graph signature; the dynamic
-// dimensions with their ranges. Read by the loader (loaders/export_program.cpp)
+// dimensions with their ranges. Read by the loader (loaders/export_walk.h)
 // in the same pass as the module tree, which then holds it (ModuleTree::graph).
 //
 // The schema is torch/_export/serde/schema.py (torch 2.13, schema 8.x);

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <set>
+#include <unordered_map>
 #include <utility>
 
 #include "model/loaders/printable.h"
@@ -56,6 +57,48 @@ std::vector<std::string> hardware_keys() {
 const std::vector<std::string> kGroupKeys = {"modules", "reshard_after_forward"};
 // The dtypes a policy may name (kPolicyDtypes: model/dtype.cpp has a kDtypes of its own).
 const std::vector<std::string> kPolicyDtypes = {"float32", "float16", "bfloat16", "float64"};
+
+
+// The keys of the top-level "tensor_parallel" object's "plan" object, in the
+// order the text writes them (nlohmann's SAX interface; the DOM parse before
+// it has checked the text).
+struct PlanKeyOrder : nlohmann::json_sax<json> {
+  std::vector<std::string> order;
+  std::vector<std::string> path;  // the key of each open object or array ("" for an array)
+  std::string key_;
+
+  bool open() {
+    path.push_back(key_);
+    key_.clear();
+    return true;
+  }
+  bool in_plan() const { return path.size() == 3 && path[1] == "tensor_parallel" && path[2] == "plan"; }
+  bool null() override { return true; }
+  bool boolean(bool) override { return true; }
+  bool number_integer(number_integer_t) override { return true; }
+  bool number_unsigned(number_unsigned_t) override { return true; }
+  bool number_float(number_float_t, const string_t&) override { return true; }
+  bool string(string_t&) override { return true; }
+  bool binary(binary_t&) override { return true; }
+  bool start_object(std::size_t) override { return open(); }
+  bool key(string_t& k) override {
+    if (in_plan()) order.push_back(k);
+    key_ = k;
+    return true;
+  }
+  bool end_object() override {
+    path.pop_back();
+    key_.clear();
+    return true;
+  }
+  bool start_array(std::size_t) override { return open(); }
+  bool end_array() override {
+    path.pop_back();
+    key_.clear();
+    return true;
+  }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override { return false; }
+};
 
 class Parser {
  public:
@@ -319,19 +362,19 @@ class Parser {
 
   // parallelize_module applies its plan's entries in the dict's order, and
   // the emitted code and the plan's JSON keep it; nlohmann::json sorts an
-  // object's keys, so the order is taken from an order-keeping parse.
+  // object's keys, so the order is taken from the text by a SAX pass that
+  // keeps the keys of tensor_parallel.plan alone (an ordered_json parse
+  // searched every object's keys on each insert: quadratic in the keys).
   static void in_written_order(TensorParallel& tp, const std::string& text) {
     if (tp.plan.size() < 2) return;
-    const auto doc = nlohmann::ordered_json::parse(text, nullptr, false);
-    if (doc.is_discarded() || !doc.contains("tensor_parallel") || !doc["tensor_parallel"].is_object() ||
-        !doc["tensor_parallel"].contains("plan") || !doc["tensor_parallel"]["plan"].is_object())
-      return;
-    std::vector<std::string> order;
-    for (const auto& [key, value] : doc["tensor_parallel"]["plan"].items()) {
-      (void)value;
-      order.push_back(key);
-    }
-    auto rank = [&](const std::string& key) { return std::find(order.begin(), order.end(), key) - order.begin(); };
+    PlanKeyOrder sax;
+    if (!json::sax_parse(text, &sax) || sax.order.empty()) return;
+    std::unordered_map<std::string, size_t> index;  // a table, not a search per comparison
+    for (size_t i = 0; i < sax.order.size(); ++i) index.emplace(sax.order[i], i);
+    auto rank = [&](const std::string& key) {
+      auto it = index.find(key);
+      return it == index.end() ? sax.order.size() : it->second;
+    };
     std::stable_sort(tp.plan.begin(), tp.plan.end(),
                      [&](const auto& a, const auto& b) { return rank(a.first) < rank(b.first); });
   }

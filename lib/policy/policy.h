@@ -54,6 +54,9 @@ struct ActivationCheckpointing {
 // --activation-bytes, --device, --sdpa. The dynamic dimensions are the graph's (--dim).
 struct ActivationSettings {
   std::optional<int64_t> allowance_bytes;  // --activation-bytes: a flat allowance in place of the graph's
+  // The most --activation-bytes may be (docs/limits.md): 4 PiB, past any
+  // accelerator, and low enough that peak + allowance cannot pass 2^63.
+  static constexpr int64_t kMaxAllowanceBytes = int64_t{1} << 52;
   ComputeDevice device = ComputeDevice::Cuda;
   SdpaKernel sdpa = SdpaKernel::Default;
   // --dim NAME=VALUE: the graph's dynamic dimensions (model/graph.h DimValues::bind); the rest at

@@ -82,12 +82,19 @@ const std::vector<HardwareField>& hardware_fields() {
   return table;
 }
 
+namespace {
+constexpr double kMinHardwareFigure = 0.001;  // docs/limits.md
+}  // namespace
+
 std::string hardware_value_error(const std::string& where, double value, bool efficiency) {
   // NaN fails every comparison: it is refused with the infinities.
   if (!std::isfinite(value)) return where + " must be a finite number, not " + format_number(value);
-  if (efficiency && !(value > 0 && value <= 1))
-    return where + " is a fraction of the peak: more than 0 and at most 1, not " + format_number(value);
-  if (!efficiency && !(value > 0)) return where + " must be more than 0, not " + format_number(value);
+  // Bounded below, not only above 0: a denormal efficiency or bandwidth made an
+  // infinite step time (issue 39). 0.001 is 0.1% of the peak, or 1 MB/s.
+  if (efficiency && !(value >= kMinHardwareFigure && value <= 1))
+    return where + " is a fraction of the peak: from 0.001 to 1, not " + format_number(value);
+  if (!efficiency && !(value >= kMinHardwareFigure))
+    return where + " must be at least 0.001 (GB/s), not " + format_number(value);
   return "";
 }
 

@@ -1,7 +1,11 @@
 #include "policy/tensor_parallel.h"
 
 #include <algorithm>
+#include <unordered_map>
+#include <utility>
+#include <vector>
 
+#include "model/loaders/printable.h"
 #include "util/errors.h"
 #include "util/json_input.h"
 #include "util/strings.h"
@@ -12,6 +16,9 @@ namespace {
 using json = nlohmann::json;
 
 const std::vector<std::string> kKeys = {"degree", "plan", "mesh"};
+constexpr size_t kMaxTpPlanKeys = 100000;  // docs/limits.md: as a policy list
+constexpr size_t kMaxTpPlanKey = 4096;     // as a policy string
+constexpr int kMaxTensorDims = 64;         // torch's limit on a tensor's dimensions
 const std::vector<std::string> kMeshKeys = {"dp_replicate", "dp_shard"};
 const std::vector<std::string> kStyleKeys = {"style",           "input_layouts",         "output_layouts",
                                              "use_local_output", "sequence_dim",         "desired_input_layouts",
@@ -27,11 +34,13 @@ bool valid_layout(const std::string& s) {
   size_t i = open.size();
   const size_t end = s.size() - 1;
   if (s[i] == '-') ++i;
-  if (i == end) return false;
+  if (i == end || end - i > 2) return false;  // a tensor has at most 64 dimensions (torch's limit)
+  int d = 0;
   for (; i < end; ++i) {
     if (s[i] < '0' || s[i] > '9') return false;
+    d = d * 10 + (s[i] - '0');
   }
-  return true;
+  return d < kMaxTensorDims;
 }
 
 std::string layout_python(const std::string& s) {
@@ -52,6 +61,19 @@ class TpReader {
       fail("unknown key \"" + key + "\" in \"" + where + "\"" +
            (near.empty() ? " (valid keys: " + join(allowed) + ")" : "; did you mean \"" + near[0] + "\"?"));
     }
+  }
+
+  // A plan key is a module path pattern: echoed in warnings, written into
+  // --emit torch's Python and matched against every module, so bounded and
+  // free of control characters as the policy's other paths are (a newline
+  // in one made Python that does not parse).
+  void plan_key(const std::string& key) const {
+    if (key.size() > kMaxTpPlanKey)
+      fail("\"tensor_parallel.plan\" has a key of " + std::to_string(key.size()) + " bytes (\"" + quoted_input(key) +
+           "\"), longer than a module path pattern can be here (" + std::to_string(kMaxTpPlanKey) + ")");
+    if (std::any_of(key.begin(), key.end(), [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; }))
+      fail("\"tensor_parallel.plan\" has the key \"" + quoted_input(key) +
+           "\", which has a control character: not a module path pattern");
   }
 
   int64_t size(const json& v, const std::string& key) const {
@@ -104,7 +126,13 @@ class TpReader {
       if (spec.style != TpStyle::SequenceParallel)
         fail("\"" + where + ".sequence_dim\" is SequenceParallel's: the style here is " + s);
       if (!it->is_number_integer()) fail("\"" + where + ".sequence_dim\" must be an integer, not " + json_type_name(*it));
-      spec.sequence_dim = it->get<int64_t>();
+      const int64_t d = it->get<int64_t>();
+      if (it->is_number_unsigned() && it->get<uint64_t>() > static_cast<uint64_t>(kMaxTensorDims)) {
+        fail("\"" + where + ".sequence_dim\" is " + it->dump() + ": a tensor has at most 64 dimensions");
+      }
+      if (d <= -kMaxTensorDims || d >= kMaxTensorDims)
+        fail("\"" + where + ".sequence_dim\" is " + std::to_string(d) + ": a tensor has at most 64 dimensions");
+      spec.sequence_dim = d;
     }
     // The layouts each style's constructor takes (torch/distributed/tensor/parallel/style.py).
     const bool io = spec.style == TpStyle::Colwise || spec.style == TpStyle::Rowwise;
@@ -217,8 +245,13 @@ TensorParallel parse_tensor_parallel(const json& v, const std::string& file) {
       r.fail("\"tensor_parallel.plan\" must be \"model\" or an object of patterns to styles, not " +
              json_type_name(*plan));
     if (plan->empty()) r.fail("\"tensor_parallel.plan\" is empty");
-    for (const auto& [pattern, style] : plan->items())
+    if (plan->size() > kMaxTpPlanKeys)
+      r.fail("\"tensor_parallel.plan\" has " + std::to_string(plan->size()) + " keys, more than a plan can (" +
+             std::to_string(kMaxTpPlanKeys) + ")");
+    for (const auto& [pattern, style] : plan->items()) {
+      r.plan_key(pattern);
       tp.plan.emplace_back(pattern, r.style(style, "tensor_parallel.plan[\"" + pattern + "\"]"));
+    }
   }
   if (auto mesh = v.find("mesh"); mesh != v.end() && !mesh->is_null()) {
     if (!mesh->is_object()) r.fail("\"tensor_parallel.mesh\" must be an object, not " + json_type_name(*mesh));
@@ -281,9 +314,24 @@ static nlohmann::ordered_json style_json(const TpStyleSpec& s) {
   return j;
 }
 
-nlohmann::ordered_json tensor_parallel_file_json(const TensorParallel& tp) {
+// The plan as a JSON object in its order, a key given twice its last value (as
+// operator[] would), in linear time: ordered_json's operator[] searches the
+// object's keys, and 100,000 keys took minutes (issue 39).
+static nlohmann::ordered_json plan_json(const TensorParallel& tp) {
   nlohmann::ordered_json plan = nlohmann::ordered_json::object();
-  for (const auto& [pattern, spec] : tp.plan) plan[pattern] = style_json(spec);
+  auto& entries = static_cast<std::vector<std::pair<const std::string, nlohmann::ordered_json>>&>(
+      plan.get_ref<nlohmann::ordered_json::object_t&>());
+  std::unordered_map<std::string, size_t> at;
+  for (const auto& [pattern, spec] : tp.plan) {
+    auto [it, fresh] = at.emplace(pattern, entries.size());
+    if (fresh) entries.emplace_back(pattern, style_json(spec));
+    else entries[it->second].second = style_json(spec);
+  }
+  return plan;
+}
+
+nlohmann::ordered_json tensor_parallel_file_json(const TensorParallel& tp) {
+  nlohmann::ordered_json plan = plan_json(tp);
   nlohmann::ordered_json out = {{"degree", tp.degree}, {"plan", tp.from_model ? nlohmann::ordered_json("model") : plan}};
   nlohmann::ordered_json mesh = nlohmann::ordered_json::object();
   if (tp.dp_replicate > 0) mesh["dp_replicate"] = tp.dp_replicate;
@@ -294,11 +342,7 @@ nlohmann::ordered_json tensor_parallel_file_json(const TensorParallel& tp) {
 
 nlohmann::ordered_json tensor_parallel_to_json(const TensorParallel& tp, int64_t world_size) {
   nlohmann::ordered_json out = tensor_parallel_file_json(tp);
-  if (tp.from_model && !tp.plan.empty()) {  // the plan's policy: the model's plan as read
-    nlohmann::ordered_json plan = nlohmann::ordered_json::object();
-    for (const auto& [pattern, spec] : tp.plan) plan[pattern] = style_json(spec);
-    out["plan"] = plan;
-  }
+  if (tp.from_model && !tp.plan.empty()) out["plan"] = plan_json(tp);  // the plan's policy: the model's plan as read
   const TpMeshSizes m = tp_mesh_sizes(tp, world_size);
   out["mesh"] = {{"dp_replicate", m.dp_replicate}, {"dp_shard", m.dp_shard}};
   return out;

@@ -245,7 +245,7 @@ std::pair<std::string, long> split_index(const std::string& path) {
 // Without --wide, a run of kFoldRun or more consecutive unit rows that differ
 // only in their index (a 70B's 80 decoder layers) is one row,
 // "layers.0 .. layers.79  x80": same class, sizes, mixed precision and
-// reshard_after_forward, indices counting up by one. Rows is plan_to_text's.
+// reshard_after_forward, indices counting up by one. Row is UnitTableRow.
 template <class Row>
 void fold_identical_rows(const Plan& plan, std::vector<Row>& rows) {
   constexpr size_t kFoldRun = 6;
@@ -280,8 +280,12 @@ void fold_identical_rows(const Plan& plan, std::vector<Row>& rows) {
 
 }  // namespace
 
-std::string plan_to_text(const Plan& plan, const TextOptions& options) {
-  const ModuleTree& tree = *plan.tree;
+namespace {
+
+// What the plan is of: the model, its parameters, the policy, FSDP2's calls,
+// aliased modules and a class name that matches nothing (it explains the
+// whole plan below, so it comes first).
+std::string plan_header_text(const Plan& plan) {
   const ModelSummary& m = plan.model;
   std::string out;
   out += "model   " + m.path + "  (" + m.root_class + ", " + std::to_string(m.num_modules) + " modules)\n";
@@ -299,32 +303,63 @@ std::string plan_to_text(const Plan& plan, const TextOptions& options) {
     out += wrap("aliases " + join(parts) + " (one module under two names; FSDP visits the first)", 100,
                 std::string(8, ' '));
   }
-  // A class name that matches nothing explains the whole plan below: say it first.
   for (const auto& w : plan.warnings)
     if (w.kind == "unmatched_class")
       out += wrap(pad(severity_name(w.severity), 8) + w.kind + ": " + w.message, 100, std::string(10, ' '));
-  out += "\n";
+  return out + "\n";
+}
 
-  // Columns as wide as their content: whole class names, whole paths unless
-  // the terminal is too narrow, in which case paths lose their middle.
-  // Frozen parameters (requires_grad=False) get a column only in models that have them.
-  // An FSDP2 call on several modules is a row of its own, "[a, b]" with the
-  // call's totals, and a row under it per module with what that module holds.
-  const bool frozen = std::any_of(plan.units.begin(), plan.units.end(), [](const Unit& u) { return u.frozen_numel > 0; });
-  const size_t other_columns = kOtherColumns + (frozen ? 9 : 0);
-  struct Row {
-    int unit = -1;  // index into plan.units for a unit's row, -1 for a module of a group
-    std::string indent, path, cls;
-    bool group = false;  // "[a, b]": not shortened
-    int64_t numel = 0, frozen = 0, bytes = 0, buffer_bytes = 0;
-    bool buffers = false;
-    int count = 1;  // a fold of identical consecutive units (layers.0 .. layers.79): how many
-    int last_unit = -1;
+// A row of the units table: a unit, or one module of an FSDP2 call on several.
+struct UnitTableRow {
+  int unit = -1;  // index into plan.units for a unit's row, -1 for a module of a group
+  std::string indent, path, cls;
+  bool group = false;  // "[a, b]": not shortened
+  int64_t numel = 0, frozen = 0, bytes = 0, buffer_bytes = 0;
+  bool buffers = false;
+  int count = 1;  // a fold of identical consecutive units (layers.0 .. layers.79): how many
+  int last_unit = -1;
+};
+
+// A call on several modules (fully_shard([a, b]) manages the subtrees of a
+// and b): a row per module under the call's own, with each tensor the call
+// manages counted at the module of the call that holds it.
+void add_group_member_rows(const ModuleTree& tree, const Unit& u, const std::string& indent,
+                           std::vector<UnitTableRow>& rows) {
+  const size_t first = rows.size();
+  for (ModuleId m : u.modules) {
+    UnitTableRow k;
+    k.indent = indent;
+    k.path = tree.path(m);
+    k.cls = bare_class(tree, m);
+    rows.push_back(std::move(k));
+  }
+  auto member = [&](ModuleId m) -> UnitTableRow* {
+    for (; m >= 0; m = tree.module(m).parent)
+      for (size_t k = 0; k < u.modules.size(); ++k)
+        if (u.modules[k] == m) return &rows[first + k];
+    return nullptr;
   };
-  std::vector<Row> rows;
+  for (const auto& o : u.params)
+    if (UnitTableRow* k = member(o.module)) {
+      k->numel += tree.numel(o.tensor);
+      k->bytes += tree.bytes(o.tensor);
+      if (!tree.tensor(o.tensor).requires_grad) k->frozen += tree.numel(o.tensor);
+    }
+  for (const auto& o : u.buffers)
+    if (UnitTableRow* k = member(o.module)) {
+      k->buffer_bytes += tree.bytes(o.tensor);
+      k->buffers = true;
+    }
+}
+
+// The table's rows: one per unit, and under an FSDP2 call on several modules
+// ("[a, b]" with the call's totals) one per module with what it holds.
+std::vector<UnitTableRow> unit_table_rows(const Plan& plan) {
+  const ModuleTree& tree = *plan.tree;
+  std::vector<UnitTableRow> rows;
   for (size_t i = 0; i < plan.units.size(); ++i) {
     const Unit& u = plan.units[i];
-    Row r;
+    UnitTableRow r;
     r.unit = static_cast<int>(i);
     r.indent = std::string(static_cast<size_t>(std::min(u.depth, 10)) * 2, ' ');
     r.numel = u.param_numel, r.frozen = u.frozen_numel, r.bytes = u.param_bytes, r.buffer_bytes = u.buffer_bytes;
@@ -342,89 +377,80 @@ std::string plan_to_text(const Plan& plan, const TextOptions& options) {
     r.group = true;
     const std::string indent = r.indent + "  ";
     rows.push_back(std::move(r));
-    // Each tensor the call manages, to the module of the call that holds it
-    // (fully_shard([a, b]) manages the subtrees of a and b).
-    const size_t first = rows.size();
-    for (ModuleId m : u.modules) {
-      Row k;
-      k.indent = indent;
-      k.path = tree.path(m);
-      k.cls = bare_class(tree, m);
-      rows.push_back(std::move(k));
-    }
-    auto member = [&](ModuleId m) -> Row* {
-      for (; m >= 0; m = tree.module(m).parent)
-        for (size_t k = 0; k < u.modules.size(); ++k)
-          if (u.modules[k] == m) return &rows[first + k];
-      return nullptr;
-    };
-    for (const auto& o : u.params)
-      if (Row* k = member(o.module)) {
-        k->numel += tree.numel(o.tensor);
-        k->bytes += tree.bytes(o.tensor);
-        if (!tree.tensor(o.tensor).requires_grad) k->frozen += tree.numel(o.tensor);
-      }
-    for (const auto& o : u.buffers)
-      if (Row* k = member(o.module)) {
-        k->buffer_bytes += tree.bytes(o.tensor);
-        k->buffers = true;
-      }
+    add_group_member_rows(tree, u, indent, rows);
   }
-  if (!options.wide) fold_identical_rows(plan, rows);
+  return rows;
+}
+
+// Paths shortened to `unit_width` (they lose their middle), rows whose
+// shortenings collide given more room, one column at a time, until they
+// differ (whole paths always do). A row is shortened only if its whole path
+// would not fit the column. Returns the column's width: what could not be
+// shortened enough still aligns.
+size_t shorten_unit_paths(std::vector<UnitTableRow>& rows, size_t unit_width) {
   const size_t n = rows.size();
+  std::vector<std::string> shortened(n);
+  std::vector<size_t> room(n);
+  for (size_t i = 0; i < n; ++i) {
+    room[i] = unit_width > rows[i].indent.size() ? unit_width - rows[i].indent.size() : 1;
+    shortened[i] = rows[i].group ? rows[i].path : shorten_path(rows[i].path, room[i]);
+  }
+  for (bool collided = true; collided;) {
+    collided = false;
+    std::map<std::string, int> seen;
+    for (const auto& s : shortened) ++seen[s];
+    for (size_t i = 0; i < n; ++i) {
+      if (seen[shortened[i]] < 2 || shortened[i] == rows[i].path) continue;
+      collided = true;
+      shortened[i] = shorten_path(rows[i].path, ++room[i]);
+    }
+  }
+  size_t widest = 0;
+  for (size_t i = 0; i < n; ++i) widest = std::max(widest, rows[i].indent.size() + shortened[i].size());
+  unit_width = std::max(unit_width, widest);
+  for (size_t i = 0; i < n; ++i)
+    if (rows[i].indent.size() + rows[i].path.size() > unit_width) rows[i].path = shortened[i];
+  return unit_width;
+}
+
+// The units table. Columns as wide as their content: whole class names,
+// whole paths unless the terminal is too narrow. Frozen parameters
+// (requires_grad=False) get a column only in models that have them; FSDP2
+// the call's position among the fully_shard calls and its
+// reshard_after_forward; --wide each unit's communication per step (exact)
+// and what compute leaves exposed (estimate).
+std::string units_table_text(const Plan& plan, const TextOptions& options) {
+  const bool frozen = std::any_of(plan.units.begin(), plan.units.end(), [](const Unit& u) { return u.frozen_numel > 0; });
+  const size_t other_columns = kOtherColumns + (frozen ? 9 : 0);
+  std::vector<UnitTableRow> rows = unit_table_rows(plan);
+  if (!options.wide) fold_identical_rows(plan, rows);
   size_t unit_width = kUnitWidth, class_width = kClassWidth;
-  for (const Row& r : rows) {
+  for (const UnitTableRow& r : rows) {
     unit_width = std::max(unit_width, r.indent.size() + r.path.size());
     class_width = std::max(class_width, r.cls.size() + 1);
   }
-  if (!options.wide && other_columns + class_width + unit_width > options.width) {
-    unit_width = std::max(kShortestUnitWidth, options.width > other_columns + class_width
-                                                  ? options.width - other_columns - class_width : size_t{0});
-    std::vector<std::string> shortened(n);
-    std::vector<size_t> room(n);
-    for (size_t i = 0; i < n; ++i) {
-      room[i] = unit_width > rows[i].indent.size() ? unit_width - rows[i].indent.size() : 1;
-      shortened[i] = rows[i].group ? rows[i].path : shorten_path(rows[i].path, room[i]);
-    }
-    // Rows must stay distinct: rows whose shortenings collide get more room,
-    // one column at a time, until they differ (whole paths always do).
-    for (bool collided = true; collided;) {
-      collided = false;
-      std::map<std::string, int> seen;
-      for (const auto& s : shortened) ++seen[s];
-      for (size_t i = 0; i < n; ++i) {
-        if (seen[shortened[i]] < 2 || shortened[i] == rows[i].path) continue;
-        collided = true;
-        shortened[i] = shorten_path(rows[i].path, ++room[i]);
-      }
-    }
-    size_t widest = 0;
-    for (size_t i = 0; i < n; ++i) widest = std::max(widest, rows[i].indent.size() + shortened[i].size());
-    unit_width = std::max(unit_width, widest);  // what could not be shortened enough still aligns
-    // A row is shortened only if its whole path would not fit the column.
-    for (size_t i = 0; i < n; ++i)
-      if (rows[i].indent.size() + rows[i].path.size() > unit_width) rows[i].path = shortened[i];
-  }
-
-  // FSDP2: the call's position among the fully_shard calls and its reshard_after_forward.
+  if (!options.wide && other_columns + class_width + unit_width > options.width)
+    unit_width = shorten_unit_paths(rows, std::max(kShortestUnitWidth, options.width > other_columns + class_width
+                                                                           ? options.width - other_columns - class_width
+                                                                           : size_t{0}));
   size_t call_width = 4;
   for (const Unit& u : plan.units)
     if (u.reshard_after_forward) call_width = std::max(call_width, std::to_string(u.call).size() + 2);
-  auto call_text = [&](const Row& r, const Unit& u) {
+  auto call_text = [&](const UnitTableRow& r, const Unit& u) {
     return r.count > 1 ? "[" + std::to_string(u.call) + ".." + std::to_string(plan.units[static_cast<size_t>(r.last_unit)].call) + "]"
                        : "[" + std::to_string(u.call) + "]";
   };
-  for (const Row& r : rows)
+  for (const UnitTableRow& r : rows)
     if (r.count > 1 && plan.units[static_cast<size_t>(r.unit)].reshard_after_forward)
       call_width = std::max(call_width, call_text(r, plan.units[static_cast<size_t>(r.unit)]).size());
   const bool calls = plan.v2();
-  // --wide: each unit's communication per step (exact) and what compute leaves exposed (estimate).
   const bool wide_time = options.wide && plan.comm.computed && plan.time.computed;
-  out += pad("#", 4, true) + "  " + pad("unit", unit_width) + "  " + pad("class", class_width) + pad("params", 8, true) +
-         (frozen ? pad("frozen", 9, true) : "") + pad("size", 11, true) + pad("buffers", 11, true) + pad("mp", 4, true) +
-         (wide_time ? pad("comm/step", 11, true) + pad("exposed est", 13, true) : "") +
-         (calls ? "  " + pad("call", call_width) + "  reshard_after_forward" : "") + "\n";
-  for (const Row& r : rows) {
+  std::string out = pad("#", 4, true) + "  " + pad("unit", unit_width) + "  " + pad("class", class_width) +
+                    pad("params", 8, true) + (frozen ? pad("frozen", 9, true) : "") + pad("size", 11, true) +
+                    pad("buffers", 11, true) + pad("mp", 4, true) +
+                    (wide_time ? pad("comm/step", 11, true) + pad("exposed est", 13, true) : "") +
+                    (calls ? "  " + pad("call", call_width) + "  reshard_after_forward" : "") + "\n";
+  for (const UnitTableRow& r : rows) {
     std::string line = pad(r.unit >= 0 ? std::to_string(r.unit) : "", 4, true) + "  " + pad(r.indent + r.path, unit_width) +
                        "  " + pad(r.cls, class_width) + pad(format_count(r.numel), 8, true) +
                        (frozen ? pad(r.frozen ? format_count(r.frozen) : "-", 9, true) : "") +
@@ -440,31 +466,48 @@ std::string plan_to_text(const Plan& plan, const TextOptions& options) {
     }
     out += line + "\n";
   }
+  return out;
+}
+
+// The units in one line: how many, what they shard, the largest and the root's share.
+std::string units_summary_text(const Plan& plan) {
+  const ModelSummary& m = plan.model;
   int64_t owned_numel = 0;
   for (const Unit& u : plan.units) owned_numel += u.param_numel;
-
-  out += "\n";
   const Unit* largest = &plan.units.front();
   for (const auto& u : plan.units)
     if (u.param_numel > largest->param_numel) largest = &u;
-  out += std::to_string(plan.units.size()) + " unit" + (plan.units.size() == 1 ? "" : "s") + ", " +
-         format_count(owned_numel) + " params sharded";
+  std::string out = std::to_string(plan.units.size()) + " unit" + (plan.units.size() == 1 ? "" : "s") + ", " +
+                    format_count(owned_numel) + " params sharded";
   if (owned_numel < m.param_numel) out += " (" + format_count(m.param_numel - owned_numel) + " ignored)";
   if (owned_numel > m.param_numel) out += " (tied tensors counted in each group that holds them)";
-  out += "; largest unit " + unit_label(tree, *largest) + " " +
-         percent(largest->param_numel, owned_numel) + "; root unit " +
-         percent(plan.units.front().param_numel, owned_numel) + "\n";
-
-  out += "\n" + memory_text(plan) + comm_time_text(plan);
-
-  if (std::any_of(plan.warnings.begin(), plan.warnings.end(), [](const Warning& w) { return w.kind != "unmatched_class"; })) {
-    out += "\n";
-    // One line per kind of per-module warning, with the count and the first paths (JSON keeps each).
-    const auto others = [](const Warning& w) { return w.kind != "unmatched_class"; };
-    for (const WarningGroup& g : group_warnings(plan.warnings, others))
-      out += wrap(pad(severity_name(g.first->severity), 8) + warning_group_text(g), 100, std::string(10, ' '));
-  }
+  out += "; largest unit " + unit_label(*plan.tree, *largest) + " " + percent(largest->param_numel, owned_numel) +
+         "; root unit " + percent(plan.units.front().param_numel, owned_numel) + "\n";
   return out;
 }
+
+// The warnings, after a blank line; unmatched_class is in the header.
+std::string plan_warnings_text(const Plan& plan) {
+  if (std::none_of(plan.warnings.begin(), plan.warnings.end(), [](const Warning& w) { return w.kind != "unmatched_class"; }))
+    return "";
+  std::string out = "\n";
+  // One line per kind of per-module warning, with the count and the first paths (JSON keeps each).
+  const auto others = [](const Warning& w) { return w.kind != "unmatched_class"; };
+  for (const WarningGroup& g : group_warnings(plan.warnings, others))
+    out += wrap(pad(severity_name(g.first->severity), 8) + warning_group_text(g), 100, std::string(10, ' '));
+  return out;
+}
+
+}  // namespace
+
+std::string plan_to_text(const Plan& plan, const TextOptions& options) {
+  std::string out = plan_header_text(plan);
+  out += units_table_text(plan, options);
+  out += "\n" + units_summary_text(plan);
+  out += "\n" + memory_text(plan) + comm_time_text(plan);
+  out += plan_warnings_text(plan);
+  return out;
+}
+
 
 }  // namespace fsdp_plan

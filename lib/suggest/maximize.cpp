@@ -73,23 +73,31 @@ Maximized maximize_dim(const ModuleTree& tree, const Policy& base, const Suggest
   bool bad_need_whole = false;  // bad was probed by a whole suggestion
   std::vector<Policy> fitting;  // the policies that fit at `good`
   const ClassMatcher matcher(tree);
-  auto probe = [&](int64_t v) {
-    std::vector<Policy> still;
-    int64_t need = 0;  // the nearest miss, from a whole suggestion
-    const bool pruned = good > 0 && v > good;
+  auto probe_at = [&](int64_t v, bool pruned, std::vector<Policy>& still, int64_t& need) {
     if (pruned) {
       ++out.probes;
-      for (Policy& p : fitting) {
+      for (const Policy& p : fitting) {  // copied: a probe that throws leaves `fitting` whole
         const int64_t n = make_plan(tree, at_value(p, others, s.dim, v), "", matcher, PlanPurpose::Ranking, opt.flops)
                               .memory.per_rank.peak_bytes +
                           opt.activation_bytes;
-        if (n <= opt.budget_bytes) still.push_back(std::move(p));
+        if (n <= opt.budget_bytes) still.push_back(p);
       }
     } else {
       const Suggestion x = suggest_at(v, quiet);
       for (const Candidate& c : x.ranked)
         if (c.fits) still.push_back(c.policy);
       if (still.empty() && !x.ranked.empty()) need = x.ranked.front().needed_bytes;
+    }
+  };
+  auto probe = [&](int64_t v) {
+    std::vector<Policy> still;
+    int64_t need = 0;  // the nearest miss, from a whole suggestion
+    const bool pruned = good > 0 && v > good;
+    try {
+      probe_at(v, pruned, still, need);
+    } catch (const TooLargeError&) {  // a tensor past docs/limits.md's bound at v: v does not fit
+      still.clear();
+      need = 0;
     }
     if (still.empty()) {
       bad = v;
@@ -121,8 +129,12 @@ Maximized maximize_dim(const ModuleTree& tree, const Policy& base, const Suggest
     // A pruned probe planned only the candidates that fit one below; one that
     // missed there may be the nearest at `bad`: the need is asked of them all.
     if (!bad_need_whole) {
-      const Suggestion x = suggest_at(bad, quiet);
-      bad_need = x.ranked.empty() ? 0 : x.ranked.front().needed_bytes;
+      try {
+        const Suggestion x = suggest_at(bad, quiet);
+        bad_need = x.ranked.empty() ? 0 : x.ranked.front().needed_bytes;
+      } catch (const TooLargeError&) {
+        bad_need = 0;  // too large to plan at all there
+      }
     }
     out.next_needed_bytes = bad_need;
   }

@@ -19,6 +19,12 @@ int64_t flop_count(const nlohmann::json& v, const std::string& where, const std:
   throw InputError(file, where + " must be a whole number of FLOPs, 0 or more, not " + v.dump());
 }
 
+// The field a --flops key names ("forward", "backward", "recompute").
+int64_t ModuleFlops::*field_of(const char* key) {
+  const std::string k = key;
+  return k == "forward" ? &ModuleFlops::forward : k == "backward" ? &ModuleFlops::backward : &ModuleFlops::recompute;
+}
+
 }  // namespace
 
 FlopProfile parse_flop_file(const std::string& text, const std::string& file, const ModuleTree& tree) {
@@ -57,24 +63,34 @@ FlopProfile parse_flop_file(const std::string& text, const std::string& file, co
     throw InputError(file, "\"modules\" has no \"\" (the root: the whole step's FLOPs, its submodules' included)");
   // Each listed module's own figures: its total minus those of the nearest
   // listed modules below it (a module the counter did not see, a ModuleList, has none).
+  // Every field is checked: the children's sum (checked, each figure is at most
+  // 2^62) may not pass the parent's figure.
   FlopProfile out;
   out.source = "--flops " + file;
   out.own = total;
+  std::vector<ModuleFlops> below(n);  // the nearest listed modules' totals, summed
+  auto add_to = [&](int64_t& sum, int64_t v, ModuleId p, const char* field) {
+    if (__builtin_add_overflow(sum, v, &sum) || sum > total[static_cast<size_t>(p)].*(field_of(field)))
+      throw InputError(file, "\"modules\".\"" + tree.path(p) + "\": its submodules' " + field +
+                                 " FLOPs add up to more than its own figure");
+  };
   for (size_t m = 1; m < n; ++m) {
     if (!listed[m]) continue;
     ModuleId p = tree.module(static_cast<ModuleId>(m)).parent;
     while (p > 0 && !listed[static_cast<size_t>(p)]) p = tree.module(p).parent;
-    ModuleFlops& up = out.own[static_cast<size_t>(p)];
-    up.forward -= total[m].forward;
-    up.backward -= total[m].backward;
-    up.recompute -= total[m].recompute;
+    ModuleFlops& sum = below[static_cast<size_t>(p)];
+    add_to(sum.forward, total[m].forward, p, "forward");
+    add_to(sum.backward, total[m].backward, p, "backward");
+    add_to(sum.recompute, total[m].recompute, p, "recompute");
+  }
+  for (size_t m = 0; m < n; ++m) {
+    out.own[m].forward -= below[m].forward;
+    out.own[m].backward -= below[m].backward;
+    out.own[m].recompute -= below[m].recompute;
   }
   // Forward: module order stands for execution order, as FSDP assumes.
   for (ModuleId m : tree.preorder()) {
     const int64_t f = out.own[static_cast<size_t>(m)].forward;
-    if (f < 0)
-      throw InputError(file, "\"modules\".\"" + tree.path(m) + "\": its submodules' forward FLOPs add up to more "
-                             "than its own figure");
     if (f > 0) out.forward_order.emplace_back(m, f);
   }
   if (auto c = doc.find("config"); c != doc.end() && c->is_object()) {

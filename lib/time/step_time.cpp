@@ -6,6 +6,7 @@
 #include <stdexcept>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 
 #include "model/class_names.h"
 #include "plan/plan.h"
@@ -324,350 +325,455 @@ std::vector<std::string> assumptions(const Plan& plan, const StepTime& t) {
   return out;
 }
 
-}  // namespace
-
-StepTime estimate_step_time(const Plan& plan, const HardwareFigures& hw, const FlopProfile* flops) {
-  const ModuleTree& tree = *plan.tree;
-  const CommPlan& comm = plan.comm;
-  const size_t n = plan.units.size();
-  StepTime t;
-  t.computed = true;
-  t.hardware = hw;
-  t.flops_known = flops != nullptr;
-  if (flops) t.flops_source = flops->source;
-  t.units.assign(n, UnitTime{});
-
-  // ---- collectives: each one's time alone (section 2), CPU offload's copy added.
-  const size_t nc = comm.collectives.size();
-  t.collectives.resize(nc);
-  // One channel per process group: each collective's, as an index into `groups`
-  // (a step has a handful of groups, so a linear search beats a map).
-  std::vector<RankGroup> groups;
-  std::vector<size_t> channel(nc);
-  for (size_t i = 0; i < nc; ++i) {
-    const RankGroup& g = comm.collectives[i].group;
-    size_t k = i > 0 && groups[channel[i - 1]] == g ? channel[i - 1] : 0;
-    while (k < groups.size() && !(groups[k] == g)) ++k;
-    if (k == groups.size()) groups.push_back(g);
-    channel[i] = k;
+// The step as time_model.py simulates it: each collective's time alone, the
+// compute cut into segments (a unit's, in execution order), then one compute
+// stream and one channel per process group, forward then backward, each
+// collective gated as FSDP issues it (F1-F2, B1-B4 below).
+class StepTimeModel {
+ public:
+  StepTimeModel(const Plan& plan, const HardwareFigures& hw, const FlopProfile* flops)
+      : plan_(plan), hw_(hw), flops_(flops), tree_(*plan.tree), comm_(plan.comm), n_(plan.units.size()),
+        nc_(plan.comm.collectives.size()), owner_(unit_of_modules(plan)) {
+    t_.computed = true;
+    t_.hardware = hw;
+    t_.flops_known = flops != nullptr;
+    if (flops) t_.flops_source = flops->source;
+    t_.units.assign(n_, UnitTime{});
   }
-  std::vector<double> channel_total(groups.size(), 0.0);
-  for (size_t i = 0; i < nc; ++i) {
-    const Collective& c = comm.collectives[i];
-    CollectiveTime& ct = t.collectives[i];
-    ct = collective_time(c.kind, c.bytes, c.group, hw);
-    UnitTime& u = t.units[static_cast<size_t>(c.unit)];
-    (c.kind == CollectiveKind::AllGather ? u.all_gather_s
-     : c.kind == CollectiveKind::ReduceScatter ? u.reduce_scatter_s
-                                                : u.all_reduce_s) += ct.seconds;
-    if (c.host_copy_bytes > 0) {
-      ct.host_copy_s = static_cast<double>(c.host_copy_bytes) / (hw.host_bytes_per_s * hw.comm_efficiency);
-      u.host_copy_s += ct.host_copy_s;
-      ct.seconds += ct.host_copy_s;
+
+  // One channel per process group: each collective's, as an index into
+  // `groups_` (a step has a handful of groups, so a linear search beats a map).
+  void assign_channels() {
+    channel_.resize(nc_);
+    for (size_t i = 0; i < nc_; ++i) {
+      const RankGroup& g = comm_.collectives[i].group;
+      size_t k = i > 0 && groups_[channel_[i - 1]] == g ? channel_[i - 1] : 0;
+      while (k < groups_.size() && !(groups_[k] == g)) ++k;
+      if (k == groups_.size()) groups_.push_back(g);
+      channel_[i] = k;
     }
-    t.comm_s += ct.seconds;
-    channel_total[channel[i]] += ct.seconds;
   }
-  for (const double s : channel_total) t.channel_s = std::max(t.channel_s, s);
+
+  // Each collective's time alone (section 2), CPU offload's copy added.
+  void time_collectives() {
+    t_.collectives.resize(nc_);
+    std::vector<double> channel_total(groups_.size(), 0.0);
+    for (size_t i = 0; i < nc_; ++i) {
+      const Collective& c = comm_.collectives[i];
+      CollectiveTime& ct = t_.collectives[i];
+      ct = collective_time(c.kind, c.bytes, c.group, hw_);
+      UnitTime& u = t_.units[static_cast<size_t>(c.unit)];
+      (c.kind == CollectiveKind::AllGather ? u.all_gather_s
+       : c.kind == CollectiveKind::ReduceScatter ? u.reduce_scatter_s
+                                                  : u.all_reduce_s) += ct.seconds;
+      if (c.host_copy_bytes > 0) {
+        ct.host_copy_s = static_cast<double>(c.host_copy_bytes) / (hw_.host_bytes_per_s * hw_.comm_efficiency);
+        u.host_copy_s += ct.host_copy_s;
+        ct.seconds += ct.host_copy_s;
+      }
+      t_.comm_s += ct.seconds;
+      channel_total[channel_[i]] += ct.seconds;
+    }
+    for (const double s : channel_total) t_.channel_s = std::max(t_.channel_s, s);
+  }
+
   // Tensor parallelism's collectives, per module and phase: they join the
   // compute of the segment their module runs in (style.py's redistributions
   // run inside the module's forward, and their backward inside its backward).
-  const std::vector<Collective>& tpc = comm.tp.collectives;
-  t.tp_collectives.resize(tpc.size());
-  std::vector<double> tp_fwd(tree.num_modules(), 0.0), tp_bwd(tree.num_modules(), 0.0);
-  for (size_t i = 0; i < tpc.size(); ++i) {
-    t.tp_collectives[i] = collective_time(tpc[i].kind, tpc[i].bytes, tpc[i].group, hw);
-    t.tp_comm_s += t.tp_collectives[i].seconds;
-    (tpc[i].phase == StepPhase::Forward ? tp_fwd : tp_bwd)[static_cast<size_t>(tpc[i].module)] +=
-        t.tp_collectives[i].seconds;
+  void time_tp_collectives() {
+    const std::vector<Collective>& tpc = comm_.tp.collectives;
+    t_.tp_collectives.resize(tpc.size());
+    tp_fwd_.assign(tree_.num_modules(), 0.0);
+    tp_bwd_.assign(tree_.num_modules(), 0.0);
+    for (size_t i = 0; i < tpc.size(); ++i) {
+      t_.tp_collectives[i] = collective_time(tpc[i].kind, tpc[i].bytes, tpc[i].group, hw_);
+      t_.tp_comm_s += t_.tp_collectives[i].seconds;
+      (tpc[i].phase == StepPhase::Forward ? tp_fwd_ : tp_bwd_)[static_cast<size_t>(tpc[i].module)] +=
+          t_.tp_collectives[i].seconds;
+    }
   }
 
-  // ---- compute segments (execution order), forward then backward.
-  const std::vector<int> owner = unit_of_modules(plan);
-  std::vector<Segment> fwd;
-  double flop_rate = 1;
-  bool one_rate = true;  // every module at one peak: the backward at flop_rate, as before
-  if (flops) {
-    const std::vector<bool> low = low_precision_modules(plan, owner);
-    int64_t low_flops = 0, all_flops = 0;
-    for (const auto& [module, f] : flops->forward_order) {
-      all_flops += f;
-      if (low[static_cast<size_t>(module)]) low_flops += f;
-    }
-    // The dtype most FLOPs run in: what a rate without a module (a backward with no forward) takes.
-    t.compute_dtype = 2 * low_flops >= all_flops && (low_flops > 0 || all_flops == 0) ? "bf16" : "tf32";
-    t.compute_peak_flops = t.compute_dtype == "bf16" ? hw.bf16_flops : hw.tf32_flops;
-    t.compute_dtype_note = compute_dtype_note(plan, hw, *flops, low);
-    flop_rate = t.compute_peak_flops * hw.compute_efficiency;
-    one_rate = low_flops == 0 || low_flops == all_flops;
-    for (const auto& [module, f] : flops->forward_order) {
-      // A module's TP collectives go with its first forward segment.
-      const auto m = static_cast<size_t>(module);
-      const double rate = (low[m] ? hw.bf16_flops : hw.tf32_flops) * hw.compute_efficiency;
-      push_merged(fwd, owner[m], f, static_cast<double>(f) / rate, tp_fwd[m], tp_bwd[m]);
-      tp_fwd[m] = tp_bwd[m] = 0;
-    }
-    // A module with TP collectives but no FLOPs of its own: its unit's last segment so far.
-    for (size_t m = 0; m < tp_fwd.size(); ++m)
-      if (tp_fwd[m] > 0 || tp_bwd[m] > 0) push_merged(fwd, owner[m], 0, 0.0, tp_fwd[m], tp_bwd[m]);
-  } else {
-    // Section 6: long enough to hide any neighbour: every collective's time.
-    const double enough = t.comm_s > 0 ? t.comm_s : 1.0;
-    std::unordered_map<std::string_view, bool> classes;
-    for (ModuleId m : tree.preorder())
-      if (holds_matrix(tree, m, classes)) push_merged(fwd, owner[static_cast<size_t>(m)], 0, enough);
-  }
-  // The root's pre-forward precedes every op (its all-gather first), and its
+  // The forward's compute segments, in execution order. The root's
+  // pre-forward precedes every op (its all-gather first), and its
   // reduce-scatter waits for the end of backward: an empty root segment first.
-  if (n > 0 && (fwd.empty() || fwd.front().unit != 0)) fwd.insert(fwd.begin(), Segment{0, 0, 0.0});
+  void forward_segments() {
+    if (flops_)
+      forward_segments_from_flops();
+    else
+      forward_segments_without_flops();
+    if (n_ > 0 && (fwd_.empty() || fwd_.front().unit != 0)) fwd_.insert(fwd_.begin(), Segment{0, 0, 0.0});
+  }
+
   // Backward: the forward segments reversed, each with its unit's backward
   // FLOPs in proportion to the unit's forward FLOPs in it.
-  std::vector<Segment> bwd;
-  bwd.reserve(fwd.size());
-  if (flops) {
-    std::vector<int64_t> unit_forward(n, 0), unit_backward(n, 0);
-    for (const Segment& s : fwd) unit_forward[static_cast<size_t>(s.unit)] += s.flops;
-    for (size_t m = 0; m < flops->own.size() && m < owner.size(); ++m)
-      unit_backward[static_cast<size_t>(owner[m])] += flops->own[m].backward + flops->own[m].recompute;
-    for (size_t i = 0; i < n; ++i)
+  void backward_segments() {
+    bwd_.reserve(fwd_.size());
+    if (!flops_) {
+      for (size_t k = fwd_.size(); k-- > 0;) bwd_.push_back(fwd_[k]);
+      return;
+    }
+    std::vector<int64_t> unit_forward(n_, 0), unit_backward(n_, 0);
+    for (const Segment& s : fwd_) unit_forward[static_cast<size_t>(s.unit)] += s.flops;
+    for (size_t m = 0; m < flops_->own.size() && m < owner_.size(); ++m)
+      unit_backward[static_cast<size_t>(owner_[m])] += flops_->own[m].backward + flops_->own[m].recompute;
+    for (size_t i = 0; i < n_; ++i)
       if (unit_forward[i] < 0 || unit_backward[i] < 0)
         throw std::invalid_argument("the FLOPs of unit " + std::to_string(i) + " (" +
-                                    path_or_root(tree.path(plan.units[i].module)) +
+                                    path_or_root(tree_.path(plan_.units[i].module)) +
                                     ") come out negative: the FLOP figures do not describe this model");
-    std::vector<bool> placed(n, false);
-    for (size_t k = fwd.size(); k-- > 0;) {
-      const size_t u = static_cast<size_t>(fwd[k].unit);
+    std::vector<bool> placed(n_, false);
+    for (size_t k = fwd_.size(); k-- > 0;) {
+      const size_t u = static_cast<size_t>(fwd_[k].unit);
       int64_t f;
       if (unit_forward[u] != 0) {
-        const double share = static_cast<double>(fwd[k].flops) / static_cast<double>(unit_forward[u]);
+        const double share = static_cast<double>(fwd_[k].flops) / static_cast<double>(unit_forward[u]);
         f = static_cast<int64_t>(std::nearbyint(static_cast<double>(unit_backward[u]) * share));
       } else {
         f = placed[u] ? 0 : unit_backward[u];  // no forward FLOPs to divide by: its first backward segment
       }
       placed[u] = true;
       // The backward at the rate its forward segment ran at (its modules' dtypes).
-      const double compute_s = fwd[k].seconds - fwd[k].tp_s;
-      const double rate = !one_rate && fwd[k].flops > 0 && compute_s > 0
-                              ? static_cast<double>(fwd[k].flops) / compute_s : flop_rate;
-      bwd.push_back({fwd[k].unit, f, static_cast<double>(f) / rate + fwd[k].tp_backward_s,
-                     fwd[k].tp_backward_s});
+      const double compute_s = fwd_[k].seconds - fwd_[k].tp_s;
+      const double rate = !one_rate_ && fwd_[k].flops > 0 && compute_s > 0
+                              ? static_cast<double>(fwd_[k].flops) / compute_s : flop_rate_;
+      bwd_.push_back({fwd_[k].unit, f, static_cast<double>(f) / rate + fwd_[k].tp_backward_s,
+                      fwd_[k].tp_backward_s});
     }
-  } else {
-    for (size_t k = fwd.size(); k-- > 0;) bwd.push_back(fwd[k]);
   }
-
-  // ---- the simulation: one compute stream, one channel per process group.
-  std::vector<double> channel_free(groups.size(), 0.0);
-  double compute_free = 0;
-  auto run_coll = [&](size_t i, double gate) {
-    CollectiveTime& ct = t.collectives[i];
-    double& free = channel_free[channel[i]];
-    ct.start = std::max(free, gate);
-    ct.end = ct.start + ct.seconds;
-    free = ct.end;
-    if (flops)  // without FLOPs the spans' times are a device (section 6): no timeline
-      t.timeline.push_back({false, static_cast<int>(i), comm.collectives[i].unit,
-                            comm.collectives[i].phase == StepPhase::Backward, ct.start, ct.end});
-  };
-  std::vector<bool> done(nc, false);
 
   // Forward. F1: a unit's segment starts after its all-gather ended. F2: the
   // j-th all-gather waits for a free buffer: FSDP2 for the start of unit
   // j-2's compute (two all-gather outputs alive, wait_for_unshard), FSDP1 for
   // the end of unit j-2's forward when that unit reshards after forward
   // (limit_all_gathers' rate limiter).
-  std::vector<size_t> f_ag;
-  std::vector<int> f_ag_units;
-  std::vector<long> order(n, -1);
-  std::vector<bool> reshards(n, false);
-  for (size_t i = 0; i < nc; ++i) {
-    const Collective& c = comm.collectives[i];
-    if (c.phase == StepPhase::Forward && c.kind == CollectiveKind::AllGather) {
-      order[static_cast<size_t>(c.unit)] = static_cast<long>(f_ag.size());
-      f_ag.push_back(i);
-      f_ag_units.push_back(c.unit);
-    } else if (c.phase == StepPhase::Backward && c.kind == CollectiveKind::AllGather) {
-      reshards[static_cast<size_t>(c.unit)] = true;
-    }
-  }
-  std::vector<double> seg_start(n, 0.0), seg_end(n, 0.0);
-  std::vector<bool> started(n, false), ended(n, false);
-  size_t scheduled = 0;
-  auto schedule_forward = [&](size_t upto) {
-    while (scheduled <= upto && scheduled < f_ag.size()) {
-      const size_t j = scheduled;
-      double gate = 0;
-      if (j >= 2) {
-        const size_t prev = static_cast<size_t>(f_ag_units[j - 2]);
-        if (plan.v2())
-          gate = started[prev] ? seg_start[prev] : 0.0;
-        else if (reshards[prev])
-          gate = ended[prev] ? seg_end[prev] : 0.0;
+  void simulate_forward() {
+    channel_free_.assign(groups_.size(), 0.0);
+    done_.assign(nc_, false);
+    index_forward_all_gathers();
+    seg_start_.assign(n_, 0.0);
+    seg_end_.assign(n_, 0.0);
+    started_.assign(n_, false);
+    ended_.assign(n_, false);
+    for (const Segment& s : with_missing(fwd_, f_ag_units_, n_)) {
+      const size_t u = static_cast<size_t>(s.unit);
+      double ready = compute_free_;
+      if (order_[u] >= 0) {
+        schedule_forward_all_gathers(static_cast<size_t>(order_[u]));
+        ready = std::max(ready, t_.collectives[f_ag_[static_cast<size_t>(order_[u])]].end);
       }
-      run_coll(f_ag[j], gate);
-      done[f_ag[j]] = true;
-      ++scheduled;
+      t_.units[u].exposed_forward_s += ready - compute_free_;
+      const double start = ready, end = ready + s.seconds;
+      if (!started_[u]) seg_start_[u] = start, started_[u] = true;
+      seg_end_[u] = end;
+      ended_[u] = true;
+      compute_free_ = end;
+      t_.units[u].forward_flops += s.flops;
+      t_.units[u].forward_compute_s += s.seconds - s.tp_s;
+      t_.units[u].tp_forward_s += s.tp_s;
+      if (flops_) t_.timeline.push_back({true, -1, s.unit, false, start, end});
     }
-  };
-  for (const Segment& s : with_missing(fwd, f_ag_units, n)) {
-    const size_t u = static_cast<size_t>(s.unit);
-    double ready = compute_free;
-    if (order[u] >= 0) {
-      schedule_forward(static_cast<size_t>(order[u]));
-      ready = std::max(ready, t.collectives[f_ag[static_cast<size_t>(order[u])]].end);
-    }
-    t.units[u].exposed_forward_s += ready - compute_free;
-    const double start = ready, end = ready + s.seconds;
-    if (!started[u]) seg_start[u] = start, started[u] = true;
-    seg_end[u] = end;
-    ended[u] = true;
-    compute_free = end;
-    t.units[u].forward_flops += s.flops;
-    t.units[u].forward_compute_s += s.seconds - s.tp_s;
-    t.units[u].tp_forward_s += s.tp_s;
-    if (flops) t.timeline.push_back({true, -1, s.unit, false, start, end});
+    schedule_forward_all_gathers(f_ag_.size());
+    t_.forward_end_s = compute_free_;
   }
-  schedule_forward(f_ag.size());
-  t.forward_end_s = compute_free;
 
   // Backward. B1: a unit's segment starts after its backward all-gathers
   // ended. B2: a backward all-gather is issued in the pre-backward of the unit
   // computed just before it, not before that unit's compute started. B3: a
   // reduction starts when its unit's backward compute ended; HSDP's all-reduce
   // when its reduce-scatter ended.
-  std::vector<size_t> b_colls;
-  std::vector<int> b_units;
-  // Each unit's backward all-gathers, in issue order: b_ag[b_ag_begin[u] .. b_ag_begin[u + 1]).
-  std::vector<size_t> b_ag_begin(n + 1, 0), b_ag;
-  for (size_t i = 0; i < nc; ++i) {
-    const Collective& c = comm.collectives[i];
-    if (c.phase != StepPhase::Backward) continue;
-    b_colls.push_back(i);
-    b_units.push_back(c.unit);
-    if (c.kind == CollectiveKind::AllGather) ++b_ag_begin[static_cast<size_t>(c.unit) + 1];
+  void simulate_backward() {
+    index_backward();
+    std::vector<double> rs_end(n_, 0.0);
+    std::vector<bool> reduced(n_, false);
+    for (size_t i : b_colls_) {
+      if (done_[i]) continue;  // issued early by run_backward_segments
+      const Collective& c = comm_.collectives[i];
+      const size_t u = static_cast<size_t>(c.unit);
+      if (c.kind == CollectiveKind::AllGather) {
+        const long idx = (first_seg_[u] >= 0 ? first_seg_[u] : static_cast<long>(segs_.size())) - 1;
+        double gate = 0;
+        if (idx >= 0) {
+          run_backward_segments(idx);
+          gate = bseg_start_[static_cast<size_t>(idx)];
+        }
+        if (done_[i]) continue;
+        run_collective(i, gate);
+        done_[i] = true;
+        continue;
+      }
+      if (c.kind == CollectiveKind::AllReduce && reduced[u]) {  // HSDP: after the reduce-scatter
+        run_collective(i, rs_end[u]);
+        done_[i] = true;
+        continue;
+      }
+      run_backward_segments(last_seg_[u]);
+      run_collective(i, bended_[u] ? bseg_end_[u] : compute_free_);
+      done_[i] = true;
+      rs_end[u] = t_.collectives[i].end;
+      reduced[u] = true;
+    }
+    run_backward_segments(static_cast<long>(segs_.size()));
   }
-  for (size_t u = 0; u < n; ++u) b_ag_begin[u + 1] += b_ag_begin[u];
-  b_ag.resize(b_ag_begin[n]);
-  {
-    std::vector<size_t> fill(b_ag_begin.begin(), b_ag_begin.end() - 1);
-    for (size_t i : b_colls)
-      if (comm.collectives[i].kind == CollectiveKind::AllGather)
-        b_ag[fill[static_cast<size_t>(comm.collectives[i].unit)]++] = i;
+
+  // B4: backward ends when the last collective has; the time after the last
+  // compute goes to the collectives still running, in the order they end.
+  void expose_tail() {
+    compute_end_ = compute_free_;
+    backward_end_ = compute_end_;
+    for (const CollectiveTime& ct : t_.collectives) backward_end_ = std::max(backward_end_, ct.end);
+    std::vector<size_t> tail;
+    for (size_t i = 0; i < nc_; ++i)
+      if (t_.collectives[i].end > compute_end_) tail.push_back(i);
+    std::stable_sort(tail.begin(), tail.end(),
+                     [&](size_t a, size_t b) { return t_.collectives[a].end < t_.collectives[b].end; });
+    double covered = compute_end_;
+    for (size_t i : tail) {
+      const CollectiveTime& ct = t_.collectives[i];
+      const double extra = ct.end - std::max({covered, ct.start, compute_end_});
+      if (extra > 0) {
+        t_.units[static_cast<size_t>(comm_.collectives[i].unit)].exposed_tail_s += extra;
+        covered = ct.end;
+      }
+    }
   }
-  const std::vector<Segment> segs = with_missing(bwd, b_units, n);
-  std::vector<long> first_seg(n, -1), last_seg(n, -1);
-  for (size_t i = 0; i < segs.size(); ++i) {
-    const size_t u = static_cast<size_t>(segs[i].unit);
-    if (first_seg[u] < 0) first_seg[u] = static_cast<long>(i);
-    last_seg[u] = static_cast<long>(i);
+
+  // The optimizer step: the HBM its elementwise passes move over the
+  // trainable shard (optimizer_bytes_per_param), after backward.
+  void optimizer_step() {
+    if (!flops_) return;
+    for (const UnitComm& u : comm_.units) t_.optimizer_trainable_shard_numel += u.trainable_shard_numel;
+    const int per = optimizer_bytes_per_param(plan_.memory.settings);
+    // CPU offload steps the optimizer on the host, which no figure here models: left out, and said.
+    t_.optimizer_modelled = !plan_.memory.settings.cpu_offload;
+    t_.optimizer_s = t_.optimizer_modelled ? static_cast<double>(t_.optimizer_trainable_shard_numel * per) /
+                                                 (hw_.hbm_bytes_per_s * hw_.memory_efficiency)
+                                           : 0;
   }
-  std::vector<double> bseg_start(segs.size(), 0.0), bseg_end(n, 0.0);
-  std::vector<bool> bended(n, false);
-  long done_seg = 0;
-  auto run_segments = [&](long upto) {
-    while (done_seg <= upto && done_seg < static_cast<long>(segs.size())) {
-      const Segment& s = segs[static_cast<size_t>(done_seg)];
+
+  // The totals, and the assumptions the estimate rests on.
+  StepTime totals() {
+    for (const UnitTime& u : t_.units) t_.exposed_comm_s += u.exposed_s();
+    if (flops_) {
+      t_.backward_compute_end_s = compute_end_;
+      t_.backward_end_s = backward_end_;
+      for (const UnitTime& u : t_.units) t_.compute_s += u.forward_compute_s + u.backward_compute_s;
+      t_.step_s = backward_end_ + t_.optimizer_s;
+    } else {
+      // The segments' lengths were a device: no compute, no step to report.
+      for (UnitTime& u : t_.units) u.forward_compute_s = u.backward_compute_s = 0;
+      t_.forward_end_s = 0;
+      t_.timeline.clear();
+      for (CollectiveTime& ct : t_.collectives) ct.start = ct.end = 0;
+    }
+    t_.assumptions = assumptions(plan_, t_);
+    if (flops_)
+      for (const std::string& note : flops_->notes) t_.assumptions.push_back("FLOPs: " + note);
+    return std::move(t_);
+  }
+
+ private:
+  // FlopCounterMode's forward FLOPs, module by module in forward order, at
+  // the peak of the compute dtype (bf16 when every unit computes in a 16-bit
+  // dtype); a module's TP collectives go with its first forward segment.
+  void forward_segments_from_flops() {
+    const std::vector<bool> low = low_precision_modules(plan_, owner_);
+    int64_t low_flops = 0, all_flops = 0;
+    for (const auto& [module, f] : flops_->forward_order) {
+      all_flops += f;
+      if (low[static_cast<size_t>(module)]) low_flops += f;
+    }
+    // The dtype most FLOPs run in: what a rate without a module (a backward with no forward) takes.
+    t_.compute_dtype = 2 * low_flops >= all_flops && (low_flops > 0 || all_flops == 0) ? "bf16" : "tf32";
+    t_.compute_peak_flops = t_.compute_dtype == "bf16" ? hw_.bf16_flops : hw_.tf32_flops;
+    t_.compute_dtype_note = compute_dtype_note(plan_, hw_, *flops_, low);
+    flop_rate_ = t_.compute_peak_flops * hw_.compute_efficiency;
+    one_rate_ = low_flops == 0 || low_flops == all_flops;
+    for (const auto& [module, f] : flops_->forward_order) {
+      // A module's TP collectives go with its first forward segment.
+      const auto m = static_cast<size_t>(module);
+      const double rate = (low[m] ? hw_.bf16_flops : hw_.tf32_flops) * hw_.compute_efficiency;
+      push_merged(fwd_, owner_[m], f, static_cast<double>(f) / rate, tp_fwd_[m], tp_bwd_[m]);
+      tp_fwd_[m] = tp_bwd_[m] = 0;
+    }
+    // A module with TP collectives but no FLOPs of its own: its unit's last segment so far.
+    for (size_t m = 0; m < tp_fwd_.size(); ++m)
+      if (tp_fwd_[m] > 0 || tp_bwd_[m] > 0) push_merged(fwd_, owner_[m], 0, 0.0, tp_fwd_[m], tp_bwd_[m]);
+  }
+
+  // Section 6: without FLOPs a segment per computing module, long enough to
+  // hide any neighbour: every collective's time.
+  void forward_segments_without_flops() {
+    const double enough = t_.comm_s > 0 ? t_.comm_s : 1.0;
+    std::unordered_map<std::string_view, bool> classes;
+    for (ModuleId m : tree_.preorder())
+      if (holds_matrix(tree_, m, classes)) push_merged(fwd_, owner_[static_cast<size_t>(m)], 0, enough);
+  }
+
+  // Collective i on its channel, from when the channel is free and `gate` has passed.
+  void run_collective(size_t i, double gate) {
+    CollectiveTime& ct = t_.collectives[i];
+    double& free = channel_free_[channel_[i]];
+    ct.start = std::max(free, gate);
+    ct.end = ct.start + ct.seconds;
+    free = ct.end;
+    if (flops_)  // without FLOPs the spans' times are a device (section 6): no timeline
+      t_.timeline.push_back({false, static_cast<int>(i), comm_.collectives[i].unit,
+                             comm_.collectives[i].phase == StepPhase::Backward, ct.start, ct.end});
+  }
+
+  // The forward all-gathers in issue order, each unit's place among them,
+  // and which units reshard after forward (a backward all-gather).
+  void index_forward_all_gathers() {
+    order_.assign(n_, -1);
+    reshards_.assign(n_, false);
+    for (size_t i = 0; i < nc_; ++i) {
+      const Collective& c = comm_.collectives[i];
+      if (c.phase == StepPhase::Forward && c.kind == CollectiveKind::AllGather) {
+        order_[static_cast<size_t>(c.unit)] = static_cast<long>(f_ag_.size());
+        f_ag_.push_back(i);
+        f_ag_units_.push_back(c.unit);
+      } else if (c.phase == StepPhase::Backward && c.kind == CollectiveKind::AllGather) {
+        reshards_[static_cast<size_t>(c.unit)] = true;
+      }
+    }
+  }
+
+  // Issue the forward all-gathers up to the upto-th (F2's gate).
+  void schedule_forward_all_gathers(size_t upto) {
+    while (scheduled_ <= upto && scheduled_ < f_ag_.size()) {
+      const size_t j = scheduled_;
+      double gate = 0;
+      if (j >= 2) {
+        const size_t prev = static_cast<size_t>(f_ag_units_[j - 2]);
+        if (plan_.v2())
+          gate = started_[prev] ? seg_start_[prev] : 0.0;
+        else if (reshards_[prev])
+          gate = ended_[prev] ? seg_end_[prev] : 0.0;
+      }
+      run_collective(f_ag_[j], gate);
+      done_[f_ag_[j]] = true;
+      ++scheduled_;
+    }
+  }
+
+  // The backward collectives in issue order, each unit's backward
+  // all-gathers (b_ag_[b_ag_begin_[u] .. b_ag_begin_[u + 1])), the backward
+  // segments, and each unit's first and last of them.
+  void index_backward() {
+    b_ag_begin_.assign(n_ + 1, 0);
+    for (size_t i = 0; i < nc_; ++i) {
+      const Collective& c = comm_.collectives[i];
+      if (c.phase != StepPhase::Backward) continue;
+      b_colls_.push_back(i);
+      b_units_.push_back(c.unit);
+      if (c.kind == CollectiveKind::AllGather) ++b_ag_begin_[static_cast<size_t>(c.unit) + 1];
+    }
+    for (size_t u = 0; u < n_; ++u) b_ag_begin_[u + 1] += b_ag_begin_[u];
+    b_ag_.resize(b_ag_begin_[n_]);
+    std::vector<size_t> fill(b_ag_begin_.begin(), b_ag_begin_.end() - 1);
+    for (size_t i : b_colls_)
+      if (comm_.collectives[i].kind == CollectiveKind::AllGather)
+        b_ag_[fill[static_cast<size_t>(comm_.collectives[i].unit)]++] = i;
+    segs_ = with_missing(bwd_, b_units_, n_);
+    first_seg_.assign(n_, -1);
+    last_seg_.assign(n_, -1);
+    for (size_t i = 0; i < segs_.size(); ++i) {
+      const size_t u = static_cast<size_t>(segs_[i].unit);
+      if (first_seg_[u] < 0) first_seg_[u] = static_cast<long>(i);
+      last_seg_[u] = static_cast<long>(i);
+    }
+    bseg_start_.assign(segs_.size(), 0.0);
+    bseg_end_.assign(n_, 0.0);
+    bended_.assign(n_, false);
+  }
+
+  // Run the backward segments up to the upto-th, each after its unit's
+  // backward all-gathers (B1).
+  void run_backward_segments(long upto) {
+    while (done_seg_ <= upto && done_seg_ < static_cast<long>(segs_.size())) {
+      const Segment& s = segs_[static_cast<size_t>(done_seg_)];
       const size_t u = static_cast<size_t>(s.unit);
-      double ready = compute_free;
-      for (size_t j = b_ag_begin[u]; j < b_ag_begin[u + 1]; ++j) {
-        const size_t c = b_ag[j];
+      double ready = compute_free_;
+      for (size_t j = b_ag_begin_[u]; j < b_ag_begin_[u + 1]; ++j) {
+        const size_t c = b_ag_[j];
         // A unit whose modules run out of module order (a unit with no
         // computing module of its own, placed by with_missing) can need its
         // all-gather before the issue order reaches it: FSDP unshards it in
         // its own pre-backward then, so it starts now.
-        if (!done[c]) {
-          run_coll(c, compute_free);
-          done[c] = true;
+        if (!done_[c]) {
+          run_collective(c, compute_free_);
+          done_[c] = true;
         }
-        ready = std::max(ready, t.collectives[c].end);
+        ready = std::max(ready, t_.collectives[c].end);
       }
-      t.units[u].exposed_backward_s += ready - compute_free;
+      t_.units[u].exposed_backward_s += ready - compute_free_;
       const double start = ready, end = ready + s.seconds;
-      bseg_start[static_cast<size_t>(done_seg)] = start;
-      bseg_end[u] = end;
-      bended[u] = true;
-      compute_free = end;
-      t.units[u].backward_flops += s.flops;
-      t.units[u].backward_compute_s += s.seconds - s.tp_s;
-      t.units[u].tp_backward_s += s.tp_s;
-      if (flops) t.timeline.push_back({true, -1, s.unit, true, start, end});
-      ++done_seg;
-    }
-  };
-  std::vector<double> rs_end(n, 0.0);
-  std::vector<bool> reduced(n, false);
-  for (size_t i : b_colls) {
-    if (done[i]) continue;  // issued early by run_segments
-    const Collective& c = comm.collectives[i];
-    const size_t u = static_cast<size_t>(c.unit);
-    if (c.kind == CollectiveKind::AllGather) {
-      const long idx = (first_seg[u] >= 0 ? first_seg[u] : static_cast<long>(segs.size())) - 1;
-      double gate = 0;
-      if (idx >= 0) {
-        run_segments(idx);
-        gate = bseg_start[static_cast<size_t>(idx)];
-      }
-      if (done[i]) continue;
-      run_coll(i, gate);
-      done[i] = true;
-      continue;
-    }
-    if (c.kind == CollectiveKind::AllReduce && reduced[u]) {  // HSDP: after the reduce-scatter
-      run_coll(i, rs_end[u]);
-      done[i] = true;
-      continue;
-    }
-    run_segments(last_seg[u]);
-    run_coll(i, bended[u] ? bseg_end[u] : compute_free);
-    done[i] = true;
-    rs_end[u] = t.collectives[i].end;
-    reduced[u] = true;
-  }
-  run_segments(static_cast<long>(segs.size()));
-  const double compute_end = compute_free;
-  double backward_end = compute_end;
-  for (const CollectiveTime& ct : t.collectives) backward_end = std::max(backward_end, ct.end);
-  // B4: backward ends when the last collective has; the time after the last
-  // compute goes to the collectives still running, in the order they end.
-  std::vector<size_t> tail;
-  for (size_t i = 0; i < nc; ++i)
-    if (t.collectives[i].end > compute_end) tail.push_back(i);
-  std::stable_sort(tail.begin(), tail.end(),
-                   [&](size_t a, size_t b) { return t.collectives[a].end < t.collectives[b].end; });
-  double covered = compute_end;
-  for (size_t i : tail) {
-    const CollectiveTime& ct = t.collectives[i];
-    const double extra = ct.end - std::max({covered, ct.start, compute_end});
-    if (extra > 0) {
-      t.units[static_cast<size_t>(comm.collectives[i].unit)].exposed_tail_s += extra;
-      covered = ct.end;
+      bseg_start_[static_cast<size_t>(done_seg_)] = start;
+      bseg_end_[u] = end;
+      bended_[u] = true;
+      compute_free_ = end;
+      t_.units[u].backward_flops += s.flops;
+      t_.units[u].backward_compute_s += s.seconds - s.tp_s;
+      t_.units[u].tp_backward_s += s.tp_s;
+      if (flops_) t_.timeline.push_back({true, -1, s.unit, true, start, end});
+      ++done_seg_;
     }
   }
 
-  for (const UnitTime& u : t.units) t.exposed_comm_s += u.exposed_s();
-  if (flops) {
-    t.backward_compute_end_s = compute_end;
-    t.backward_end_s = backward_end;
-    for (const UnitTime& u : t.units) t.compute_s += u.forward_compute_s + u.backward_compute_s;
-    for (const UnitComm& u : comm.units) t.optimizer_trainable_shard_numel += u.trainable_shard_numel;
-    const int per = optimizer_bytes_per_param(plan.memory.settings);
-    // CPU offload steps the optimizer on the host, which no figure here models: left out, and said.
-    t.optimizer_modelled = !plan.memory.settings.cpu_offload;
-    t.optimizer_s = t.optimizer_modelled ? static_cast<double>(t.optimizer_trainable_shard_numel * per) /
-                                               (hw.hbm_bytes_per_s * hw.memory_efficiency)
-                                         : 0;
-    t.step_s = backward_end + t.optimizer_s;
-  } else {
-    // The segments' lengths were a device: no compute, no step to report.
-    for (UnitTime& u : t.units) u.forward_compute_s = u.backward_compute_s = 0;
-    t.forward_end_s = 0;
-    t.timeline.clear();
-    for (CollectiveTime& ct : t.collectives) ct.start = ct.end = 0;
-  }
-  t.assumptions = assumptions(plan, t);
-  if (flops)
-    for (const std::string& note : flops->notes) t.assumptions.push_back("FLOPs: " + note);
-  return t;
+  const Plan& plan_;
+  const HardwareFigures& hw_;
+  const FlopProfile* flops_;
+  const ModuleTree& tree_;
+  const CommPlan& comm_;
+  const size_t n_;   // units
+  const size_t nc_;  // FSDP collectives
+  const std::vector<int> owner_;
+  StepTime t_;
+  // Channels: the process groups, each collective's, and when each is free.
+  std::vector<RankGroup> groups_;
+  std::vector<size_t> channel_;
+  std::vector<double> channel_free_;
+  std::vector<double> tp_fwd_, tp_bwd_;  // per module: its TP collectives' seconds
+  // Compute: the segments, the rate, when the stream is free.
+  std::vector<Segment> fwd_, bwd_;
+  double flop_rate_ = 1;
+  bool one_rate_ = true;  // every module at one peak: the backward at flop_rate_
+  double compute_free_ = 0;
+  std::vector<bool> done_;  // per collective: issued
+  // Forward: the all-gathers in issue order, their units, each unit's place, its segments' times.
+  std::vector<size_t> f_ag_;
+  std::vector<int> f_ag_units_;
+  std::vector<long> order_;
+  std::vector<bool> reshards_;
+  std::vector<double> seg_start_, seg_end_;
+  std::vector<bool> started_, ended_;
+  size_t scheduled_ = 0;
+  // Backward: see index_backward.
+  std::vector<size_t> b_colls_;
+  std::vector<int> b_units_;
+  std::vector<size_t> b_ag_begin_, b_ag_;
+  std::vector<Segment> segs_;
+  std::vector<long> first_seg_, last_seg_;
+  std::vector<double> bseg_start_, bseg_end_;
+  std::vector<bool> bended_;
+  long done_seg_ = 0;
+  double compute_end_ = 0, backward_end_ = 0;
+};
+
+}  // namespace
+
+StepTime estimate_step_time(const Plan& plan, const HardwareFigures& hw, const FlopProfile* flops) {
+  StepTimeModel model(plan, hw, flops);
+  model.assign_channels();
+  model.time_collectives();
+  model.time_tp_collectives();
+  model.forward_segments();
+  model.backward_segments();
+  model.simulate_forward();
+  model.simulate_backward();
+  model.expose_tail();
+  model.optimizer_step();
+  return model.totals();
 }
 
 }  // namespace fsdp_plan

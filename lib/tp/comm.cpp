@@ -195,51 +195,35 @@ std::string sequence_parallel_unfollowed(const ModuleTree& tree, const Graph& g,
   return "";
 }
 
-}  // namespace
-
-TpComm tp_comm(const Plan& plan) {
-  TpComm out;
-  if (!plan.tensor_parallel) return out;
-  out.planned = true;
-  const TensorParallelPlan& tpp = *plan.tensor_parallel;
-  const TensorParallel& policy_tp = *plan.policy.tensor_parallel;
-  const int64_t T = tpp.mesh.tp;
-  out.group = RankGroup{T, 1};  // the innermost mesh dimension: contiguous ranks
-  const ModuleTree& tree = *plan.tree;
-  const Graph* graph = tree.graph().get();
-  if (!graph) {
-    out.unknown_reason = "the model file records no activation shapes (a TorchScript file): tensor parallelism's "
-                         "collectives carry the activations (tokens x features), so their sizes are unknown; a "
-                         ".pt2 (fsdp-plan-export) gives them";
-    return out;
+// The walk over the exported graph that lists tensor parallelism's
+// collectives in the order torch issues them: the forward's, then the
+// backward's with each checkpointed region's recompute and FSDP2's
+// post-backward gradient all-reduces where backward reaches them.
+class TpCommWalk {
+ public:
+  TpCommWalk(const Plan& plan, const Graph& graph, TpComm& out)
+      : plan_(plan), tpp_(*plan.tensor_parallel), policy_tp_(*plan.policy.tensor_parallel), tree_(*plan.tree),
+        graph_(graph), out_(out), dims_(DimValues::hints(graph, plan.policy.activations.dims)),
+        owner_(unit_of_modules(plan)), grad_(values_with_grad(graph)), entry_of_(tree_.num_modules(), -1),
+        seen_(tree_.num_modules(), false) {
+    // The style of each module parallelize_module applied one to (Linear and Embedding only carry collectives).
+    for (const TpModule& m : tpp_.modules) entry_of_[static_cast<size_t>(m.module)] = m.entry;
   }
-  out.sizes_known = true;
-  if (T <= 1) return out;
-  const DimValues dims = DimValues::hints(*graph, plan.policy.activations.dims);
-  const std::vector<int> owner = unit_of_modules(plan);
-  const std::vector<bool> grad = values_with_grad(*graph);
-  // The style of each module parallelize_module applied one to (Linear and Embedding only carry collectives).
-  std::vector<int> entry_of(tree.num_modules(), -1);
-  for (const TpModule& m : tpp.modules) entry_of[static_cast<size_t>(m.module)] = m.entry;
-  const auto& mp = plan.policy.mixed_precision;
-  std::vector<bool> seen(tree.num_modules(), false);
 
-  std::vector<Collective> backward;  // in forward order; issued reversed
-  std::vector<NodeId> backward_node;  // the graph node each one belongs to
-  // Activation checkpointing: each call's outermost checkpointed module (-1: none).
-  std::vector<int> region(tree.num_modules(), -1);
-  for (const CheckpointedModule& c : plan.activations.checkpointed)
-    for (ModuleId m : tree.preorder(c.module)) region[static_cast<size_t>(m)] = c.module;
-  struct Forward {
-    NodeId node;
-    Collective c;
-  };
-  std::vector<std::vector<Forward>> region_forward(tree.num_modules());  // a region's forward TP collectives
-  std::vector<NodeId> last_matmul(tree.num_modules(), -1);
-  for (NodeId n = 0; n < graph->num_nodes(); ++n) {
-    const ModuleId r = region[static_cast<size_t>(graph->node(n).module)];
-    if (r >= 0 && is_matmul(graph->op_name(graph->node(n).op))) last_matmul[static_cast<size_t>(r)] = n;
+  // Activation checkpointing: each call's outermost checkpointed module, and
+  // where its recompute stops (the region's last matmul).
+  void find_checkpoint_regions() {
+    region_.assign(tree_.num_modules(), -1);
+    for (const CheckpointedModule& c : plan_.activations.checkpointed)
+      for (ModuleId m : tree_.preorder(c.module)) region_[static_cast<size_t>(m)] = c.module;
+    region_forward_.assign(tree_.num_modules(), {});
+    last_matmul_.assign(tree_.num_modules(), -1);
+    for (NodeId n = 0; n < graph_.num_nodes(); ++n) {
+      const ModuleId r = region_[static_cast<size_t>(graph_.node(n).module)];
+      if (r >= 0 && is_matmul(graph_.op_name(graph_.node(n).op))) last_matmul_[static_cast<size_t>(r)] = n;
+    }
   }
+
   // Styles whose collectives sit at their module's edge (tp/module_edge.h).
   // transformers' MoeExpertsParallel (tensor_parallel.py): each rank runs its
   // share of every expert on the whole batch; the forward all-reduces the
@@ -247,213 +231,48 @@ TpComm tp_comm(const Plan& plan) {
   // hidden states and routing weights (_AllReduceBackward). torch's
   // PrepareModuleInput (style.py: _prepare_input_arg): each input given a
   // layout is redistributed to its desired one as the module is entered.
-  std::vector<ModuleEdge> edges(tree.num_modules());
-  std::vector<ModuleId> edge_at_first(static_cast<size_t>(graph->num_nodes()), -1),
-      edge_at_last(static_cast<size_t>(graph->num_nodes()), -1);
-  std::vector<ModuleId> prepared_by(tree.num_modules(), -1);  // the PrepareModuleInput with DTensor inputs above
-  for (const TpModule& m : tpp.modules) {
-    const TpStyleSpec& spec = policy_tp.plan[static_cast<size_t>(m.entry)].second;
-    const bool prep = spec.style == TpStyle::PrepareModuleInput && !spec.prepare_layouts.empty();
-    if (spec.style != TpStyle::MoeExperts && !prep) continue;
-    ModuleEdge& e = edges[static_cast<size_t>(m.module)];
-    e = module_edge(*graph, tree, m.module, grad);
-    if (e.first < 0) continue;
-    if (prep) {
-      size_t given = 0;
-      for (const auto& l : spec.prepare_layouts) given += l.has_value();
-      if (given != e.inputs.size()) continue;  // not matched: listed in not_modelled below
-      if (!spec.use_local_output.value_or(false))  // its children get DTensors
-        for (ModuleId c : tree.preorder(m.module)) prepared_by[static_cast<size_t>(c)] = m.module;
-    }
-    edge_at_first[static_cast<size_t>(e.first)] = m.module;
-    edge_at_last[static_cast<size_t>(e.last)] = m.module;
-  }
-  auto edge_collectives = [&](NodeId n) {
-    const ModuleId at_first = edge_at_first[static_cast<size_t>(n)], at_last = edge_at_last[static_cast<size_t>(n)];
-    for (const ModuleId m : {at_first, at_last == at_first ? ModuleId{-1} : at_last}) {
-      if (m < 0) continue;
-      const ModuleEdge& e = edges[static_cast<size_t>(m)];
-      const TpStyleSpec& spec = policy_tp.plan[static_cast<size_t>(entry_of[static_cast<size_t>(m)])].second;
-      seen[static_cast<size_t>(m)] = true;
-      const int unit = owner[static_cast<size_t>(m)];
-      const Unit& u = plan.units[static_cast<size_t>(unit)];
-      auto make = [&](CollectiveKind kind, ValueId v, StepPhase phase, const char* cause) {
-        const DtypeInfo* dt = dtype_from_export_code(graph->tensor(v).dtype);
-        std::string dtype = dt ? dt->name : "float32";
-        if (mp && mp->param_dtype && u.mixed_precision.value_or(false)) dtype = *mp->param_dtype;
-        Collective c;
-        c.kind = kind;
-        c.phase = phase;
-        c.unit = unit;
-        c.numel = dims.numel(v);
-        c.bytes = c.numel * (dtype_itemsize(dtype) > 0 ? dtype_itemsize(dtype) : 4);
-        c.dtype = dtype;
-        c.group = out.group;
-        c.cause = cause;
-        c.module = phase == StepPhase::Backward ? e.named_in_backward : m;
-        return c;
-      };
-      auto forward = [&](Collective c) {
-        out.collectives.push_back(c);
-        if (const ModuleId r = region[static_cast<size_t>(m)]; r >= 0) region_forward[static_cast<size_t>(r)].push_back({n, c});
-      };
-      auto backward_at_entry = [&](Collective c) {  // issued when backward leaves the module (from the list's end)
-        backward.push_back(c);
-        backward_node.push_back(e.first);
-      };
-      const bool moe = spec.style == TpStyle::MoeExperts;
-      if (moe && n == e.first) {
-        // MoeExpertsParallel wraps the hidden states first, and autograd runs
-        // the later-made node first: the smaller routing weights' all-reduce,
-        // then the hidden states' (counted under CommDebugMode on Mixtral).
-        std::vector<std::pair<int64_t, ValueId>> ins;
-        for (ValueId v : e.inputs)
-          if (grad[static_cast<size_t>(v)]) ins.emplace_back(dims.numel(v), v);
-        std::sort(ins.begin(), ins.end(), std::greater<>());
-        for (const auto& in : ins) backward_at_entry(make(CollectiveKind::AllReduce, in.second, StepPhase::Backward, "input_grad"));
+  void find_module_edges() {
+    edges_.assign(tree_.num_modules(), ModuleEdge{});
+    edge_at_first_.assign(static_cast<size_t>(graph_.num_nodes()), -1);
+    edge_at_last_.assign(static_cast<size_t>(graph_.num_nodes()), -1);
+    prepared_by_.assign(tree_.num_modules(), -1);  // the PrepareModuleInput with DTensor inputs above
+    for (const TpModule& m : tpp_.modules) {
+      const TpStyleSpec& spec = policy_tp_.plan[static_cast<size_t>(m.entry)].second;
+      const bool prep = spec.style == TpStyle::PrepareModuleInput && !spec.prepare_layouts.empty();
+      if (spec.style != TpStyle::MoeExperts && !prep) continue;
+      ModuleEdge& e = edges_[static_cast<size_t>(m.module)];
+      e = module_edge(graph_, tree_, m.module, grad_);
+      if (e.first < 0) continue;
+      if (prep) {
+        size_t given = 0;
+        for (const auto& l : spec.prepare_layouts) given += l.has_value();
+        if (given != e.inputs.size()) continue;  // not matched: listed in not_modelled
+        if (!spec.use_local_output.value_or(false))  // its children get DTensors
+          for (ModuleId c : tree_.preorder(m.module)) prepared_by_[static_cast<size_t>(c)] = m.module;
       }
-      if (moe && n == e.last)
-        for (ValueId v : e.outputs) forward(make(CollectiveKind::AllReduce, v, StepPhase::Forward, "output"));
-      if (!moe && n == e.first) {
-        // PrepareModuleInput: the inputs given a layout, in order; Shard to
-        // Replicate all-gathers (the gradient reduce-scattered back), Replicate
-        // to Shard takes a local chunk (the gradient all-gathered).
-        size_t k = 0;
-        for (size_t i = 0; i < spec.prepare_layouts.size(); ++i) {
-          if (!spec.prepare_layouts[i]) continue;
-          const ValueId v = e.inputs[k++];
-          const auto& have = spec.prepare_layouts[i];
-          const auto& want = spec.prepare_desired[i];
-          if (!want || *want == *have) continue;
-          if (is_shard(have) && !is_shard(want)) {
-            forward(make(CollectiveKind::AllGather, v, StepPhase::Forward, "input"));
-            if (grad[static_cast<size_t>(v)])
-              backward_at_entry(make(CollectiveKind::ReduceScatter, v, StepPhase::Backward, "input_grad"));
-          } else if (!is_shard(have) && is_shard(want) && grad[static_cast<size_t>(v)]) {
-            backward_at_entry(make(CollectiveKind::AllGather, v, StepPhase::Backward, "input_grad"));
-          }
-        }
-      }
-    }
-  };
-  // transformers' ReplicatedWithGradAllReduce (Qwen3's per-head q / k norms):
-  // a post-accumulate-grad hook all-reduces each parameter's gradient as
-  // autograd makes it, which is when backward passes the module's first op
-  // (counted under CommDebugMode on Qwen3-MoE: between the next and the
-  // previous linear's input-gradient all-reduces), in the unsharded
-  // parameter's dtype.
-  auto grad_all_reduces = [&](NodeId n, ModuleId m) {
-    if (seen[static_cast<size_t>(m)]) return;
-    seen[static_cast<size_t>(m)] = true;
-    const int unit = owner[static_cast<size_t>(m)];
-    const Unit& u = plan.units[static_cast<size_t>(unit)];
-    for (const auto& slot : tree.module(m).params) {
-      const TensorInfo& info = tree.tensor(slot.tensor);
-      if (!info.requires_grad) continue;
-      std::string dtype = info.dtype;
-      if (mp && mp->param_dtype && u.mixed_precision.value_or(false)) dtype = *mp->param_dtype;
-      Collective c;
-      c.kind = CollectiveKind::AllReduce;
-      c.phase = StepPhase::Backward;
-      c.unit = unit;
-      c.numel = tree.numel(slot.tensor);
-      c.bytes = c.numel * (dtype_itemsize(dtype) > 0 ? dtype_itemsize(dtype) : info.itemsize);
-      c.dtype = dtype;
-      c.group = out.group;
-      c.cause = "param_grad";
-      c.module = m;
-      backward.push_back(c);
-      backward_node.push_back(n);
-    }
-  };
-  const std::string linear = "aten.linear.default", embedding = "aten.embedding.default";
-  for (NodeId n = 0; n < graph->num_nodes(); ++n) {
-    const GraphNode& node = graph->node(n);
-    edge_collectives(n);
-    const int e = entry_of[static_cast<size_t>(node.module)];
-    if (e < 0) continue;
-    if (policy_tp.plan[static_cast<size_t>(e)].second.style == TpStyle::GradAllReduce) {
-      grad_all_reduces(n, node.module);
-      continue;
-    }
-    const TpStyleSpec& spec = policy_tp.plan[static_cast<size_t>(e)].second;
-    if (!colwise_like(spec.style) && !rowwise_like(spec.style)) continue;
-    const std::string& op = graph->op_name(node.op);
-    const bool is_linear = op == linear, is_embedding = op == embedding;
-    if (!is_linear && !is_embedding) continue;
-    seen[static_cast<size_t>(node.module)] = true;
-    const ValueId x = graph->tensor_arg(n, is_linear ? "input" : "indices");
-    const ValueId w = graph->tensor_arg(n, "weight");
-    const Span<ValueId> outs = graph->outputs(n);
-    if (x < 0 || w < 0 || outs.empty() || outs[0] < 0) continue;
-    const ValueId y = outs[0];
-    // Tokens: every element of an embedding's indices; a linear's input rows.
-    const int64_t tokens = is_linear ? dims.numel(x) / std::max<int64_t>(dims.size(x, -1), 1) : dims.numel(x);
-    const int64_t in_features = is_linear ? dims.size(x, -1) : 0;
-    const int64_t out_features = dims.size(y, -1);  // the full width: the graph is the unsharded model's
-    const DtypeInfo* dt = dtype_from_export_code(graph->tensor(y).dtype);
-    std::string dtype = dt ? dt->name : "float32";
-    // FSDP2's MixedPrecisionPolicy: parameters gathered (and forward inputs cast) in param_dtype.
-    const int unit = owner[static_cast<size_t>(node.module)];
-    const Unit& u = plan.units[static_cast<size_t>(unit)];
-    if (mp && mp->param_dtype && u.mixed_precision.value_or(false) && dtype_itemsize(dtype) > 0) dtype = *mp->param_dtype;
-    const int64_t item = dtype_itemsize(dtype) > 0 ? dtype_itemsize(dtype) : (dt ? dt->itemsize : 4);
-    auto make = [&](CollectiveKind kind, StepPhase phase, int64_t numel, const char* cause) {
-      Collective c;
-      c.kind = kind;
-      c.phase = phase;
-      c.unit = unit;
-      c.numel = numel;
-      c.bytes = numel * item;
-      c.dtype = dtype;
-      c.group = out.group;
-      c.cause = cause;
-      c.module = node.module;
-      return c;
-    };
-    const int64_t in_numel = tokens * in_features, out_numel = tokens * out_features;
-    const bool input_grad = is_linear && grad[static_cast<size_t>(x)];
-    std::vector<Collective> bwd_here;  // this call's backward collectives, in the order backward issues them
-    const size_t first_forward = out.collectives.size();
-    if (spec.style == TpStyle::Colwise) {
-      // _prepare_input_fn: the input made Replicate (default input_layouts
-      // Replicate: a no-op; Shard(1) under sequence parallelism: all-gathered).
-      // Backward: Replicate's gradient from the sharded weight is Partial, so
-      // from_local's backward all-reduces it, or reduce-scatters it back to Shard.
-      if (is_shard(spec.input_layouts) && is_linear)
-        out.collectives.push_back(make(CollectiveKind::AllGather, StepPhase::Forward, in_numel, "input"));
-      // _prepare_output_fn: Shard(-1) to output_layouts (default Shard(-1):
-      // nothing; Replicate: all-gathered, its gradient a local chunk).
-      if (spec.output_layouts && !is_shard(spec.output_layouts))
-        out.collectives.push_back(make(CollectiveKind::AllGather, StepPhase::Forward, out_numel, "output"));
-      // Inside a PrepareModuleInput that hands on DTensors the input already is
-      // one (no from_local): its Partial gradient goes back to that module's
-      // redistribution, counted there.
-      if (input_grad && prepared_by[static_cast<size_t>(node.module)] < 0)
-        bwd_here.push_back(make(is_shard(spec.input_layouts) ? CollectiveKind::ReduceScatter : CollectiveKind::AllReduce,
-                                StepPhase::Backward, in_numel, "input_grad"));
-    } else {
-      // RowwiseParallel: input Shard(-1) (a local tensor: nothing; given as
-      // Replicate it is chunked, and its gradient all-gathered in backward).
-      // Output Partial to output_layouts: Replicate (default) all-reduced;
-      // Shard(1) (sequence parallelism) reduce-scattered, its gradient all-gathered.
-      const bool out_shard = is_shard(spec.output_layouts);
-      out.collectives.push_back(make(out_shard ? CollectiveKind::ReduceScatter : CollectiveKind::AllReduce,
-                                     StepPhase::Forward, out_numel, "output"));
-      if (out_shard) bwd_here.push_back(make(CollectiveKind::AllGather, StepPhase::Backward, out_numel, "output_grad"));
-      if (input_grad && spec.input_layouts && !is_shard(spec.input_layouts))
-        bwd_here.push_back(make(CollectiveKind::AllGather, StepPhase::Backward, in_numel, "input_grad"));
-    }
-    // Backward runs the calls in reverse: keep each call's own order by pushing it reversed.
-    for (size_t k = bwd_here.size(); k-- > 0;) {
-      backward.push_back(bwd_here[k]);
-      backward_node.push_back(n);
-    }
-    if (const ModuleId r = region[static_cast<size_t>(node.module)]; r >= 0) {
-      auto& f = region_forward[static_cast<size_t>(r)];
-      for (size_t k = first_forward; k < out.collectives.size(); ++k) f.push_back({n, out.collectives[k]});
+      edge_at_first_[static_cast<size_t>(e.first)] = m.module;
+      edge_at_last_[static_cast<size_t>(e.last)] = m.module;
     }
   }
+
+  // Forward, node by node: the edge styles' collectives, the gradient
+  // all-reduce hooks, and each styled linear / embedding call's
+  // redistributions; the backward's are kept, in forward order, for later.
+  void walk_forward() {
+    for (NodeId n = 0; n < graph_.num_nodes(); ++n) {
+      const GraphNode& node = graph_.node(n);
+      edge_collectives(n);
+      const int e = entry_of_[static_cast<size_t>(node.module)];
+      if (e < 0) continue;
+      const TpStyleSpec& spec = policy_tp_.plan[static_cast<size_t>(e)].second;
+      if (spec.style == TpStyle::GradAllReduce) {
+        grad_all_reduces(n, node.module);
+        continue;
+      }
+      if (colwise_like(spec.style) || rowwise_like(spec.style)) linear_collectives(n, spec);
+    }
+  }
+
   // A sequence_parallel module's Replicate parameters get Partial gradients
   // (its input is sharded on the sequence: a norm's weight gradient sums the
   // rank's tokens only). FSDP2's post-backward makes each Replicate before
@@ -464,57 +283,45 @@ TpComm tp_comm(const Plan& plan) {
   // precision). The post-backward runs when backward leaves the unit: after
   // the backward of its first forward op that carries a gradient, whose
   // module CommDebugMode names for it (the last module backward entered).
-  std::vector<NodeId> unit_first(plan.units.size(), graph->num_nodes());
-  for (NodeId n = graph->num_nodes(); n-- > 0;) {
-    bool carries = false;
-    for (ValueId v : graph->outputs(n))
-      if (v >= 0 && grad[static_cast<size_t>(v)]) carries = true;
-    if (!carries) continue;
-    for (int u = owner[static_cast<size_t>(graph->node(n).module)]; u >= 0; u = plan.units[static_cast<size_t>(u)].parent)
-      unit_first[static_cast<size_t>(u)] = n;
-  }
-  std::vector<bool> runs(tree.num_modules(), false);  // a module some graph node ran in (or below)
-  for (NodeId n = 0; n < graph->num_nodes(); ++n)
-    for (ModuleId m = graph->node(n).module; m >= 0 && !runs[static_cast<size_t>(m)]; m = tree.module(m).parent)
-      runs[static_cast<size_t>(m)] = true;
-  std::vector<std::vector<Collective>> post_backward(plan.units.size());
-  for (size_t u = 0; u < plan.units.size(); ++u) {
-    const Unit& unit = plan.units[u];
-    for (const Owned& o : unit.params) {
-      const int e = entry_of[static_cast<size_t>(o.module)];
-      if (e < 0 || policy_tp.plan[static_cast<size_t>(e)].second.style != TpStyle::SequenceParallel) continue;
-      const TensorInfo& info = tree.tensor(o.tensor);
-      if (!info.requires_grad || !runs[static_cast<size_t>(o.module)] || unit_first[u] >= graph->num_nodes()) continue;
-      if (tpp.placement[static_cast<size_t>(o.tensor)].kind != TpPlacement::Kind::Replicate) continue;
-      std::string dtype = info.dtype;
-      if (mp && mp->param_dtype && unit.mixed_precision.value_or(false)) dtype = *mp->param_dtype;
-      const int64_t item = dtype_itemsize(dtype) > 0 ? dtype_itemsize(dtype) : info.itemsize;
-      Collective c;
-      c.kind = CollectiveKind::AllReduce;
-      c.phase = StepPhase::Backward;
-      c.unit = static_cast<int>(u);
-      c.numel = tree.numel(o.tensor);
-      c.bytes = c.numel * item;
-      c.dtype = dtype;
-      c.group = out.group;
-      c.cause = "param_grad";
-      c.module = graph->node(unit_first[u]).module;
-      post_backward[u].push_back(c);
+  void find_post_backward_all_reduces() {
+    unit_first_.assign(plan_.units.size(), graph_.num_nodes());
+    for (NodeId n = graph_.num_nodes(); n-- > 0;) {
+      bool carries = false;
+      for (ValueId v : graph_.outputs(n))
+        if (v >= 0 && grad_[static_cast<size_t>(v)]) carries = true;
+      if (!carries) continue;
+      for (int u = owner_[static_cast<size_t>(graph_.node(n).module)]; u >= 0;
+           u = plan_.units[static_cast<size_t>(u)].parent)
+        unit_first_[static_cast<size_t>(u)] = n;
     }
+    std::vector<bool> runs(tree_.num_modules(), false);  // a module some graph node ran in (or below)
+    for (NodeId n = 0; n < graph_.num_nodes(); ++n)
+      for (ModuleId m = graph_.node(n).module; m >= 0 && !runs[static_cast<size_t>(m)]; m = tree_.module(m).parent)
+        runs[static_cast<size_t>(m)] = true;
+    post_backward_.assign(plan_.units.size(), {});
+    for (size_t u = 0; u < plan_.units.size(); ++u) {
+      const Unit& unit = plan_.units[u];
+      for (const Owned& o : unit.params) {
+        const int e = entry_of_[static_cast<size_t>(o.module)];
+        if (e < 0 || policy_tp_.plan[static_cast<size_t>(e)].second.style != TpStyle::SequenceParallel) continue;
+        const TensorInfo& info = tree_.tensor(o.tensor);
+        if (!info.requires_grad || !runs[static_cast<size_t>(o.module)] || unit_first_[u] >= graph_.num_nodes()) continue;
+        if (tpp_.placement[static_cast<size_t>(o.tensor)].kind != TpPlacement::Kind::Replicate) continue;
+        const std::string dtype = cast_dtype(unit, info.dtype);
+        Collective c = collective(CollectiveKind::AllReduce, StepPhase::Backward, static_cast<int>(u),
+                                  tree_.numel(o.tensor), dtype, "param_grad", graph_.node(unit_first_[u]).module);
+        c.bytes = c.numel * (dtype_itemsize(dtype) > 0 ? dtype_itemsize(dtype) : info.itemsize);
+        post_backward_[u].push_back(c);
+      }
+    }
+    // Units in the order their post-backwards run: the later first op first, an inner unit before its parent.
+    for (size_t u = 0; u < plan_.units.size(); ++u)
+      if (!post_backward_[u].empty()) by_exit_.push_back(static_cast<int>(u));
+    std::stable_sort(by_exit_.begin(), by_exit_.end(), [&](int a, int b) {
+      const NodeId fa = unit_first_[static_cast<size_t>(a)], fb = unit_first_[static_cast<size_t>(b)];
+      return fa != fb ? fa > fb : plan_.units[static_cast<size_t>(a)].depth > plan_.units[static_cast<size_t>(b)].depth;
+    });
   }
-  // Units in the order their post-backwards run: the later first op first, an inner unit before its parent.
-  std::vector<int> by_exit;
-  for (size_t u = 0; u < plan.units.size(); ++u)
-    if (!post_backward[u].empty()) by_exit.push_back(static_cast<int>(u));
-  std::stable_sort(by_exit.begin(), by_exit.end(), [&](int a, int b) {
-    const NodeId fa = unit_first[static_cast<size_t>(a)], fb = unit_first[static_cast<size_t>(b)];
-    return fa != fb ? fa > fb : plan.units[static_cast<size_t>(a)].depth > plan.units[static_cast<size_t>(b)].depth;
-  });
-  size_t exited = 0;
-  auto leave_units_after = [&](NodeId n) {  // the post-backwards of the units backward left before node n
-    for (; exited < by_exit.size() && unit_first[static_cast<size_t>(by_exit[exited])] > n; ++exited)
-      for (const Collective& c : post_backward[static_cast<size_t>(by_exit[exited])]) out.collectives.push_back(c);
-  };
 
   // Backward, with each checkpointed region's recompute first when backward
   // reaches it: its forward runs again, collectives included, but
@@ -528,57 +335,329 @@ TpComm tp_comm(const Plan& plan) {
   // does before it (a gradient's redistribution after that matmul, as a
   // rowwise output_grad all-gather) comes first (counted on sp_decoder.py:
   // down's all-gather, then the recompute).
-  std::vector<bool> recomputed(tree.num_modules(), false);
-  auto recompute = [&](ModuleId r) {
-    if (r < 0 || recomputed[static_cast<size_t>(r)]) return;
-    recomputed[static_cast<size_t>(r)] = true;
-    for (const Forward& f : region_forward[static_cast<size_t>(r)]) {
-      const NodeId stop = last_matmul[static_cast<size_t>(r)];
-      if (f.node > stop || (f.node == stop && std::string(f.c.cause) != "input")) continue;
-      Collective c = f.c;
-      c.phase = StepPhase::Backward;
-      c.cause = "recompute";
-      out.collectives.push_back(c);
+  void walk_backward() {
+    recomputed_.assign(tree_.num_modules(), false);
+    for (size_t k = backward_.size(); k-- > 0;) {
+      const NodeId n = backward_node_[k];
+      leave_units_after(n);
+      const ModuleId r = region_[static_cast<size_t>(backward_[k].module)];
+      if (r >= 0) {
+        const NodeId stop = last_matmul_[static_cast<size_t>(r)];
+        if (n < stop || (n == stop && std::string(backward_[k].cause) != "output_grad")) recompute(r);
+      }
+      out_.collectives.push_back(backward_[k]);
     }
-  };
-  for (size_t k = backward.size(); k-- > 0;) {
-    const NodeId n = backward_node[k];
-    leave_units_after(n);
-    const ModuleId r = region[static_cast<size_t>(backward[k].module)];
-    if (r >= 0) {
-      const NodeId stop = last_matmul[static_cast<size_t>(r)];
-      if (n < stop || (n == stop && std::string(backward[k].cause) != "output_grad")) recompute(r);
-    }
-    out.collectives.push_back(backward[k]);
+    for (const CheckpointedModule& c : plan_.activations.checkpointed) recompute(c.module);
+    leave_units_after(-1);
   }
-  for (const CheckpointedModule& c : plan.activations.checkpointed) recompute(c.module);
-  leave_units_after(-1);
+
   // Styles this count does not follow: PrepareModuleOutput, a
   // PrepareModuleInput whose layouts do not match the activations it takes,
   // a sequence_parallel module whose input or output DTensor meets what is
   // not followed above, and a styled module the graph shows no linear /
   // embedding call for.
-  std::optional<DTensorFlow> flow;
-  for (const TpModule& m : tpp.modules) {
-    const TpStyle s = policy_tp.plan[static_cast<size_t>(m.entry)].second.style;
-    if (s == TpStyle::Replicate) continue;
-    std::string why;
-    if (s == TpStyle::SequenceParallel) {
-      if (!flow) flow.emplace(tree, *graph, policy_tp, entry_of);
-      why = sequence_parallel_unfollowed(tree, *graph, *flow, entry_of, m.module);
-      if (why.empty()) continue;
-    } else if ((colwise_like(s) || rowwise_like(s) || s == TpStyle::MoeExperts || s == TpStyle::GradAllReduce) &&
-               seen[static_cast<size_t>(m.module)]) {
-      continue;
-    } else if (s == TpStyle::PrepareModuleInput) {
-      const TpStyleSpec& spec = policy_tp.plan[static_cast<size_t>(m.entry)].second;
-      if (spec.prepare_layouts.empty() || seen[static_cast<size_t>(m.module)]) continue;  // no layouts: a no-op
-      why = "its layouts do not match the " + std::to_string(edges[static_cast<size_t>(m.module)].inputs.size()) +
-            " activation(s) the graph shows it takes";
+  void list_not_modelled() {
+    std::optional<DTensorFlow> flow;
+    for (const TpModule& m : tpp_.modules) {
+      const TpStyle s = policy_tp_.plan[static_cast<size_t>(m.entry)].second.style;
+      if (s == TpStyle::Replicate) continue;
+      std::string why;
+      if (s == TpStyle::SequenceParallel) {
+        if (!flow) flow.emplace(tree_, graph_, policy_tp_, entry_of_);
+        why = sequence_parallel_unfollowed(tree_, graph_, *flow, entry_of_, m.module);
+        if (why.empty()) continue;
+      } else if ((colwise_like(s) || rowwise_like(s) || s == TpStyle::MoeExperts || s == TpStyle::GradAllReduce) &&
+                 seen_[static_cast<size_t>(m.module)]) {
+        continue;
+      } else if (s == TpStyle::PrepareModuleInput) {
+        const TpStyleSpec& spec = policy_tp_.plan[static_cast<size_t>(m.entry)].second;
+        if (spec.prepare_layouts.empty() || seen_[static_cast<size_t>(m.module)]) continue;  // no layouts: a no-op
+        why = "its layouts do not match the " + std::to_string(edges_[static_cast<size_t>(m.module)].inputs.size()) +
+              " activation(s) the graph shows it takes";
+      }
+      out_.not_modelled.push_back(path_or_root(tree_.path(m.module)) + " (" + tp_style_names().name(s) +
+                                  (why.empty() ? "" : ": " + why) + ")");
     }
-    out.not_modelled.push_back(path_or_root(tree.path(m.module)) + " (" + tp_style_names().name(s) +
-                               (why.empty() ? "" : ": " + why) + ")");
   }
+
+ private:
+  struct Forward {
+    NodeId node;
+    Collective c;
+  };
+
+  // FSDP2's MixedPrecisionPolicy: parameters gathered (and forward inputs cast) in param_dtype.
+  std::string cast_dtype(const Unit& u, std::string dtype) const {
+    const auto& mp = plan_.policy.mixed_precision;
+    if (mp && mp->param_dtype && u.mixed_precision.value_or(false)) return *mp->param_dtype;
+    return dtype;
+  }
+
+  // A collective on the tp group; bytes at `dtype`'s itemsize (4 if unknown).
+  Collective collective(CollectiveKind kind, StepPhase phase, int unit, int64_t numel, const std::string& dtype,
+                        const char* cause, ModuleId module) const {
+    Collective c;
+    c.kind = kind;
+    c.phase = phase;
+    c.unit = unit;
+    c.numel = numel;
+    c.bytes = numel * (dtype_itemsize(dtype) > 0 ? dtype_itemsize(dtype) : 4);
+    c.dtype = dtype;
+    c.group = out_.group;
+    c.cause = cause;
+    c.module = module;
+    return c;
+  }
+
+  // The backward collectives issued at forward node n, given in the order backward issues them.
+  void add_backward(const std::vector<Collective>& bwd_here, NodeId n) {
+    // Backward runs the calls in reverse: keep each call's own order by pushing it reversed.
+    for (size_t k = bwd_here.size(); k-- > 0;) {
+      backward_.push_back(bwd_here[k]);
+      backward_node_.push_back(n);
+    }
+  }
+
+  // The forward collectives out_.collectives[first..] of node n in module m,
+  // remembered for m's checkpointed region's recompute.
+  void note_for_recompute(ModuleId m, NodeId n, size_t first) {
+    if (const ModuleId r = region_[static_cast<size_t>(m)]; r >= 0) {
+      auto& f = region_forward_[static_cast<size_t>(r)];
+      for (size_t k = first; k < out_.collectives.size(); ++k) f.push_back({n, out_.collectives[k]});
+    }
+  }
+
+  // The collectives of the edge styles whose module's first or last node is n.
+  void edge_collectives(NodeId n) {
+    const ModuleId at_first = edge_at_first_[static_cast<size_t>(n)], at_last = edge_at_last_[static_cast<size_t>(n)];
+    for (const ModuleId m : {at_first, at_last == at_first ? ModuleId{-1} : at_last}) {
+      if (m < 0) continue;
+      seen_[static_cast<size_t>(m)] = true;
+      const TpStyleSpec& spec = policy_tp_.plan[static_cast<size_t>(entry_of_[static_cast<size_t>(m)])].second;
+      if (spec.style == TpStyle::MoeExperts)
+        moe_experts_edge(n, m);
+      else if (n == edges_[static_cast<size_t>(m)].first)
+        prepare_module_input_edge(n, m, spec);
+    }
+  }
+
+  // A collective of value v at module m's edge, in v's dtype (param_dtype
+  // under mixed precision), named in backward as CommDebugMode does.
+  Collective edge_collective(ModuleId m, CollectiveKind kind, ValueId v, StepPhase phase, const char* cause) const {
+    const int unit = owner_[static_cast<size_t>(m)];
+    const DtypeInfo* dt = dtype_from_export_code(graph_.tensor(v).dtype);
+    const std::string dtype = cast_dtype(plan_.units[static_cast<size_t>(unit)], dt ? dt->name : "float32");
+    return collective(kind, phase, unit, dims_.numel(v), dtype, cause,
+                      phase == StepPhase::Backward ? edges_[static_cast<size_t>(m)].named_in_backward : m);
+  }
+  void edge_forward(ModuleId m, NodeId n, const Collective& c) {
+    out_.collectives.push_back(c);
+    note_for_recompute(m, n, out_.collectives.size() - 1);
+  }
+  // Issued when backward leaves the module (from the list's end).
+  void edge_backward(ModuleId m, const Collective& c) {
+    backward_.push_back(c);
+    backward_node_.push_back(edges_[static_cast<size_t>(m)].first);
+  }
+
+  // MoeExpertsParallel wraps the hidden states first, and autograd runs the
+  // later-made node first: the smaller routing weights' all-reduce, then the
+  // hidden states' (counted under CommDebugMode on Mixtral).
+  void moe_experts_edge(NodeId n, ModuleId m) {
+    const ModuleEdge& e = edges_[static_cast<size_t>(m)];
+    if (n == e.first) {
+      std::vector<std::pair<int64_t, ValueId>> ins;
+      for (ValueId v : e.inputs)
+        if (grad_[static_cast<size_t>(v)]) ins.emplace_back(dims_.numel(v), v);
+      std::sort(ins.begin(), ins.end(), std::greater<>());
+      for (const auto& in : ins)
+        edge_backward(m, edge_collective(m, CollectiveKind::AllReduce, in.second, StepPhase::Backward, "input_grad"));
+    }
+    if (n == e.last)
+      for (ValueId v : e.outputs)
+        edge_forward(m, n, edge_collective(m, CollectiveKind::AllReduce, v, StepPhase::Forward, "output"));
+  }
+
+  // PrepareModuleInput: the inputs given a layout, in order; Shard to
+  // Replicate all-gathers (the gradient reduce-scattered back), Replicate to
+  // Shard takes a local chunk (the gradient all-gathered).
+  void prepare_module_input_edge(NodeId n, ModuleId m, const TpStyleSpec& spec) {
+    const ModuleEdge& e = edges_[static_cast<size_t>(m)];
+    size_t k = 0;
+    for (size_t i = 0; i < spec.prepare_layouts.size(); ++i) {
+      if (!spec.prepare_layouts[i]) continue;
+      const ValueId v = e.inputs[k++];
+      const auto& have = spec.prepare_layouts[i];
+      const auto& want = spec.prepare_desired[i];
+      if (!want || *want == *have) continue;
+      if (is_shard(have) && !is_shard(want)) {
+        edge_forward(m, n, edge_collective(m, CollectiveKind::AllGather, v, StepPhase::Forward, "input"));
+        if (grad_[static_cast<size_t>(v)])
+          edge_backward(m, edge_collective(m, CollectiveKind::ReduceScatter, v, StepPhase::Backward, "input_grad"));
+      } else if (!is_shard(have) && is_shard(want) && grad_[static_cast<size_t>(v)]) {
+        edge_backward(m, edge_collective(m, CollectiveKind::AllGather, v, StepPhase::Backward, "input_grad"));
+      }
+    }
+  }
+
+  // transformers' ReplicatedWithGradAllReduce (Qwen3's per-head q / k norms):
+  // a post-accumulate-grad hook all-reduces each parameter's gradient as
+  // autograd makes it, which is when backward passes the module's first op
+  // (counted under CommDebugMode on Qwen3-MoE: between the next and the
+  // previous linear's input-gradient all-reduces), in the unsharded
+  // parameter's dtype.
+  void grad_all_reduces(NodeId n, ModuleId m) {
+    if (seen_[static_cast<size_t>(m)]) return;
+    seen_[static_cast<size_t>(m)] = true;
+    const int unit = owner_[static_cast<size_t>(m)];
+    for (const auto& slot : tree_.module(m).params) {
+      const TensorInfo& info = tree_.tensor(slot.tensor);
+      if (!info.requires_grad) continue;
+      const std::string dtype = cast_dtype(plan_.units[static_cast<size_t>(unit)], info.dtype);
+      Collective c = collective(CollectiveKind::AllReduce, StepPhase::Backward, unit, tree_.numel(slot.tensor), dtype,
+                                "param_grad", m);
+      c.bytes = c.numel * (dtype_itemsize(dtype) > 0 ? dtype_itemsize(dtype) : info.itemsize);
+      backward_.push_back(c);
+      backward_node_.push_back(n);
+    }
+  }
+
+  // A colwise / rowwise style's linear or embedding call at node n: its
+  // input's and output's redistributions (style.py: ColwiseParallel,
+  // RowwiseParallel: _prepare_input_fn, _prepare_output_fn).
+  void linear_collectives(NodeId n, const TpStyleSpec& spec) {
+    const GraphNode& node = graph_.node(n);
+    const std::string& op = graph_.op_name(node.op);
+    const bool is_linear = op == "aten.linear.default", is_embedding = op == "aten.embedding.default";
+    if (!is_linear && !is_embedding) return;
+    seen_[static_cast<size_t>(node.module)] = true;
+    const ValueId x = graph_.tensor_arg(n, is_linear ? "input" : "indices");
+    const ValueId w = graph_.tensor_arg(n, "weight");
+    const Span<ValueId> outs = graph_.outputs(n);
+    if (x < 0 || w < 0 || outs.empty() || outs[0] < 0) return;
+    const ValueId y = outs[0];
+    // Tokens: every element of an embedding's indices; a linear's input rows.
+    const int64_t tokens = is_linear ? dims_.numel(x) / std::max<int64_t>(dims_.size(x, -1), 1) : dims_.numel(x);
+    const int64_t in_features = is_linear ? dims_.size(x, -1) : 0;
+    const int64_t out_features = dims_.size(y, -1);  // the full width: the graph is the unsharded model's
+    const DtypeInfo* dt = dtype_from_export_code(graph_.tensor(y).dtype);
+    std::string dtype = dt ? dt->name : "float32";
+    const int unit = owner_[static_cast<size_t>(node.module)];
+    if (dtype_itemsize(dtype) > 0) dtype = cast_dtype(plan_.units[static_cast<size_t>(unit)], dtype);
+    const int64_t item = dtype_itemsize(dtype) > 0 ? dtype_itemsize(dtype) : (dt ? dt->itemsize : 4);
+    auto make = [&](CollectiveKind kind, StepPhase phase, int64_t numel, const char* cause) {
+      Collective c = collective(kind, phase, unit, numel, dtype, cause, node.module);
+      c.bytes = numel * item;
+      return c;
+    };
+    const int64_t in_numel = tokens * in_features, out_numel = tokens * out_features;
+    const bool input_grad = is_linear && grad_[static_cast<size_t>(x)];
+    std::vector<Collective> bwd_here;  // this call's backward collectives, in the order backward issues them
+    const size_t first_forward = out_.collectives.size();
+    if (spec.style == TpStyle::Colwise) {
+      // _prepare_input_fn: the input made Replicate (default input_layouts
+      // Replicate: a no-op; Shard(1) under sequence parallelism: all-gathered).
+      // Backward: Replicate's gradient from the sharded weight is Partial, so
+      // from_local's backward all-reduces it, or reduce-scatters it back to Shard.
+      if (is_shard(spec.input_layouts) && is_linear)
+        out_.collectives.push_back(make(CollectiveKind::AllGather, StepPhase::Forward, in_numel, "input"));
+      // _prepare_output_fn: Shard(-1) to output_layouts (default Shard(-1):
+      // nothing; Replicate: all-gathered, its gradient a local chunk).
+      if (spec.output_layouts && !is_shard(spec.output_layouts))
+        out_.collectives.push_back(make(CollectiveKind::AllGather, StepPhase::Forward, out_numel, "output"));
+      // Inside a PrepareModuleInput that hands on DTensors the input already is
+      // one (no from_local): its Partial gradient goes back to that module's
+      // redistribution, counted there.
+      if (input_grad && prepared_by_[static_cast<size_t>(node.module)] < 0)
+        bwd_here.push_back(make(is_shard(spec.input_layouts) ? CollectiveKind::ReduceScatter : CollectiveKind::AllReduce,
+                                StepPhase::Backward, in_numel, "input_grad"));
+    } else {
+      // RowwiseParallel: input Shard(-1) (a local tensor: nothing; given as
+      // Replicate it is chunked, and its gradient all-gathered in backward).
+      // Output Partial to output_layouts: Replicate (default) all-reduced;
+      // Shard(1) (sequence parallelism) reduce-scattered, its gradient all-gathered.
+      const bool out_shard = is_shard(spec.output_layouts);
+      out_.collectives.push_back(make(out_shard ? CollectiveKind::ReduceScatter : CollectiveKind::AllReduce,
+                                      StepPhase::Forward, out_numel, "output"));
+      if (out_shard) bwd_here.push_back(make(CollectiveKind::AllGather, StepPhase::Backward, out_numel, "output_grad"));
+      if (input_grad && spec.input_layouts && !is_shard(spec.input_layouts))
+        bwd_here.push_back(make(CollectiveKind::AllGather, StepPhase::Backward, in_numel, "input_grad"));
+    }
+    add_backward(bwd_here, n);
+    note_for_recompute(node.module, n, first_forward);
+  }
+
+  // The post-backwards of the units backward left before node n.
+  void leave_units_after(NodeId n) {
+    for (; exited_ < by_exit_.size() && unit_first_[static_cast<size_t>(by_exit_[exited_])] > n; ++exited_)
+      for (const Collective& c : post_backward_[static_cast<size_t>(by_exit_[exited_])]) out_.collectives.push_back(c);
+  }
+
+  // Region r's forward collectives again, up to where the recompute stops.
+  void recompute(ModuleId r) {
+    if (r < 0 || recomputed_[static_cast<size_t>(r)]) return;
+    recomputed_[static_cast<size_t>(r)] = true;
+    for (const Forward& f : region_forward_[static_cast<size_t>(r)]) {
+      const NodeId stop = last_matmul_[static_cast<size_t>(r)];
+      if (f.node > stop || (f.node == stop && std::string(f.c.cause) != "input")) continue;
+      Collective c = f.c;
+      c.phase = StepPhase::Backward;
+      c.cause = "recompute";
+      out_.collectives.push_back(c);
+    }
+  }
+
+  const Plan& plan_;
+  const TensorParallelPlan& tpp_;
+  const TensorParallel& policy_tp_;
+  const ModuleTree& tree_;
+  const Graph& graph_;
+  TpComm& out_;
+  const DimValues dims_;
+  const std::vector<int> owner_;       // each module's unit
+  const std::vector<bool> grad_;       // values_with_grad
+  std::vector<int> entry_of_;          // each module's policy entry, -1: none
+  std::vector<bool> seen_;             // styled modules whose collectives were counted
+  std::vector<Collective> backward_;   // in forward order; issued reversed
+  std::vector<NodeId> backward_node_;  // the graph node each one belongs to
+  std::vector<int> region_;            // each module's outermost checkpointed module, -1: none
+  std::vector<std::vector<Forward>> region_forward_;  // a region's forward TP collectives
+  std::vector<NodeId> last_matmul_;
+  std::vector<ModuleEdge> edges_;
+  std::vector<ModuleId> edge_at_first_, edge_at_last_, prepared_by_;
+  std::vector<NodeId> unit_first_;  // each unit's first forward node that carries a gradient
+  std::vector<std::vector<Collective>> post_backward_;
+  std::vector<int> by_exit_;
+  size_t exited_ = 0;
+  std::vector<bool> recomputed_;
+};
+
+// The tp group: the innermost mesh dimension, contiguous ranks.
+RankGroup tp_group(const TensorParallelPlan& tpp) { return RankGroup{tpp.mesh.tp, 1}; }
+
+}  // namespace
+
+TpComm tp_comm(const Plan& plan) {
+  TpComm out;
+  if (!plan.tensor_parallel) return out;
+  out.planned = true;
+  out.group = tp_group(*plan.tensor_parallel);
+  const Graph* graph = plan.tree->graph().get();
+  if (!graph) {
+    out.unknown_reason = "the model file records no activation shapes (a TorchScript file): tensor parallelism's "
+                         "collectives carry the activations (tokens x features), so their sizes are unknown; a "
+                         ".pt2 (fsdp-plan-export) gives them";
+    return out;
+  }
+  out.sizes_known = true;
+  if (out.group.size <= 1) return out;
+  TpCommWalk walk(plan, *graph, out);
+  walk.find_checkpoint_regions();
+  walk.find_module_edges();
+  walk.walk_forward();
+  walk.find_post_backward_all_reduces();
+  walk.walk_backward();
+  walk.list_not_modelled();
   return out;
 }
 

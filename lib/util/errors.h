@@ -20,4 +20,13 @@ class InputError : public std::runtime_error {
   std::string file_;
 };
 
+// Input well-formed but too large to plan at the values given (a graph tensor
+// or the graph's tensors together past docs/limits.md's bound at these --dim
+// values): exit 2 like any InputError; `suggest --maximize` reads it as a
+// value that does not fit.
+class TooLargeError : public InputError {
+ public:
+  using InputError::InputError;
+};
+
 }  // namespace fsdp_plan

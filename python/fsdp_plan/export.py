@@ -38,6 +38,8 @@ import time
 import warnings
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from . import export_bounds as bounds
+
 METADATA_NAME = "fsdp_plan.json"  # torch.export.save puts it at <archive>/extra/fsdp_plan.json
 METADATA_FORMAT = 1
 EXIT_INPUT = 2
@@ -243,6 +245,7 @@ def _common_metadata(module: Any, ep: Any) -> Dict[str, Any]:
         "dtype": _param_dtype(module),
         "training": bool(module.training),
         "tied_parameters": _tied_parameters(module),
+        "module_classes": _module_classes(module),
         "num_parameters": sum(p.numel() for p in module.parameters()),
         "weights": "stand-in",
         "stack_traces": False,
@@ -265,7 +268,8 @@ def _stand_in_weights(ep: Any) -> None:
     def stand_in(t):
         key = id(t)
         if key not in made:
-            s = torch.zeros(1, dtype=t.dtype).expand(t.shape)
+            # A 0-dim tensor (Gemma 3's embed_scale) has no dimension to expand: its own one element.
+            s = torch.zeros(1, dtype=t.dtype).expand(t.shape) if t.dim() else torch.zeros((), dtype=t.dtype)
             made[key] = torch.nn.Parameter(s, requires_grad=t.requires_grad) if isinstance(t, torch.nn.Parameter) else s
         return made[key]
 
@@ -293,6 +297,13 @@ def _tied_parameters(module: Any) -> List[List[str]]:
     return [names for names in groups.values() if len(names) > 1]
 
 
+def _module_classes(module: Any) -> Dict[str, str]:
+    """Every module's class by its qualified name ("" the root), including those whose forward
+    never runs in the graph (a ModuleList has no nn_module_stack entry): what FSDP2's refusals of
+    containers and class policies need to be exact from a .pt2."""
+    return {name: _class_name(type(m)) for name, m in module.named_modules(remove_duplicate=False)}
+
+
 def _param_dtype(module: Any) -> Optional[str]:
     counts: Dict[str, int] = {}
     for p in module.parameters():
@@ -316,15 +327,11 @@ def load_config(source: str, trust_remote_code: bool = False):
     config_file = os.path.join(source, "config.json") if os.path.isdir(source) else source
     if not os.path.isfile(config_file):
         raise ExportError(f"{source}: no config.json in this directory")
-    try:
-        with open(config_file, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, UnicodeDecodeError) as e:
-        raise ExportError(f"{config_file}: cannot read: {e}") from None
-    except json.JSONDecodeError as e:
-        raise ExportError(f"{config_file}: not JSON: {e}") from None
-    if not isinstance(data, dict):
-        raise ExportError(f"{config_file}: not a model config (a JSON object with model_type)")
+    try:  # bounded before transformers reads it (export_bounds.py, docs/limits.md)
+        data = bounds.read_bounded_json(config_file, bounds.MAX_CONFIG_BYTES, "a model config")
+        bounds.check_config(data, config_file)
+    except bounds.BoundsError as e:
+        raise ExportError(str(e)) from None
     quant = data.get("quantization_config")
     if quant:
         # QLoRA's bitsandbytes (or GPTQ, AWQ, ...) weights: the export would build the model unquantized,
@@ -409,12 +416,8 @@ def apply_lora(model, adapter: str):
     path = os.path.join(adapter, "adapter_config.json") if os.path.isdir(adapter) else adapter
     if not os.path.isfile(path):
         raise ExportError(f"{adapter}: no adapter_config.json in this directory")
+    data = read_adapter(path)
     peft = _import("peft", path)
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError) as e:
-        raise ExportError(f"{path}: cannot read the adapter config: {_first_line(e)}") from None
     try:
         with _quiet():
             cfg = peft.get_peft_config(data)
@@ -427,6 +430,27 @@ def apply_lora(model, adapter: str):
                          "trainable_parameters": sum(p.numel() for p in wrapped.parameters() if p.requires_grad)}
     except Exception as e:
         raise ExportError(f"{path}: peft cannot apply this adapter config: {_first_line(e)}") from e
+
+
+def read_adapter(path: str) -> Dict[str, Any]:
+    """The adapter config's JSON, bounded, its target_modules a pattern peft matches in linear time."""
+    try:
+        data = bounds.read_bounded_json(path, bounds.MAX_ADAPTER_BYTES, "an adapter config")
+        if not isinstance(data, dict):
+            raise bounds.BoundsError(f"{path}: not an adapter config (a JSON object with peft_type)")
+        bounds.check_target_modules(bounds.adapter_targets(data), path)
+    except bounds.BoundsError as e:
+        raise ExportError(str(e)) from None
+    return data
+
+
+def adapter_path(adapter: str) -> str:
+    if not os.path.exists(adapter):
+        raise ExportError(f"{adapter}: no such file or directory")
+    path = os.path.join(adapter, "adapter_config.json") if os.path.isdir(adapter) else adapter
+    if not os.path.isfile(path):
+        raise ExportError(f"{adapter}: no adapter_config.json in this directory")
+    return path
 
 
 def _max_positions(config) -> Optional[int]:
@@ -562,16 +586,17 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     for d in dynamic:
         if d not in ("batch", "seq"):
             raise ExportError(f"--dynamic {args.dynamic}: unknown dimension {d!r} (batch, seq)")
-    for flag in ("batch", "seq"):
-        v = getattr(args, flag)
-        if v is not None and v < 1:
-            raise ExportError(f"--{flag} {v}: must be at least 1")
-    out_dir = os.path.dirname(os.path.abspath(args.output))
-    if not os.path.isdir(out_dir):
-        raise ExportError(f"{args.output}: no such directory {out_dir}")
+    try:  # every bound before torch is imported or anything is built (export_bounds.py)
+        bounds.check_step(args.batch, args.seq)
+        bounds.check_output(args.output)
+    except bounds.BoundsError as e:
+        raise ExportError(str(e)) from None
     if bool(args.factory) == bool(args.source):
         raise ExportError("give a config (CONFIG.json or a directory) or --factory MODULE:FUNCTION, not both"
                           if args.factory else "no model: give CONFIG.json, a directory with one, or --factory")
+    if args.lora and not args.factory:
+        read_adapter(adapter_path(args.lora))
+    config = load_config(args.source, args.trust_remote_code) if args.source else None
     _import("torch", args.source or args.factory)
     record: Dict[str, Any] = {}
     if args.factory:
@@ -586,7 +611,6 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
         record["source"] = {"kind": "factory", "factory": args.factory}
         what = args.factory
     else:
-        config = load_config(args.source, args.trust_remote_code)
         cls, task = model_class(config, args.task, args.source)
         max_pos = _max_positions(config)
         seq = args.seq or max(2, min(DEFAULT_SEQ, max_pos or DEFAULT_SEQ))

@@ -38,8 +38,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_TABLE = os.path.normpath(os.path.join(HERE, "..", "..", "lib", "activations", "saved_ops.yaml"))
 
 ITEMSIZE = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2, "int64": 8, "int32": 4, "int16": 2,
-            "int8": 1, "uint8": 1, "bool": 1, "complex64": 8}
+            "int8": 1, "uint8": 1, "bool": 1, "complex64": 8, "complex128": 16}
 FLOATS = {"float64", "float32", "bfloat16", "float16"}
+# What can require grad: floating and complex tensors (view_as_real, polar).
+DIFFERENTIABLE_DTYPES = FLOATS | {"complex64", "complex128"}
 
 
 @dataclass
@@ -171,10 +173,22 @@ class TableError(Exception):
     pass
 
 
-def load(path: str = DEFAULT_TABLE) -> Dict[str, Dict[str, Any]]:
+def load(path: str = DEFAULT_TABLE, generated: Optional[str] = "beside") -> Dict[str, Dict[str, Any]]:
+    """The table as the C++ reads it: the rows of `path` (the hand-written saved_ops.yaml) over the
+    generated ones (gen_op_rows.py's saved_ops_generated.yaml, by default the one beside `path`;
+    None: the hand rows alone)."""
+    if generated == "beside":
+        generated = os.path.join(os.path.dirname(path), "saved_ops_generated.yaml")
+        if not os.path.exists(generated):
+            generated = None
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    ops: Dict[str, Dict[str, Any]] = {}
+    if generated:
+        with open(generated) as f:
+            ops.update(yaml.load(f, Loader=loader)["ops"])
     with open(path) as f:
-        doc = yaml.safe_load(f)
-    ops = doc["ops"]
+        doc = yaml.load(f, Loader=loader)
+    ops.update(doc["ops"])
     for name, row in ops.items():
         for key in row:
             if key not in ("source", "differentiable", "cases", "saves", "outputs", "note", "verified", "alias",
@@ -334,7 +348,7 @@ def differentiable_rg(row: Dict[str, Any], args: Dict[str, Arg]) -> bool:
     """Whether autograd records the call: one of the differentiable arguments requires grad."""
     for name in row.get("differentiable", []):
         a = args.get(name)
-        if a is not None and any(t.requires_grad and t.dtype in FLOATS for t in a.tensors):
+        if a is not None and any(t.requires_grad and t.dtype in DIFFERENTIABLE_DTYPES for t in a.tensors):
             return True
     return False
 

@@ -1,10 +1,15 @@
 // libFuzzer target: any bytes as a policy file. The parser must either return a
 // policy or throw InputError; anything else (a crash, another exception, a
-// sanitizer report) is a bug.
+// sanitizer report) is a bug. A policy it returns is planned on a small model
+// (fuzz_tree.h), so that its tensor_parallel plan keys (fnmatch per token) and
+// activation_checkpointing section meet modules, at world size 4 when it
+// asks for tensor parallelism of degree 2.
 #include <cstddef>
 #include <cstdint>
 #include <string>
 
+#include "fuzz_tree.h"
+#include "planner/planner.h"
 #include "policy/policy.h"
 #include "util/errors.h"
 
@@ -13,6 +18,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     fsdp_plan::Policy p = fsdp_plan::parse_policy(text, "fuzz.json");
     (void)fsdp_plan::policy_to_json(p).dump();
+    // What load_policy refuses before planning (the CLI's path): not planned here either.
+    if (!p.combination_error().empty() || p.fsdp.world_size > 64) return 0;
+    (void)fsdp_plan::make_plan(fsdp_plan::fuzz::fuzz_tree(), p, "fuzz.tree.json");
   } catch (const fsdp_plan::InputError&) {
   }
   return 0;

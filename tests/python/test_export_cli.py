@@ -506,10 +506,14 @@ class Net(nn.Module):
         super().__init__()
         self.blocks = nn.ModuleList(Block() for _ in range(3))
         self.head = nn.Linear(16, 4)
+        # 0-dim tensors (Gemma 3's embed_scale buffer; a learned scalar)
+        self.register_buffer("embed_scale", torch.tensor(4.0), persistent=False)
+        self.gain = nn.Parameter(torch.tensor(0.5))
     def forward(self, x):
+        x = x * self.embed_scale
         for b in self.blocks:
             x = b(x)
-        return self.head(x).sum()
+        return (self.head(x) * self.gain).sum()
 
 def make():
     torch.manual_seed(0)
@@ -579,6 +583,11 @@ def factory_case(run: Runner, work: str) -> None:
     rec, _ = archive_record(out)
     run.report(bool(rec) and rec["no_split_modules"] == ["Block"] and rec["source"]["kind"] == "factory",
                f"{label} / metadata", [f"record {rec}"])
+    want = {n: f"{type(m).__module__}.{type(m).__qualname__}" for n, m in live.named_modules(remove_duplicate=False)}
+    container = "torch.nn.modules.container.ModuleList"
+    run.report(bool(rec) and rec.get("module_classes") == want and want["blocks"] == container,
+               f"{label} / module_classes (the ModuleList the graph never enters too)",
+               [f"recorded {rec.get('module_classes') if rec else None}, live {want}"])
     m = check_plan(run.args.binary, out, live, {"module_classes": ["Block"]}, work, "factory")
     run.report(not m, f"{label} / plan vs reference_plan and FSDP1", m)
 

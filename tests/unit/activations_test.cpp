@@ -66,6 +66,45 @@ TEST_CASE("op table: rows by name, every row has a case") {
   CHECK(std::is_sorted(names.begin(), names.end()));
 }
 
+TEST_CASE("op table: generated rows (gen_op_rows.py) for the operators issue 40 found unknown") {
+  for (const char* op : {"aten.type_as.default", "aten.split_with_sizes.default", "aten.numpy_T.default",
+                         "aten.broadcast_to.default", "aten.max.dim", "aten.view_as_complex.default",
+                         "aten.view_as_real.default", "aten.polar.default", "aten.softplus.default", "aten.triu.default",
+                         "aten.tril.default", "aten.eye.default", "aten.new_empty.default", "aten.scatter_.src",
+                         "aten.bitwise_not.default"}) {
+    CAPTURE(op);
+    CHECK(find_op_row(op) != nullptr);
+  }
+  CHECK(op_table_names().size() >= 1400);
+  // Views from the schema's alias annotations; factories record nothing.
+  REQUIRE(find_op_row("aten.numpy_T.default"));
+  CHECK(std::string(op_row_alias(*find_op_row("aten.numpy_T.default"))) == "self");
+  CHECK(op_differentiable(*find_op_row("aten.eye.default")).empty());
+  // type_as: its input itself when the dtypes agree, else a copy (_to_copy saves nothing).
+  const OpRow* row = find_op_row("aten.type_as.default");
+  REQUIRE(row);
+  OpTensor x = meta({4, 8}, f32(), true, 1), same = meta({2}, f32(), false, 2), other = meta({2}, bf16(), false, 3);
+  const SaveEnv e = env(ComputeDevice::Cpu);
+  for (const OpTensor* o : {&same, &other}) {
+    CallArgs args;
+    args.items.emplace_back("self", ArgValue::of_tensor(&x));
+    args.items.emplace_back("other", ArgValue::of_tensor(o));
+    CHECK(op_output_alias(*row, 0, args, {}, e).has_value() == (o == &same));
+    CHECK(op_saves(*row, select_op_case(*row, args, {}, e), args, {}, e).empty());
+  }
+  // max.dim saves its indices (result1), not the input.
+  const OpRow* mx = find_op_row("aten.max.dim");
+  REQUIRE(mx);
+  OpTensor values = meta({4}, f32(), true, 4), indices = meta({4}, i64(), false, 5);
+  CallArgs margs;
+  margs.items.emplace_back("self", ArgValue::of_tensor(&x));
+  margs.items.emplace_back("dim", ArgValue::of_int(1));
+  const std::vector<const OpTensor*> outs{&values, &indices};
+  const auto saves = op_saves(*mx, select_op_case(*mx, margs, outs, e), margs, outs, e);
+  REQUIRE(saves.size() == 1);
+  CHECK(saves[0].storage == 5);
+}
+
 TEST_CASE("op table: linear saves its input only for the weight's gradient") {
   const OpRow* row = find_op_row("aten.linear.default");
   REQUIRE(row);

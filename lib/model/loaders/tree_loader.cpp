@@ -47,6 +47,12 @@ class Reader {
     if (count == doc.end() || !count->is_number_integer() || (num_tensors = count->get<int64_t>()) < 0 ||
         static_cast<uint64_t>(num_tensors) > text.size())
       damaged("no \"num_tensors\" (a whole number of tensors)");
+    // Every tensor is in a slot: more tensors than slots is damage, and the
+    // tables below are then no larger than the slots already read (issue 39:
+    // num_tensors from a 15 MB file allocated 1.08 GB up front).
+    if (const size_t slots = count_slots(*modules); static_cast<uint64_t>(num_tensors) > slots)
+      damaged("num_tensors is " + std::to_string(num_tensors) + ", but the modules hold " + std::to_string(slots) +
+              " parameter and buffer slots");
     infos_.resize(static_cast<size_t>(num_tensors));
     seen_.assign(static_cast<size_t>(num_tensors), false);
 
@@ -121,6 +127,16 @@ class Reader {
     TensorId tensor;
     Pending(ModuleId m, bool p, std::pair<std::string, TensorId> s) : module(m), param(p), name(std::move(s.first)), tensor(s.second) {}
   };
+
+  static size_t count_slots(const Json& modules) {
+    size_t n = 0;
+    for (const Json& m : modules) {
+      if (!m.is_object()) continue;
+      for (const char* kind : {"params", "buffers"})
+        if (auto list = m.find(kind); list != m.end() && list->is_array()) n += list->size();
+    }
+    return n;
+  }
 
   [[noreturn]] void fail(const std::string& why) const { throw InputError(file_, why); }
   [[noreturn]] void damaged(const std::string& why) const {
