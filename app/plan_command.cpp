@@ -137,6 +137,7 @@ int run(const Options& opt) {
     const std::optional<FlopProfile> flops = load_flops(opt.fsdp, tree);
     Plan plan = make_plan(tree, policy, opt.model, ClassMatcher(), PlanPurpose::Report, flops ? &*flops : nullptr);
     plan.warnings.insert(plan.warnings.begin(), read_warnings.begin(), read_warnings.end());
+    if (opt.gate.budgets.max_peak_bytes) plan.fit.max_peak_bytes = opt.gate.budgets.max_peak_bytes;
     spdlog::info("planned {} units in {:.1f} ms", plan.units.size(), ms_since(t0));
     log_plan_details(plan);
     // The JSON plan costs more than planning a big model: made whole only when checked (the gate's checks
@@ -176,7 +177,7 @@ int run(const Options& opt) {
       if (opt.format == "html")
         text = plan_to_html(gate.annotate(json.is_null() ? plan_to_json(plan, json_options) : json));
       else
-        text = plan_to_text(plan, {text_width(), opt.wide}) + gate.text();
+        text = plan_to_text(plan, {text_width(), opt.wide, opt.verbosity > 0}) + gate.text();
     }
   }
 
@@ -232,14 +233,16 @@ int plan_main(int argc, char** argv) {
           "SIZE"))
       ->group("Activations (from a .pt2 graph)");
   app.add_flag("--wide", opt.wide,
-               "text: never shorten unit paths (default: fit COLUMNS or the terminal); also each unit's "
-               "communication per step and exposed communication");
+               "text: never shorten unit paths (default: fit COLUMNS or the terminal) nor fold identical "
+               "consecutive units into one row (as -v); also each unit's communication per step and exposed "
+               "communication");
   app.add_flag("--collectives", opt.collectives,
                "json, html: also every collective of the step in issue order (comm.collectives) and, with FLOPs, "
                "the simulated timeline (time.timeline); without it, each unit's and the step's sums");
   app.add_flag("--dump-tree", opt.dump_tree,
                "print the loaded module tree as JSON instead of a plan (with -f text: as an indented tree)");
-  app.add_flag("-v,--verbose", opt.verbosity, "log progress to stderr (-vv for more)");
+  app.add_flag("-v,--verbose", opt.verbosity,
+               "log progress to stderr (-vv for more); text: every unit a row, none folded");
   app.add_flag("-q,--quiet", opt.quiet, "log only errors");
   add_gate_options(app, opt.gate);
   app.footer("Also: fsdp-plan diff OLD.json NEW.json (see fsdp-plan diff --help);\n"

@@ -15,6 +15,7 @@
 #include "plan/activations.h"
 #include "plan/comm.h"
 #include "plan/memory.h"
+#include "plan/memory_fit.h"
 #include "plan/step_time.h"
 #include "plan/tensor_parallel.h"
 #include "policy/policy.h"
@@ -81,6 +82,7 @@ struct Plan {
   std::optional<TensorParallelPlan> tensor_parallel;  // policy.tensor_parallel's placements
   CommPlan comm;   // per step, what each unit's collectives carry (fsdp1/comm.h, fsdp2/comm.h)
   StepTime time;   // the step-time ESTIMATE built on it (time/step_time.h)
+  MemoryFit fit;   // the peak against the --hardware GPU's memory, with an assumed headroom
 
   // FSDP1: FullyShardedDataParallel units; FSDP2: fully_shard groups.
   FsdpVersion version() const { return policy.fsdp.version; }

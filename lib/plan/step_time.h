@@ -22,6 +22,9 @@ struct HardwareFigures {
   double inter_node_bytes_per_s = 0;  // the GPU's share of the network, per direction
   double host_bytes_per_s = 0;        // PCIe, per direction (CPU offload copies)
   int64_t gpus_per_node = 8;
+  // The device's memory as torch.cuda.get_device_properties().total_memory
+  // gives it (nvidia-smi's MiB): what plan/memory_fit.h compares the peak with.
+  int64_t memory_bytes = 0;
   double compute_efficiency = 0.5;
   double comm_efficiency = 0.8;
   double memory_efficiency = 0.8;

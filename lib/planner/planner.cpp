@@ -52,6 +52,16 @@ void add_comm_and_time(Plan& plan, const FlopProfile* flops) {
   plan.time = estimate_step_time(plan, resolve_hardware(plan.policy.hardware), flops);
 }
 
+// The peak against the --hardware GPU's memory less the assumed headroom
+// (plan/memory_fit.h), and against the policy's checks.max_peak_bytes
+// (--max-peak-bytes replaces it: plan_command.cpp).
+void add_memory_fit(Plan& plan) {
+  const HardwareFigures hw = resolve_hardware(plan.policy.hardware);
+  plan.fit = memory_fit(plan.memory.per_rank.peak_bytes, plan.activations.known(), hw.preset, hw.name,
+                        plan.policy.hardware.preset_given, hw.memory_bytes);
+  plan.fit.max_peak_bytes = plan.policy.checks.max_peak_bytes;
+}
+
 // fsdp.fp32_master_weights (plan/master_weights.h): the plan goes on with the
 // cast tree, which it keeps; the note says what was cast.
 void cast_master_weights(Plan& plan, const std::vector<TensorId>& cast) {
@@ -103,6 +113,7 @@ Plan plan_with(const ModuleTree& loaded, const Policy& policy, const std::string
     plan.activations = plan_activations(plan, matcher, &plan.warnings, tp_local_graph(plan));  // per tp rank
     plan.memory = estimate_memory_fsdp2(plan, memory_settings(policy), report);
     add_comm_and_time(plan, flops);
+    add_memory_fit(plan);
     return plan;
   }
   std::vector<bool> wrapped(tree.num_modules(), false);
@@ -131,6 +142,7 @@ Plan plan_with(const ModuleTree& loaded, const Policy& policy, const std::string
   plan.activations = plan_activations(plan, matcher, &plan.warnings);
   plan.memory = estimate_memory(plan, memory_settings(policy), report);
   add_comm_and_time(plan, flops);
+  add_memory_fit(plan);
   return plan;
 }
 

@@ -165,6 +165,40 @@ std::string activations_text(const Plan& plan) {
   return wrap(line, 100, std::string(10, ' '), std::string(8, ' '));
 }
 
+// The verdict on the peak against the --hardware GPU (plan/memory_fit.h): its
+// memory less the headroom the plan ASSUMES for what it does not model, and
+// against --max-peak-bytes when set.
+std::string fit_text(const Plan& plan) {
+  const MemoryFit& f = plan.fit;
+  if (!f.computed) return "";
+  const int64_t fragmentation = f.headroom_bytes - kCudaContextBytes - kNcclBytes;
+  std::string line = std::string("verdict ") + fit_verdict_name(f.verdict) + ": peak " + format_bytes(f.peak_bytes);
+  const std::string gpu = f.hardware_name + " (--hardware " + f.hardware + (f.hardware_given ? "" : ", the default") + ")";
+  switch (f.verdict) {
+    case FitVerdict::Fits:
+      line += " of " + format_bytes(f.usable_bytes) + " usable on an " + gpu + ", " +
+              format_bytes(f.usable_bytes - f.peak_bytes) + " spare";
+      break;
+    case FitVerdict::Tight:
+      line += " is over the " + format_bytes(f.usable_bytes) + " usable on an " + gpu +
+              " but under its whole memory: it fits only if the process needs less than the headroom assumed";
+      break;
+    case FitVerdict::DoesNotFit:
+      line += " is over the whole memory of an " + gpu + " by " + format_bytes(f.peak_bytes - f.device_bytes);
+      break;
+  }
+  line += "; usable = its " + format_bytes(f.device_bytes) + " less an ASSUMED headroom of " +
+          format_bytes(f.headroom_bytes) + " (CUDA context " + format_bytes(kCudaContextBytes) + ", NCCL buffers " +
+          format_bytes(kNcclBytes) + ", allocator fragmentation " + format_bytes(fragmentation) +
+          "; not modelled: docs/memory-model.md)";
+  if (!f.activations_known) line += "; the peak has no activations: a lower bound";
+  if (f.max_peak_bytes)
+    line += "; --max-peak-bytes " + format_bytes(*f.max_peak_bytes) +
+            (f.peak_bytes <= *f.max_peak_bytes ? ": within, " + format_bytes(*f.max_peak_bytes - f.peak_bytes) + " spare"
+                                               : ": over by " + format_bytes(f.peak_bytes - *f.max_peak_bytes));
+  return wrap(line, 100, std::string(16, ' '), std::string(8, ' '));
+}
+
 // FSDP2: the mesh, then the peak by category.
 std::string fsdp2_memory_text(const Plan& plan) {
   const MemoryPlan& m = plan.memory;
@@ -202,7 +236,7 @@ std::string fsdp2_memory_text(const Plan& plan) {
   for (const auto& [name, bytes] : r.peak_categories)
     if (bytes > 0) parts.push_back(name + " " + format_bytes(bytes));
   peak += ": " + join(parts);
-  return out + wrap(peak, 100, std::string(10, ' '), std::string(8, ' '));
+  return out + wrap(peak, 100, std::string(10, ' '), std::string(8, ' ')) + fit_text(plan);
 }
 
 std::string memory_text(const Plan& plan) {
@@ -231,7 +265,7 @@ std::string memory_text(const Plan& plan) {
     peak += " at unit " + std::to_string(r.peak_unit) + " " + path_or_root(path) + ", " +
             std::to_string(r.peak_gathered.size()) + " unit" + (r.peak_gathered.size() == 1 ? "" : "s") + " gathered";
   }
-  return out + wrap(peak, 100, std::string(10, ' '), std::string(8, ' '));
+  return out + wrap(peak, 100, std::string(10, ' '), std::string(8, ' ')) + fit_text(plan);
 }
 
 // "layers.7" -> ("layers.", 7); -1 when the last name is no index.
@@ -242,7 +276,7 @@ std::pair<std::string, long> split_index(const std::string& path) {
   return {path.substr(0, path.size() - last.size()), std::stol(last)};
 }
 
-// Without --wide, a run of kFoldRun or more consecutive unit rows that differ
+// Without --wide or -v, a run of kFoldRun or more consecutive unit rows that differ
 // only in their index (a 70B's 80 decoder layers) is one row,
 // "layers.0 .. layers.79  x80": same class, sizes, mixed precision and
 // reshard_after_forward, indices counting up by one. Row is UnitTableRow.
@@ -423,7 +457,7 @@ std::string units_table_text(const Plan& plan, const TextOptions& options) {
   const bool frozen = std::any_of(plan.units.begin(), plan.units.end(), [](const Unit& u) { return u.frozen_numel > 0; });
   const size_t other_columns = kOtherColumns + (frozen ? 9 : 0);
   std::vector<UnitTableRow> rows = unit_table_rows(plan);
-  if (!options.wide) fold_identical_rows(plan, rows);
+  if (!options.wide && !options.unfold) fold_identical_rows(plan, rows);
   size_t unit_width = kUnitWidth, class_width = kClassWidth;
   for (const UnitTableRow& r : rows) {
     unit_width = std::max(unit_width, r.indent.size() + r.path.size());
