@@ -168,6 +168,14 @@ double rank_seconds(const Candidate& c) {
 }
 
 std::vector<Candidate> suggest_candidates(const ModuleTree& tree, const Policy& base, const SuggestOptions& opt) {
+  if (opt.pin_wrapping) {
+    Candidate c;
+    c.label = "the --policy as given (--pin-wrapping)";
+    c.origin = "base";
+    c.policy = base;
+    c.tp = base.tensor_parallel ? base.tensor_parallel->degree : 1;
+    return {std::move(c)};
+  }
   Ignored ignored = resolve_ignored(tree, base);
   std::vector<int64_t> numel = subtree_numel(tree, ignored.tensor);
   std::vector<ClassInfo> classes = wrappable_classes(tree, numel);
@@ -538,7 +546,7 @@ Suggestion suggest(const ModuleTree& tree, const Policy& base, const SuggestOpti
     evaluate(c, *plan, tree, opt, block);
     // The same plan with its blocks checkpointed, where the graph says what that saves
     // (a TorchScript file or an allowance does not) and the base policy sets none.
-    if (c.dropped.empty() && c.per_block && !c.checkpointed && !block_class.empty() &&
+    if (!opt.pin_wrapping && c.dropped.empty() && c.per_block && !c.checkpointed && !block_class.empty() &&
         !base.activation_checkpointing && plan->activations.source == ActivationSource::Graph) {
       Candidate ac;
       ac.label = c.label + " + activation checkpointing [" + block_class + "]";
@@ -552,7 +560,7 @@ Suggestion suggest(const ModuleTree& tree, const Policy& base, const SuggestOpti
     }
     // A refused candidate, fixed as the refusal checks say, is a candidate too
     // (twice at most: a fix may uncover another refusal).
-    if (!c.dropped.empty() && c.fixes < 2) {
+    if (!opt.pin_wrapping && !c.dropped.empty() && c.fixes < 2) {
       if (auto f = fix_refusals(*plan); f && labels.insert(c.label + " + " + f->what).second) {
         Candidate fixed;
         fixed.label = c.label + " + " + f->what;

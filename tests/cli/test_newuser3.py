@@ -176,6 +176,35 @@ class FoldedRows(Scratch):
                     self.assertRegex(r.stdout, rf"\n +{i + 1}  +layers\.{i} ")
 
 
+class SuggestPinned(Scratch):
+    def suggest(self, *extra):
+        r = run("suggest", self.l8, "--policy", self.policy, "--world-size", "8", "--budget", "1GiB", *extra)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        return r
+
+    def test_pin_wrapping_plans_the_policy_as_given(self):
+        searched = json.loads(self.suggest("-f", "json").stdout)
+        self.assertGreater(searched["tried"], 1)
+        self.assertFalse(searched["settings"]["pin_wrapping"])
+        pinned = json.loads(self.suggest("-f", "json", "--pin-wrapping").stdout)
+        self.assertEqual(pinned["tried"], 1)
+        self.assertTrue(pinned["settings"]["pin_wrapping"])
+        self.assertEqual(pinned["candidates"][0]["units"], 10)  # the root, 8 layers, the head
+        self.assertEqual(pinned["best"]["policy"]["module_classes"], ["Layer"])
+        text = self.suggest("--pin-wrapping").text
+        self.assertIn("--pin-wrapping: the --policy's wrapping as given", text)
+
+    def test_suggest_states_the_headroom_its_budget_leaves_out(self):
+        text = self.suggest().text
+        self.assertIn("headroom", text)
+        self.assertIn("CUDA context", text)
+        self.assertIn("--budget 1.0 GiB is within it", text)
+        r = run("suggest", self.l8, "--world-size", "8", "--budget", "79GiB")
+        self.assertIn("is over that: a plan that fits it may not fit the GPU", r.text)
+        doc = json.loads(self.suggest("-f", "json").stdout)
+        self.assertEqual(doc["settings"]["usable_bytes"] + doc["settings"]["assumed_headroom_bytes"], 81559 << 20)
+
+
 if __name__ == "__main__":
     if len(sys.argv) > 1:
         BINARY = os.path.abspath(sys.argv.pop(1))
