@@ -17,6 +17,7 @@
 #include "fsdp2/warnings.h"
 #include "model/aliases.h"
 #include "plan/analysis.h"
+#include "plan/grad_accumulation.h"
 #include "plan/master_weights.h"
 #include "plan/refusals.h"
 #include "policy/ignored.h"
@@ -112,6 +113,7 @@ Plan plan_with(const ModuleTree& loaded, const Policy& policy, const std::string
     }
     plan.activations = plan_activations(plan, matcher, &plan.warnings, tp_local_graph(plan));  // per tp rank
     plan.memory = estimate_memory_fsdp2(plan, memory_settings(policy), report);
+    add_gradient_accumulation(plan);
     add_comm_and_time(plan, flops);
     add_memory_fit(plan);
     return plan;
@@ -141,6 +143,7 @@ Plan plan_with(const ModuleTree& loaded, const Policy& policy, const std::string
   if (report) root_warnings(plan, search_fixes ? &replan : nullptr);
   plan.activations = plan_activations(plan, matcher, &plan.warnings);
   plan.memory = estimate_memory(plan, memory_settings(policy), report);
+  add_gradient_accumulation(plan);
   add_comm_and_time(plan, flops);
   add_memory_fit(plan);
   return plan;

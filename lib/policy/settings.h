@@ -76,6 +76,7 @@ int optimizer_states(Optimizer o);
 
 // Far beyond any real job; keeps every byte count well inside int64.
 constexpr int64_t kMaxWorldSize = int64_t{1} << 24;
+constexpr int64_t kMaxAccumulationSteps = int64_t{1} << 20;  // fsdp.gradient_accumulation_steps
 
 // fully_shard's reshard_after_forward: true, false, or an int k (reshard to
 // k ranks after forward; k must divide the shard size).
@@ -108,6 +109,12 @@ struct FsdpSettings {
   // fp16 or fp8 (plan/master_weights.h says exactly which, per FSDP version);
   // MixedPrecision's param_dtype is then what the all-gathers carry.
   bool fp32_master_weights = false;
+  // fsdp.gradient_accumulation_steps: micro-steps (forward and backward) per
+  // optimizer step; fsdp.no_sync: all but the last skip the gradient
+  // reduction (FSDP1's no_sync(), FSDP2's set_requires_gradient_sync(False)),
+  // keeping every unsharded gradient (plan/grad_accumulation.h).
+  int64_t gradient_accumulation_steps = 1;
+  bool no_sync = false;
 
   bool v2() const { return version == FsdpVersion::V2; }
 };

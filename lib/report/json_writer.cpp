@@ -291,6 +291,15 @@ void memory_json(JsonSink& w, const Plan& plan) {
       }
     });
     if (plan.fit.computed) w.object_field("fit", [&] { fit_json(w, plan.fit); });
+    if (m.accumulation.steps > 1)
+      w.object_field("gradient_accumulation", [&] {
+        const GradAccumulation& a = m.accumulation;
+        w.field("steps", a.steps);
+        w.field("no_sync", a.no_sync);
+        w.field("modelled", a.modelled);
+        w.field("held_grads_bytes", a.held_grads_bytes);
+        w.field("micro_step_peak_bytes", a.micro_step_peak_bytes);
+      });
     w.field("notes", m.notes);
     w.array_field("timeline", [&] {
       for (const MemoryStep& s : m.timeline) timeline_step_json(w, s, acts.known());

@@ -165,6 +165,22 @@ std::string activations_text(const Plan& plan) {
   return wrap(line, 100, std::string(10, ' '), std::string(8, ' '));
 }
 
+// fsdp.gradient_accumulation_steps (plan/grad_accumulation.h): what the micro-steps hold.
+std::string accumulation_text(const Plan& plan) {
+  const GradAccumulation& a = plan.memory.accumulation;
+  if (a.steps <= 1) return "";
+  std::string line = "grad accumulation " + std::to_string(a.steps) + " micro-steps" + (a.no_sync ? ", no_sync" : "");
+  if (!a.modelled)
+    line += ": not modelled with CPU offload (the gradients live on the host); the peak is one micro-step's";
+  else
+    line += ": the peak above holds " + format_bytes(a.held_grads_bytes) +
+            (a.no_sync ? " of UNSHARDED gradients (kept until the last micro-step reduce-scatters)"
+                       : " of sharded gradients (every micro-step reduce-scatters)") +
+            " through the later micro-steps, an ESTIMATE (upper bound); one micro-step alone peaks at " +
+            format_bytes(a.micro_step_peak_bytes);
+  return wrap(line, 100, std::string(10, ' '), std::string(8, ' '));
+}
+
 // The verdict on the peak against the --hardware GPU (plan/memory_fit.h): its
 // memory less the headroom the plan ASSUMES for what it does not model, and
 // against --max-peak-bytes when set.
@@ -236,7 +252,7 @@ std::string fsdp2_memory_text(const Plan& plan) {
   for (const auto& [name, bytes] : r.peak_categories)
     if (bytes > 0) parts.push_back(name + " " + format_bytes(bytes));
   peak += ": " + join(parts);
-  return out + wrap(peak, 100, std::string(10, ' '), std::string(8, ' ')) + fit_text(plan);
+  return out + wrap(peak, 100, std::string(10, ' '), std::string(8, ' ')) + accumulation_text(plan) + fit_text(plan);
 }
 
 std::string memory_text(const Plan& plan) {
@@ -265,7 +281,7 @@ std::string memory_text(const Plan& plan) {
     peak += " at unit " + std::to_string(r.peak_unit) + " " + path_or_root(path) + ", " +
             std::to_string(r.peak_gathered.size()) + " unit" + (r.peak_gathered.size() == 1 ? "" : "s") + " gathered";
   }
-  return out + wrap(peak, 100, std::string(10, ' '), std::string(8, ' ')) + fit_text(plan);
+  return out + wrap(peak, 100, std::string(10, ' '), std::string(8, ' ')) + accumulation_text(plan) + fit_text(plan);
 }
 
 // "layers.7" -> ("layers.", 7); -1 when the last name is no index.

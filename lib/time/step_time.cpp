@@ -299,6 +299,12 @@ std::vector<std::string> assumptions(const Plan& plan, const StepTime& t) {
                     ") on the shards, memory-bound (" + std::to_string(optimizer_bytes_per_param(s)) +
                     " B per trainable element at " + fmt("%g", hw.memory_efficiency) + " of the HBM peak)");
     }
+    if (s.gradient_accumulation_steps > 1)
+      out.push_back("gradient accumulation: the step is one micro-step and the optimizer; an optimizer step runs " +
+                    std::to_string(s.gradient_accumulation_steps) + " micro-steps, " +
+                    (s.no_sync ? "only the last of them reduce-scattering (no_sync): the others all-gather only"
+                               : "each all-gathering and reduce-scattering") +
+                    " (not modelled: their time)");
   } else {
     out.push_back("FLOPs unknown (no op graph: a TorchScript model, and no --flops): no compute time and no step "
                   "time; the exposed communication assumes every unit holding a matrix computes long enough to "

@@ -29,6 +29,7 @@ const std::vector<WarningKind>& warning_table() {
       {"inferred_class", S::Info, std::nullopt, W::Any},
       {"fp32_master_weights", S::Info, std::nullopt, W::Any},  // plan/master_weights.cpp
       {"mixed_precision_noop", S::Warning, std::nullopt, W::Any},
+      {"not_modelled", S::Info, std::nullopt, W::Any},  // plan/analysis.cpp, accelerate/config.cpp
       // Read from an Accelerate config (accelerate/).
       {"accelerate_config", S::Info, std::nullopt, W::Accelerate},
       {"accelerate_config_key", S::Warning, std::nullopt, W::Accelerate},

@@ -205,6 +205,77 @@ class SuggestPinned(Scratch):
         self.assertEqual(doc["settings"]["usable_bytes"] + doc["settings"]["assumed_headroom_bytes"], 81559 << 20)
 
 
+class GradientAccumulation(Scratch):
+    def memory(self, *extra):
+        r = self.plan("-f", "json", *extra)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        return json.loads(r.stdout)["memory"]
+
+    def test_accumulation_holds_the_sharded_gradients(self):
+        one = self.memory()
+        self.assertNotIn("gradient_accumulation", one)
+        four = self.memory("--grad-accum", "4")
+        a = four["gradient_accumulation"]
+        self.assertEqual(a["steps"], 4)
+        self.assertFalse(a["no_sync"])
+        self.assertEqual(a["held_grads_bytes"], four["per_rank"]["grads_bytes"])
+        self.assertEqual(a["micro_step_peak_bytes"], one["per_rank"]["peak_bytes"])
+        self.assertGreater(four["per_rank"]["peak_bytes"], one["per_rank"]["peak_bytes"])
+        self.assertLessEqual(four["per_rank"]["peak_bytes"], one["per_rank"]["peak_bytes"] + a["held_grads_bytes"])
+
+    def test_no_sync_holds_every_unsharded_gradient(self):
+        one = self.memory()
+        nosync = self.memory("--grad-accum", "4", "--no-sync")
+        a = nosync["gradient_accumulation"]
+        self.assertTrue(a["no_sync"])
+        # FSDP1: each unit's padded flat gradient, float32: 8 layers of 1,000 and the head's 500 (padded to 504).
+        self.assertEqual(a["held_grads_bytes"], 8 * 4000 + 504 * 4)
+        self.assertGreater(nosync["per_rank"]["peak_bytes"], self.memory("--grad-accum", "4")["per_rank"]["peak_bytes"])
+        self.assertGreaterEqual(nosync["per_rank"]["peak_bytes"], one["per_rank"]["peak_bytes"] + a["held_grads_bytes"] // 2)
+        # FSDP2 (set_requires_gradient_sync(False)): each parameter's unsharded gradient, unpadded.
+        v2 = self.memory("--grad-accum", "2", "--no-sync", "--fsdp-version", "2")
+        self.assertEqual(v2["gradient_accumulation"]["held_grads_bytes"], 8 * 4000 + 500 * 4)
+
+    def test_the_policy_keys_and_the_text(self):
+        policy = os.path.join(self.tmp, "accum.json")
+        with open(policy, "w") as f:
+            json.dump({"module_classes": ["Layer"], "fsdp": {"gradient_accumulation_steps": 8, "no_sync": True}}, f)
+        r = run(self.l8, "--policy", policy, "--world-size", "8")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("grad accumulation 8 micro-steps, no_sync", r.text)
+        self.assertIn("UNSHARDED gradients", r.text)
+        bad = os.path.join(self.tmp, "bad.json")
+        with open(bad, "w") as f:
+            json.dump({"fsdp": {"gradient_accumulation_steps": 0}}, f)
+        r = run(self.l8, "--policy", bad)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("gradient_accumulation_steps", r.stderr)
+
+
+class NotModelled(Scratch):
+    def test_float8_and_experts_say_they_are_not_modelled(self):
+        f8 = os.path.join(self.tmp, "f8.pt")
+        layers_archive(f8, 2, layer_class="Float8Linear")
+        r = run(f8, "--world-size", "8")
+        self.assertIn("not_modelled: float8 training", r.text)
+        moe = os.path.join(self.tmp, "moe.pt")
+        layers_archive(moe, 2, list_name="experts")
+        r = run(moe, "--world-size", "8")
+        self.assertIn("not_modelled: expert parallelism", r.text)
+        self.assertNotIn("not_modelled", run(self.l8, "--world-size", "8").stdout)
+
+    def test_an_accelerate_config_with_fp8_or_dynamo_says_so(self):
+        cfg = os.path.join(self.tmp, "acc.yaml")
+        with open(cfg, "w") as f:
+            f.write("compute_environment: LOCAL_MACHINE\ndistributed_type: FSDP\nfsdp_config:\n"
+                    "  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n  fsdp_transformer_layer_cls_to_wrap: Layer\n"
+                    "  fsdp_version: 2\nmixed_precision: fp8\ndynamo_config:\n  dynamo_backend: INDUCTOR\n"
+                    "num_machines: 1\nnum_processes: 8\n")
+        r = run(self.l8, "--policy", cfg)
+        self.assertIn("not_modelled: mixed_precision: fp8", r.text)
+        self.assertIn("not_modelled: dynamo_backend INDUCTOR: torch.compile is not modelled", r.text)
+
+
 if __name__ == "__main__":
     if len(sys.argv) > 1:
         BINARY = os.path.abspath(sys.argv.pop(1))
