@@ -205,6 +205,25 @@ class SuggestPinned(Scratch):
         self.assertEqual(doc["settings"]["usable_bytes"] + doc["settings"]["assumed_headroom_bytes"], 81559 << 20)
 
 
+class DiffLists(Scratch):
+    def test_a_changed_list_is_summarised(self):
+        old = os.path.join(self.tmp, "old.json")
+        new = os.path.join(self.tmp, "new.json")
+        # One more layer, and a list that changes: memory.notes (the accumulation's note).
+        for model, out, accum in ((self.l8, old, ("--grad-accum", "2")), (self.l9, new, ("--grad-accum", "4"))):
+            r = self.plan("-f", "json", "-o", out, *accum, model=model)
+            self.assertEqual(r.returncode, 0, r.stderr)
+        r = run("diff", old, new)
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertRegex(r.stdout, r"list of \d+ -> \d+")
+        self.assertNotRegex(r.stdout, r"\[\[|\[\{")  # no raw JSON arrays of arrays or objects
+        for line in r.stdout.splitlines():
+            self.assertLess(len(line), 400, line)
+        # JSON keeps both lists whole.
+        doc = json.loads(run("diff", old, new, "-f", "json").stdout)
+        self.assertTrue(any(isinstance(c.get("old"), list) for c in doc.get("other", [])), doc.get("other"))
+
+
 class GradientAccumulation(Scratch):
     def memory(self, *extra):
         r = self.plan("-f", "json", *extra)
