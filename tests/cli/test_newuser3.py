@@ -271,6 +271,24 @@ class GradientAccumulation(Scratch):
         self.assertIn("gradient_accumulation_steps", r.stderr)
 
 
+class EmitMasterWeights(Scratch):
+    def test_emit_torch_writes_the_fp32_upcast_the_plan_counts(self):
+        for version in ("1", "2"):
+            with self.subTest(fsdp_version=version):
+                policy = os.path.join(self.tmp, f"mw{version}.json")
+                with open(policy, "w") as f:
+                    json.dump({"module_classes": ["Layer"], "mixed_precision": {"param_dtype": "bfloat16"},
+                               "fsdp": {"version": int(version), "fp32_master_weights": True}}, f)
+                r = run(self.l8, "--policy", policy, "--world-size", "8", "--emit", "torch")
+                self.assertEqual(r.returncode, 0, r.stderr)
+                self.assertIn("fp32 master weights, as Accelerate upcasts", r.stdout)
+                self.assertIn(".data.float()", r.stdout)
+                compile(r.stdout, "apply_fsdp.py", "exec")
+                plain = run(self.l8, "--policy", self.policy, "--world-size", "8", "--fsdp-version", version,
+                            "--emit", "torch")
+                self.assertNotIn(".data.float()", plain.stdout)
+
+
 class NotModelled(Scratch):
     def test_float8_and_experts_say_they_are_not_modelled(self):
         f8 = os.path.join(self.tmp, "f8.pt")
