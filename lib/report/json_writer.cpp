@@ -238,8 +238,7 @@ void fit_json(JsonSink& w, const MemoryFit& f) {
   w.field("device_bytes", f.device_bytes);
   w.field("assumed_headroom_bytes", f.headroom_bytes);
   w.field("usable_bytes", f.usable_bytes);
-  w.field("peak_bytes", f.peak_bytes);
-  w.field("activations_known", f.activations_known);
+  w.field("activations_known", f.activations_known);  // the peak: memory.per_rank.peak_bytes
   w.key("max_peak_bytes");
   if (f.max_peak_bytes)
     w.value(*f.max_peak_bytes);

@@ -187,7 +187,6 @@ std::string accumulation_text(const Plan& plan) {
 std::string fit_text(const Plan& plan) {
   const MemoryFit& f = plan.fit;
   if (!f.computed) return "";
-  const int64_t fragmentation = f.headroom_bytes - kCudaContextBytes - kNcclBytes;
   std::string line = std::string("verdict ") + fit_verdict_name(f.verdict) + ": peak " + format_bytes(f.peak_bytes);
   const std::string gpu = f.hardware_name + " (--hardware " + f.hardware + (f.hardware_given ? "" : ", the default") + ")";
   switch (f.verdict) {
@@ -203,16 +202,15 @@ std::string fit_text(const Plan& plan) {
       line += " is over the whole memory of an " + gpu + " by " + format_bytes(f.peak_bytes - f.device_bytes);
       break;
   }
-  line += "; usable = its " + format_bytes(f.device_bytes) + " less an ASSUMED headroom of " +
-          format_bytes(f.headroom_bytes) + " (CUDA context " + format_bytes(kCudaContextBytes) + ", NCCL buffers " +
-          format_bytes(kNcclBytes) + ", allocator fragmentation " + format_bytes(fragmentation) +
-          "; not modelled: docs/memory-model.md)";
+  // The headroom's parts are in docs/memory-model.md and the JSON (memory.fit): here its total.
+  line += "; usable: its " + format_bytes(f.device_bytes) + " less " + format_bytes(f.headroom_bytes) +
+          " ASSUMED for the CUDA context, NCCL buffers and allocator fragmentation (docs/memory-model.md)";
   if (!f.activations_known) line += "; the peak has no activations: a lower bound";
   if (f.max_peak_bytes)
     line += "; --max-peak-bytes " + format_bytes(*f.max_peak_bytes) +
             (f.peak_bytes <= *f.max_peak_bytes ? ": within, " + format_bytes(*f.max_peak_bytes - f.peak_bytes) + " spare"
                                                : ": over by " + format_bytes(f.peak_bytes - *f.max_peak_bytes));
-  return wrap(line, 100, std::string(16, ' '), std::string(8, ' '));
+  return wrap(line, 100, std::string(10, ' '), std::string(8, ' '));
 }
 
 // FSDP2: the mesh, then the peak by category.

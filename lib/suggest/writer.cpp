@@ -90,12 +90,11 @@ std::string headroom_text(const Policy& base, int64_t budget_bytes) {
   const HardwareFigures hw = resolve_hardware(base.hardware);
   const int64_t headroom = assumed_headroom_bytes(hw.memory_bytes);
   const int64_t usable = hw.memory_bytes - headroom;
-  std::string line = "headroom the budget is for the memory model's peak; a process needs more, not modelled: on an " +
-                     hw.name + " (--hardware " + hw.preset + (base.hardware.preset_given ? "" : ", the default") +
-                     ") an ASSUMED " + format_bytes(headroom) + " (CUDA context " + format_bytes(kCudaContextBytes) +
-                     ", NCCL buffers " + format_bytes(kNcclBytes) + ", allocator fragmentation " +
-                     format_bytes(headroom - kCudaContextBytes - kNcclBytes) + "), so a budget of at most " +
-                     format_bytes(usable) + " of its " + format_bytes(hw.memory_bytes);
+  std::string line = "headroom the budget is for the memory model's peak; a process needs more: on an " + hw.name +
+                     " (--hardware " + hw.preset + (base.hardware.preset_given ? "" : ", the default") +
+                     ") the plan ASSUMES " + format_bytes(headroom) +
+                     " for the CUDA context, NCCL buffers and allocator fragmentation (docs/memory-model.md): " +
+                     format_bytes(usable) + " usable";
   line += budget_bytes > usable ? "; --budget " + format_bytes(budget_bytes) +
                                       " is over that: a plan that fits it may not fit the GPU"
                                 : "; --budget " + format_bytes(budget_bytes) + " is within it";

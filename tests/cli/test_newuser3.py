@@ -134,7 +134,7 @@ class FitsVerdict(Scratch):
         line = self.verdict_line(r.stdout)
         self.assertIn("verdict fits:", line)
         self.assertIn("H100 SXM5 80GB (--hardware h100, the default)", r.text)
-        for said in ("ASSUMED headroom", "CUDA context", "NCCL buffers", "allocator fragmentation", "79.6 GiB"):
+        for said in ("5.5 GiB ASSUMED", "CUDA context", "NCCL buffers", "allocator fragmentation", "79.6 GiB"):
             self.assertIn(said, r.text)
         self.assertIn("the peak has no activations: a lower bound", r.text)
 
@@ -158,7 +158,7 @@ class FitsVerdict(Scratch):
         self.assertEqual(fit["hardware"], "h100")
         self.assertEqual(fit["device_bytes"], 81559 << 20)
         self.assertEqual(fit["usable_bytes"], fit["device_bytes"] - fit["assumed_headroom_bytes"])
-        self.assertEqual(fit["peak_bytes"], doc["memory"]["per_rank"]["peak_bytes"])
+        self.assertNotIn("peak_bytes", fit)  # memory.per_rank.peak_bytes: diff shows it once
         self.assertEqual(fit["max_peak_bytes"], 80 * GIB)
         self.assertTrue(fit["activations_known"])
 
