@@ -170,6 +170,16 @@
        " + optimizer " + fmtBytes(r.optimizer_bytes) + " + buffers " + fmtBytes(r.buffers_bytes) +
        " = " + fmtBytes(r.steady_bytes));
     kv(settings, "peak per rank", fmtBytes(r.peak_bytes));
+    // The verdict against --hardware's memory, with the headroom it ASSUMES (plan/memory_fit.h).
+    const fit = mem.fit;
+    if (fit) {
+      kv(settings, fit.verdict, "peak " + fmtBytes(r.peak_bytes) + " against " + fmtBytes(fit.usable_bytes) +
+         " usable on the --hardware " + fit.hardware + " GPU: its " + fmtBytes(fit.device_bytes) + " less " +
+         fmtBytes(fit.assumed_headroom_bytes) + " ASSUMED for the CUDA context, NCCL buffers and allocator fragmentation" +
+         (fit.activations_known ? "" : "; the peak has no activations: a lower bound") +
+         (fit.max_peak_bytes === null ? "" : "; --max-peak-bytes " + fmtBytes(fit.max_peak_bytes) +
+          (r.peak_bytes <= fit.max_peak_bytes ? ": within" : ": over")));
+    }
     // Activations are their own category: from the graph, an allowance, or not known (and how to get them).
     const acts = mem.activations || {};
     if (acts.source === "graph") {
