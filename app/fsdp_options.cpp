@@ -73,6 +73,14 @@ void add_fsdp_options(CLI::App& app, FsdpOptions& opt, const std::string& policy
                  "how torch.optim runs Adam's step, which decides its temporaries (default: PyTorch's choice, "
                  "foreach on CUDA for FSDP2 or use_orig_params, else for-loop)")
       ->check(CLI::IsMember(optimizer_impl_names().names()))->group(group);
+  app.add_option("--grad-accum", opt.grad_accumulation,
+                 "micro-steps per optimizer step (fsdp.gradient_accumulation_steps, default 1): the later ones run "
+                 "with the earlier ones' gradients held")
+      ->check(CLI::Range(int64_t{1}, kMaxAccumulationSteps))->group(group);
+  app.add_flag("--no-sync", opt.no_sync,
+               "with --grad-accum: all micro-steps but the last skip the reduce-scatter (FSDP1 no_sync(), FSDP2 "
+               "set_requires_gradient_sync(False)), keeping every unsharded gradient (fsdp.no_sync)")
+      ->group(group);
   app.add_option("--fsdp-version", opt.fsdp_version, version_help)->check(CLI::IsMember({1, 2}))->group(group);
   const char* acts = "Activations (from a .pt2 graph)";
   app.add_option("--device", opt.device,
@@ -161,6 +169,8 @@ PolicyFile load_policy(const FsdpOptions& opt) {
   if (opt.optimizer) fsdp.optimizer = *optimizer_names().parse(*opt.optimizer);
   if (opt.optimizer_impl) fsdp.optimizer_impl = *optimizer_impl_names().parse(*opt.optimizer_impl);
   if (opt.use_orig_params) fsdp.use_orig_params = true;
+  if (opt.grad_accumulation) fsdp.gradient_accumulation_steps = *opt.grad_accumulation;
+  if (opt.no_sync) fsdp.no_sync = true;
   if (opt.fsdp_version) set_fsdp_version(file, *parse_version(*opt.fsdp_version));
   if (opt.device) file.policy.activations.device = *device_names().parse(*opt.device);
   if (opt.sdpa) file.policy.activations.sdpa = *sdpa_names().parse(*opt.sdpa);

@@ -28,6 +28,8 @@ struct FsdpOptions {
   std::optional<std::string> strategy, optimizer, optimizer_impl;
   std::optional<int> fsdp_version;
   bool use_orig_params = false;
+  std::optional<int64_t> grad_accumulation;  // --grad-accum N: fsdp.gradient_accumulation_steps
+  bool no_sync = false;                       // --no-sync: fsdp.no_sync
   // Activations from a .pt2 graph: whose kernels (--device) and which attention kernel (--sdpa).
   std::optional<std::string> device, sdpa;
   std::vector<std::string> dims;  // --dim NAME=VALUE, repeatable: a dynamic export's dimensions

@@ -25,6 +25,7 @@
 #include "report/html_writer.h"
 #include "report/json_writer.h"
 #include "report/text_writer.h"
+#include "report/warning_groups.h"
 #include "util/errors.h"
 #include "util/file_io.h"
 #include "util/strings.h"
@@ -136,6 +137,7 @@ int run(const Options& opt) {
     const std::optional<FlopProfile> flops = load_flops(opt.fsdp, tree);
     Plan plan = make_plan(tree, policy, opt.model, ClassMatcher(), PlanPurpose::Report, flops ? &*flops : nullptr);
     plan.warnings.insert(plan.warnings.begin(), read_warnings.begin(), read_warnings.end());
+    if (opt.gate.budgets.max_peak_bytes) plan.fit.max_peak_bytes = opt.gate.budgets.max_peak_bytes;
     spdlog::info("planned {} units in {:.1f} ms", plan.units.size(), ms_since(t0));
     log_plan_details(plan);
     // The JSON plan costs more than planning a big model: made whole only when checked (the gate's checks
@@ -145,13 +147,15 @@ int run(const Options& opt) {
         Gate::reads_plan(policy.checks, opt.gate) ? plan_to_json(plan, json_options) : nlohmann::ordered_json();
     Gate gate(json, policy.checks, opt.gate, opt.model);
     if (plan.has_errors() || !gate.passed()) code = kExitRefused;
-    for (const auto& w : plan.warnings)
-      if (w.severity == Severity::Error) failures.push_back(w.kind + ": " + printable(w.message, kMaxMessage));
+    for (const WarningGroup& g :
+         group_warnings(plan.warnings, [](const Warning& w) { return w.severity == Severity::Error; }))
+      failures.push_back(printable(warning_group_text(g), kMaxMessage));
     for (auto& line : gate.failures()) failures.push_back(std::move(line));
     if (!opt.emit.empty()) {
       // The plan's findings still matter: on stderr, and no config for a plan FSDP would refuse.
-      for (const auto& w : plan.warnings)
-        if (w.severity == Severity::Warning) spdlog::warn("{}: {}", w.kind, printable(w.message, kMaxMessage));
+      for (const WarningGroup& g :
+           group_warnings(plan.warnings, [](const Warning& w) { return w.severity == Severity::Warning; }))
+        spdlog::warn("{}", printable(warning_group_text(g), kMaxMessage));
       if (code != kExitOk) {
         for (const auto& line : failures) spdlog::error("{}", line);
         spdlog::error("--emit {}: nothing written: the plan has errors or fails a check", opt.emit);
@@ -173,7 +177,7 @@ int run(const Options& opt) {
       if (opt.format == "html")
         text = plan_to_html(gate.annotate(json.is_null() ? plan_to_json(plan, json_options) : json));
       else
-        text = plan_to_text(plan, {text_width(), opt.wide}) + gate.text();
+        text = plan_to_text(plan, {text_width(), opt.wide, opt.verbosity > 0}) + gate.text();
     }
   }
 
@@ -229,14 +233,16 @@ int plan_main(int argc, char** argv) {
           "SIZE"))
       ->group("Activations (from a .pt2 graph)");
   app.add_flag("--wide", opt.wide,
-               "text: never shorten unit paths (default: fit COLUMNS or the terminal); also each unit's "
-               "communication per step and exposed communication");
+               "text: never shorten unit paths (default: fit COLUMNS or the terminal) nor fold identical "
+               "consecutive units into one row (as -v); also each unit's communication per step and exposed "
+               "communication");
   app.add_flag("--collectives", opt.collectives,
                "json, html: also every collective of the step in issue order (comm.collectives) and, with FLOPs, "
                "the simulated timeline (time.timeline); without it, each unit's and the step's sums");
   app.add_flag("--dump-tree", opt.dump_tree,
                "print the loaded module tree as JSON instead of a plan (with -f text: as an indented tree)");
-  app.add_flag("-v,--verbose", opt.verbosity, "log progress to stderr (-vv for more)");
+  app.add_flag("-v,--verbose", opt.verbosity,
+               "log progress to stderr (-vv for more); text: every unit a row, none folded");
   app.add_flag("-q,--quiet", opt.quiet, "log only errors");
   add_gate_options(app, opt.gate);
   app.footer("Also: fsdp-plan diff OLD.json NEW.json (see fsdp-plan diff --help);\n"

@@ -32,7 +32,7 @@ int suggest_main(int argc, char** argv) {
   std::string model, format = "text", output, budget, activations = "0", emit, maximize;
   FsdpOptions fsdp;
   size_t top = 10;
-  bool verbose = false;
+  bool verbose = false, pin_wrapping = false;
   CLI::App app{"fsdp-plan suggest: the wrapping policies that fit a per-rank memory budget, ranked",
                "fsdp-plan suggest"};
   app.add_option("model", model, "model file, as for a plan: TorchScript (.pt) or torch.export (.pt2)")->required();
@@ -53,6 +53,9 @@ int suggest_main(int argc, char** argv) {
   app.add_option("--maximize", maximize, "a dynamic dimension of a .pt2 (seq, batch): the largest value at "
                                          "which some policy fits the budget, and the ranking there (--dim "
                                          "values of the others stay)");
+  app.add_flag("--pin-wrapping", pin_wrapping, "plan the --policy's wrapping as given, the only candidate (no search "
+                                             "of classes, sizes, groups, tp degrees, checkpointing or fixes): with "
+                                             "--maximize, the largest value at which your wrapping fits");
   app.add_flag("-v,--verbose", verbose, "timings on stderr");
   auto* emit_opt = app.add_option("--emit", emit, "instead of the report, write what applies the best fitting "
                                                   "policy: accelerate (Accelerate config YAML) or torch (Python "
@@ -97,6 +100,7 @@ int suggest_main(int argc, char** argv) {
     ctx.base = &base;
     ctx.options.budget_bytes = *parse_size(budget);
     ctx.options.activation_bytes = *parse_size(activations);
+    ctx.options.pin_wrapping = pin_wrapping;
     // One --gpus-per-node (fsdp_options): the time model's placement and the advice's whole nodes.
     ctx.options.gpus_per_node = base.hardware.gpus_per_node.value_or(8);
     ctx.top = top;

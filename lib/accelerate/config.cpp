@@ -164,6 +164,7 @@ class Reader {
     read_fsdp_config();
     read_mixed_precision();
     read_parallelism();
+    not_modelled();
     out_.warnings.insert(out_.warnings.begin(),
                          make_warning("accelerate_config", "Accelerate " + std::string(kAccelerateVersion) +
                                                                " (accelerate launch) effective values: " +
@@ -225,6 +226,7 @@ class Reader {
              std::to_string(m) + " machines, " + std::to_string(n / m * m) + " in all, not " + std::to_string(n) +
              "; set num_processes to a multiple of num_machines");
       note("num_machines", std::to_string(m), true);
+      out_.policy.hardware.gpus_per_node = n / m;  // nproc_per_node: a node of the time model
     }
   }
 
@@ -518,6 +520,28 @@ class Reader {
     note("mixed_precision", mp, given);
     out_.mixed_precision = mp;
     out_.policy.mixed_precision = accelerate_dtypes(mp, out_.policy.fsdp.version);
+    // Accelerate then keeps fp32 master weights (plan/master_weights.h).
+    out_.policy.fsdp.fp32_master_weights = mp != "no";
+  }
+
+  // What the file asks for and the plan does not model (issue 41, item 10):
+  // fp8 mixed precision (planned as bf16) and torch.compile (dynamo_backend,
+  // dynamo_config.dynamo_backend other than NO).
+  void not_modelled() {
+    if (out_.mixed_precision == "fp8")
+      out_.warnings.push_back(make_warning(
+          "not_modelled", "mixed_precision: fp8: not modelled: planned as bf16 (parameters gathered and matmuls "
+                          "run in bf16); the float8 all-gathers and the fp8 matmul peak are not counted"));
+    std::string backend;
+    if (top_.count("dynamo_backend") && top_["dynamo_backend"].kind == PyValue::Str)
+      backend = py_str(top_["dynamo_backend"]);
+    if (top_.count("dynamo_config") && top_["dynamo_config"].kind == PyValue::Dict)
+      for (const auto& [k, v] : top_["dynamo_config"].entries)
+        if (k == "dynamo_backend" && v.kind == PyValue::Str) backend = py_str(v);
+    if (!backend.empty() && lower(backend) != "no")
+      out_.warnings.push_back(make_warning(
+          "not_modelled", "dynamo_backend " + backend + ": torch.compile is not modelled: the plan's activations, "
+                          "peak and step time are eager PyTorch's (compiled kernels fuse ops and save less)"));
   }
 
   // The launcher exports every size, one the file leaves out as its default 1, dp_shard_size included

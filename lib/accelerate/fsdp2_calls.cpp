@@ -93,8 +93,10 @@ std::vector<ShardCall> accelerate_fsdp2_calls(const AccelerateConfig& config, co
   auto path = [&](ModuleId m) { return m < 0 ? std::string("none") : m == 0 ? std::string("(root)") : tree.path(m); };
   notes.push_back(make_warning(
       "accelerate_config",
-      "Accelerate 1.15.0's FSDP2 units need Transformers' get_input_embeddings, get_output_embeddings and "
-              "base_model_prefix, which a TorchScript file does not keep; taken from module names: input embedding " +
+      std::string("Accelerate 1.15.0's FSDP2 units need Transformers' get_input_embeddings, get_output_embeddings "
+                  "and base_model_prefix, which ") +
+              (tree.graph() ? "a .pt2" : "a TorchScript file") +
+              " does not keep; taken from module names: input embedding " +
               path(input) + ", output embedding " + path(output) + (tied ? " (tied)" : "") + ", base model " +
               path(base) + ", final norm " + path(norm)));
   return calls;

@@ -90,7 +90,7 @@ std::string plan_to_accelerate(const Plan& plan) {
   // HYBRID_SHARD shards within a machine: one machine per shard group.
   const bool hybrid = s.strategy == ShardingStrategy::HybridShard;
   const char* strategy = strategy_name(s.strategy);
-  int64_t machines = hybrid ? plan.mesh.size(MeshDim::DpReplicate) : 1;
+  int64_t machines = hybrid ? plan.mesh.size(MeshDim::DpReplicate) : accelerate_machines(plan);
 
   std::string y = accelerate_yaml_head("Accelerate " + std::string(kAccelerateVersion) +
                                            " config for the fsdp-plan plan of " + plan.model.path + " (" +

@@ -71,7 +71,7 @@ std::string yaml_for(const Plan& plan, const Wrap& wrap, const std::string& mixe
   y += "  fsdp_state_dict_type: SHARDED_STATE_DICT\n";
   y += accelerate_yaml_classes(wrap.classes);
   y += "  fsdp_version: 2\n";
-  y += accelerate_yaml_launch(mixed_precision, 1, s.world_size);
+  y += accelerate_yaml_launch(mixed_precision, accelerate_machines(plan), s.world_size);
   if (s.strategy == ShardingStrategy::HybridShard) {
     y += "parallelism_config:\n";
     y += "  parallelism_config_cp_size: 1\n";

@@ -84,6 +84,12 @@ std::string accelerate_yaml_classes(const std::vector<std::string>& classes) {
   return "  fsdp_transformer_layer_cls_to_wrap: " + list + "\n";
 }
 
+int64_t accelerate_machines(const Plan& plan) {
+  const int64_t world = plan.memory.settings.world_size;
+  const auto& per_node = plan.policy.hardware.gpus_per_node;
+  return per_node && *per_node > 0 && *per_node < world && world % *per_node == 0 ? world / *per_node : 1;
+}
+
 std::string accelerate_yaml_launch(const std::string& mixed_precision, int64_t machines, int64_t processes) {
   return "machine_rank: 0\n"
          "main_training_function: main\n"

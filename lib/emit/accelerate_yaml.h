@@ -33,6 +33,9 @@ std::string accelerate_yaml_head(const std::string& comment, bool activation_che
 std::string checkpointing_difference(const Plan& want, const Plan& got);
 // fsdp_transformer_layer_cls_to_wrap's line, or "" for no classes.
 std::string accelerate_yaml_classes(const std::vector<std::string>& classes);
+// num_machines: world_size / gpus_per_node (an Accelerate config's num_machines
+// reads into hardware.gpus_per_node = nproc_per_node), or 1 when not given or not a divisor.
+int64_t accelerate_machines(const Plan& plan);
 // machine_rank to num_processes.
 std::string accelerate_yaml_launch(const std::string& mixed_precision, int64_t machines, int64_t processes);
 // rdzv_backend to use_cpu.

@@ -95,6 +95,16 @@ class Fsdp1TorchWriter {
          "    )\n"
          "    if sorted(built_units(wrapped)) != sorted(UNITS):\n"
          "        raise RuntimeError(f\"FSDP built the units {built_units(wrapped)}, the plan has {UNITS}\")\n";
+    if (s_.fp32_master_weights)  // plan/master_weights.h: what the plan counts
+      o << "    # fp32 master weights, as Accelerate upcasts after wrapping (accelerator.py: prepare_model): each\n"
+           "    # unit's flat parameter that requires grad, whole (on the meta device too, which Accelerate skips).\n"
+           "    for module in FSDP.fsdp_modules(wrapped):\n"
+           "        handle = module._handle\n"
+           "        if handle is None or not handle.flat_param.requires_grad:\n"
+           "            continue\n"
+           "        if str(handle.flat_param.dtype) != \"torch.float32\":\n"
+           "            handle.flat_param.data = handle.flat_param.data.float()\n"
+           "            handle._orig_param_dtype = handle.flat_param.dtype\n";
     if (!checkpointed_.empty())
       // After wrapping, non-reentrant, as Accelerate applies it under FSDP1 (accelerator.py: prepare_model).
       o << "    wrapper = functools.partial(checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT)\n"

@@ -126,6 +126,12 @@ std::string plan_to_torch_fsdp2(const Plan& plan) {
   if (s.cpu_offload) o << "    kwargs[\"offload_policy\"] = CPUOffloadPolicy()\n";
   o << "    if IGNORED_PARAMS:\n"
        "        kwargs[\"ignored_params\"] = {model.get_parameter(name) for name in IGNORED_PARAMS}\n";
+  if (s.fp32_master_weights)  // plan/master_weights.h: what the plan counts
+    o << "    # fp32 master weights, as Accelerate upcasts before fully_shard (fsdp2_prepare_model): every\n"
+         "    # trainable parameter not in float32; mp_policy's param_dtype is what the all-gathers carry.\n"
+         "    for param in model.parameters():\n"
+         "        if param.requires_grad and str(param.dtype) != \"torch.float32\":\n"
+         "            param.data = param.data.float()\n";
   if (ac && p.activation_checkpointing && p.activation_checkpointing->selective())
     o << "    # The plan checkpoints selectively (activation_checkpointing.mode \"selective\"); this code\n"
          "    # checkpoints fully: give checkpoint_wrapper context_fn=lambda: create_selective_checkpoint_contexts(\n"

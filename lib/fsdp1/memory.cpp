@@ -206,7 +206,7 @@ void Fsdp1Sizes::rank_state(size_t i, int64_t itemsize, int64_t kept_itemsize, c
   const int64_t state_itemsize = settings.optimizer == Optimizer::SgdMomentum ? kept_itemsize : itemsize;
   r.optimizer_bytes += states_ * state_numel * state_itemsize;
   // Adam's step counter: a 4-byte tensor per parameter it steps (optim/adam.py: _init_group).
-  if (trains && settings.optimizer == Optimizer::Adam) {
+  if (trains && is_adam(settings.optimizer)) {
     if (u.frozen_numel > 0 && settings.use_orig_params) {
       int64_t offset = 0;
       const int64_t aligned = std::max<int64_t>(1, 16 / itemsize);
@@ -246,7 +246,7 @@ void Fsdp1Sizes::add_ignored_params() {
   r.params_bytes += ignored_all;
   r.grads_bytes += ignored;
   r.optimizer_bytes += states_ * ignored;
-  if (settings.optimizer == Optimizer::Adam) r.optimizer_bytes += 4 * static_cast<int64_t>(optim_params.size());
+  if (is_adam(settings.optimizer)) r.optimizer_bytes += 4 * static_cast<int64_t>(optim_params.size());
   r.steady_bytes = r.params_bytes + r.grads_bytes + r.optimizer_bytes + r.buffers_bytes;
 }
 
@@ -472,7 +472,7 @@ void Fsdp1Walk::backward() {
 void Fsdp1Walk::optimizer_step() {
   const FsdpSettings& settings = z_.settings;
   int64_t optimizer_temp = 0;
-  if (settings.optimizer == Optimizer::Adam)
+  if (is_adam(settings.optimizer))
     optimizer_temp = adam_step_temp_bytes(z_.optim_params, settings.optimizer_impl.value_or(OptimizerImpl::ForLoop));
   MemoryStep step;
   step.phase = "optimizer step";
@@ -507,7 +507,7 @@ void Fsdp1Walk::list_peak_gathered() {
 }
 
 void add_fsdp1_notes(const Plan& plan, const Fsdp1Sizes& sizes, MemoryPlan& mem) {
-  if (sizes.kept_low_grads && sizes.settings.optimizer == Optimizer::Adam)
+  if (sizes.kept_low_grads && is_adam(sizes.settings.optimizer))
     mem.notes.push_back("keep_low_precision_grads: torch.optim.Adam and AdamW raise on low-precision gradients of "
                         "full-precision parameters (\"expected dtype float for `end`\"); the optimizer figures assume "
                         "one that accepts them and keeps its state in the parameters' dtype");

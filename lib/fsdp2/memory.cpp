@@ -290,7 +290,7 @@ Fsdp2Memory::Estimate::Group Fsdp2Memory::Estimate::size_group(size_t i, UnitMem
   g.rs_output_is_grad = up.rs_output_is_grad;
   g.grads_sharded = trainable_sharded;
   // Rank 0's real shard is ceil(d0/S) rows: its whole padded shard.
-  g.optimizer = states_ * trainable_sharded + (settings_.optimizer == Optimizer::Adam ? 4 * trainable : 0);
+  g.optimizer = states_ * trainable_sharded + (is_adam(settings_.optimizer) ? 4 * trainable : 0);
   um.sharded_numel = padded_numel;
   um.flat_numel = padded_numel * S;
   um.compute_itemsize = up.compute_itemsize;
@@ -555,7 +555,7 @@ void Fsdp2Memory::Estimate::optimizer_step() {
   live_.reduce_scatter = 0;
   live_.grads_unsharded = 0;
   live_.grads_sharded += m_.unowned_trainable_bytes_;
-  if (settings_.optimizer == Optimizer::Adam) {
+  if (is_adam(settings_.optimizer)) {
     std::vector<int64_t> state;  // each trainable parameter's local state tensor, in the optimizer's order
     for (size_t k : m_.optim_order_) {
       const Param& p = m_.params_[k];

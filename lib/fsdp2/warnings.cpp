@@ -179,6 +179,50 @@ class Refusals {
         }
   }
 
+  // Python for a module path: model.layers.3.mlp.gate -> model.layers[3].mlp.gate, on `model`.
+  std::string python_path(ModuleId m) const {
+    std::string out = "model";
+    const std::string path = tree_.path(m);
+    size_t start = 0;
+    while (start < path.size() && m != 0) {
+      size_t dot = path.find('.', start);
+      if (dot == std::string::npos) dot = path.size();
+      const std::string part = path.substr(start, dot - start);
+      const bool index = !part.empty() && part.find_first_not_of("0123456789") == std::string::npos;
+      out += index ? "[" + part + "]" : "." + part;
+      start = dot + 1;
+    }
+    return out;
+  }
+
+  // The code that splits a group's trainable parameters of the smaller dtypes
+  // (by elements) off into calls of their own, made first (bottom-up, as
+  // fully_shard wants: a module already sharded is left out of its parent's
+  // group): "fully_shard(model.layers[3].mlp.gate) before fully_shard(model.layers[3])"
+  // (DeepSeek-V3's router, which transformers keeps in float32). "" when a module
+  // holds parameters of two dtypes itself, so no call can separate them.
+  std::string minority_calls(const Unit& u) const {
+    std::map<std::string, int64_t> numel;
+    for (const auto& o : u.params)
+      if (tree_.tensor(o.tensor).requires_grad) numel[tree_.tensor(o.tensor).dtype] += tree_.numel(o.tensor);
+    std::string major;
+    for (const auto& [d, n] : numel)
+      if (major.empty() || n > numel[major]) major = d;
+    std::map<ModuleId, std::set<std::string>> dtypes_of;
+    for (const auto& o : u.params) dtypes_of[o.module].insert(tree_.tensor(o.tensor).dtype);
+    std::vector<ModuleId> split;
+    for (const auto& [m, ds] : dtypes_of) {
+      if (!ds.count(major) && m != u.module) split.push_back(m);
+      if (ds.count(major) && ds.size() > 1) return "";
+    }
+    if (split.empty()) return "";
+    std::string out;
+    for (size_t i = 0; i < split.size() && i < 3; ++i)
+      out += (i ? ", " : "") + std::string("fully_shard(") + python_path(split[i]) + ")";
+    if (split.size() > 3) out += " (and " + std::to_string(split.size() - 3) + " more)";
+    return out + " before fully_shard(" + python_path(u.module) + ")";
+  }
+
   // _init_mp_dtypes at the first forward: one original dtype among the
   // group's trainable parameters (2.8+; 2.6 and 2.7 check all parameters).
   void dtypes() {
@@ -191,11 +235,14 @@ class Refusals {
       }
       const std::string where = "group " + unit_name(u);
       if (trainable.size() > 1) {
+        const std::string code = minority_calls(u);
         add("fsdp2_mixed_dtype", Severity::Error,
             where + " has trainable parameters of dtypes " + join({trainable.begin(), trainable.end()}) +
-                ", and PyTorch fails at the first forward: \"FSDP expects uniform original parameter dtype\"; "
-                "cast them to one dtype before fully_shard, or shard the modules of each dtype in groups of "
-                "their own",
+                ", and PyTorch fails at the first forward: \"FSDP expects uniform original parameter dtype\"; " +
+                (code.empty() ? "cast them to one dtype before fully_shard, or shard the modules of each dtype in "
+                                "groups of their own"
+                              : "fix: " + code + ", so each group's trainable parameters share one dtype (or "
+                                "cast them to one dtype before fully_shard)"),
             {tree_.path(u.module)});
         continue;
       }

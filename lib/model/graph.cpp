@@ -214,7 +214,8 @@ DimValues DimValues::bind(const Graph& g, const std::vector<std::pair<std::strin
       if (g.num_symbols() == 0) {
         throw InputError(g.file(), "--dim " + name +
                                        ": the program has no dynamic dimensions (it was exported without "
-                                       "torch.export.Dim), so its shapes are fixed");
+                                       "torch.export.Dim), so its shapes are fixed; export it again with "
+                                       "fsdp-plan-export --dynamic batch,seq to plan other sizes");
       }
       std::string known;
       for (SymbolId k = 0; k < g.num_symbols(); ++k) known += (k ? ", " : "") + g.describe_symbol(k);

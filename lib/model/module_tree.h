@@ -93,6 +93,11 @@ class ModuleTree {
   const Module& module(ModuleId m) const { return modules_[static_cast<size_t>(m)]; }
   Module& module(ModuleId m) { return modules_[static_cast<size_t>(m)]; }
   const TensorInfo& tensor(TensorId t) const { return tensors_[static_cast<size_t>(t)]; }
+  // A tensor cast to another dtype (param.data = param.data.to(dtype)): its sizes stay.
+  void set_dtype(TensorId t, std::string dtype, int64_t itemsize) {
+    tensors_[static_cast<size_t>(t)].dtype = std::move(dtype);
+    tensors_[static_cast<size_t>(t)].itemsize = itemsize;
+  }
   size_t num_modules() const { return modules_.size(); }
   size_t num_tensors() const { return tensors_.size(); }
   // Sizes kept when a tensor is added (tensors do not change after): planning

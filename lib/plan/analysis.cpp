@@ -29,6 +29,8 @@ class Analysis {
       mixed_precision();
       shared_params();
     }
+    mixed_precision_noop();
+    not_modelled();
     empty_units();
     unmatched_classes();
     unmatched_globs();
@@ -111,6 +113,55 @@ class Analysis {
         "the model already has FSDP applied (at " + listing(modules) +
             "); FSDP auto wrapping would refuse it. Save the model before wrapping it with FSDP.",
         modules);
+  }
+
+  // A param_dtype every trainable parameter already has casts nothing: FSDP
+  // shards parameters in it, and their gradients and the optimizer state are
+  // in it too (issue 41, item 2). torchtitan builds its model in float32 and
+  // Accelerate casts to float32 (plan/master_weights.h): both keep fp32 masters.
+  void mixed_precision_noop() {
+    const auto& mp = plan_.policy.mixed_precision;
+    if (!mp || !mp->param_dtype) return;
+    int64_t trainable = 0;
+    for (TensorId t = 0; t < static_cast<TensorId>(tree_.num_tensors()); ++t) {
+      if (!tree_.is_param(t) || !tree_.tensor(t).requires_grad) continue;
+      if (tree_.tensor(t).dtype != *mp->param_dtype) return;
+      ++trainable;
+    }
+    if (trainable == 0) return;
+    const std::string& d = *mp->param_dtype;
+    add("mixed_precision_noop", Severity::Warning,
+        "mixed_precision.param_dtype " + d + " is the dtype every trainable parameter already has, so it casts "
+            "nothing: FSDP shards " + d + " parameters, and their gradients and optimizer state are " + d +
+            " too (no fp32 master weights; torchtitan builds its model in float32, Accelerate casts it to "
+            "float32); to plan fp32 masters, export the model in float32 (fsdp-plan-export --dtype float32) or "
+            "set \"fsdp\": {\"fp32_master_weights\": true}");
+  }
+
+  // What the model suggests and the plan does not model (issue 41, item 10;
+  // docs/limits.md): torchao's float8 linears (Float8Linear: an fp8
+  // all-gather carries half a bf16 one's bytes) and MoE experts (expert
+  // parallelism: an ep plan would hold 1/ep of them; here FSDP shards them
+  // like every other parameter).
+  void not_modelled() {
+    std::string float8, experts;
+    for (ModuleId m = 0; m < static_cast<ModuleId>(tree_.num_modules()); ++m) {
+      const std::string& cls = short_class(m);
+      if (float8.empty() && cls.rfind("Float8", 0) == 0) float8 = tree_.path(m) + " (" + cls + ")";
+      const std::string path = tree_.path(m);
+      const size_t dot = path.rfind('.');
+      if (experts.empty() && path.substr(dot == std::string::npos ? 0 : dot + 1) == "experts") experts = path;
+    }
+    if (!float8.empty())
+      add("not_modelled", Severity::Info,
+          "float8 training (" + float8 + "): not modelled: its parameters are counted, gathered and reduced in "
+              "their stored dtype, not float8 (torchao's float8 all-gather carries half a bf16 one's bytes), and "
+              "its matmuls at the bf16 peak");
+    if (!experts.empty())
+      add("not_modelled", Severity::Info,
+          "expert parallelism (MoE experts at " + experts + ", ...): not modelled: FSDP shards the experts like "
+              "every other parameter over the whole FSDP mesh, as without an expert-parallel plan "
+              "(torchtitan's ExpertParallel, transformers' ep_plan would hold 1/ep of them per rank)");
   }
 
   void mixed_precision() {

@@ -63,8 +63,19 @@ struct MemoryStep {
   }
 };
 
+// fsdp.gradient_accumulation_steps > 1 (plan/grad_accumulation.h): what the
+// micro-steps add to one step's peak.
+struct GradAccumulation {
+  int64_t steps = 1;
+  bool no_sync = false;
+  int64_t micro_step_peak_bytes = 0;  // the walk's peak: one step, gradients freed before its forward
+  int64_t held_grads_bytes = 0;       // held from the second micro-step's forward on (sharded, or unsharded with no_sync)
+  bool modelled = true;               // false with CPU offload (the gradients live on the host)
+};
+
 struct MemoryPlan {
   FsdpSettings settings;
+  GradAccumulation accumulation;
   ShardingStrategy effective_strategy = ShardingStrategy::FullShard;
   int64_t shard_group_size = 1;  // ranks a flat parameter (FSDP2: each parameter) is sharded over
   int64_t replicate_size = 1;    // FSDP2 HSDP: the mesh's replicate dimension

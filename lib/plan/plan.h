@@ -16,6 +16,7 @@
 #include "plan/activations.h"
 #include "plan/comm.h"
 #include "plan/memory.h"
+#include "plan/memory_fit.h"
 #include "plan/step_time.h"
 #include "plan/tensor_parallel.h"
 #include "policy/policy.h"
@@ -71,6 +72,8 @@ struct Plan {
   // The loaded tree without module aliases (aliases.h), when it had any: `tree` points here.
   std::shared_ptr<const ModuleTree> dealiased_tree;
   std::vector<Alias> aliases;
+  // That tree with fsdp.fp32_master_weights' casts (plan/master_weights.h), when any: `tree` points here.
+  std::shared_ptr<const ModuleTree> master_weights_tree;
   Policy policy;
   // Every parallelism dimension and its groups, built once from the policy
   // (mesh/device_mesh.h device_mesh) before any stage reads it.
@@ -83,6 +86,7 @@ struct Plan {
   std::optional<TensorParallelPlan> tensor_parallel;  // policy.tensor_parallel's placements
   CommPlan comm;   // per step, what each unit's collectives carry (fsdp1/comm.h, fsdp2/comm.h)
   StepTime time;   // the step-time ESTIMATE built on it (time/step_time.h)
+  MemoryFit fit;   // the peak against the --hardware GPU's memory, with an assumed headroom
 
   // FSDP1: FullyShardedDataParallel units; FSDP2: fully_shard groups.
   FsdpVersion version() const { return policy.fsdp.version; }

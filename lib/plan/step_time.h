@@ -22,6 +22,9 @@ struct HardwareFigures {
   double inter_node_bytes_per_s = 0;  // the GPU's share of the network, per direction
   double host_bytes_per_s = 0;        // PCIe, per direction (CPU offload copies)
   int64_t gpus_per_node = 8;
+  // The device's memory as torch.cuda.get_device_properties().total_memory
+  // gives it (nvidia-smi's MiB): what plan/memory_fit.h compares the peak with.
+  int64_t memory_bytes = 0;
   double compute_efficiency = 0.5;
   double comm_efficiency = 0.8;
   double memory_efficiency = 0.8;
@@ -75,7 +78,9 @@ struct StepTime {
   std::string flops_source;
   HardwareFigures hardware;
   double compute_peak_flops = 0;  // the peak the compute ran at (bf16 or tf32)
-  std::string compute_dtype;      // "bf16" or "tf32"
+  std::string compute_dtype;      // "bf16" or "tf32": the one most forward FLOPs run at
+  // Which modules ran at which peak, as the assumptions say it (each module at its own dtype's).
+  std::string compute_dtype_note;
   std::vector<CollectiveTime> collectives;
   std::vector<UnitTime> units;
   double comm_s = 0;          // every collective's time, summed (hidden or not)
@@ -83,6 +88,8 @@ struct StepTime {
   double exposed_comm_s = 0;
   double compute_s = 0;
   double optimizer_s = 0;
+  // False with CPU offload: the optimizer steps on the host, not modelled (optimizer_s 0, left out of step_s).
+  bool optimizer_modelled = true;
   int64_t optimizer_trainable_shard_numel = 0;
   double forward_end_s = 0, backward_compute_end_s = 0, backward_end_s = 0;
   double step_s = 0;

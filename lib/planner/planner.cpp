@@ -17,6 +17,8 @@
 #include "fsdp2/warnings.h"
 #include "model/aliases.h"
 #include "plan/analysis.h"
+#include "plan/grad_accumulation.h"
+#include "plan/master_weights.h"
 #include "plan/refusals.h"
 #include "policy/ignored.h"
 #include "time/flops.h"
@@ -51,6 +53,26 @@ void add_comm_and_time(Plan& plan, const FlopProfile* flops) {
   plan.time = estimate_step_time(plan, resolve_hardware(plan.policy.hardware), flops);
 }
 
+// The peak against the --hardware GPU's memory less the assumed headroom
+// (plan/memory_fit.h), and against the policy's checks.max_peak_bytes
+// (--max-peak-bytes replaces it: plan_command.cpp).
+void add_memory_fit(Plan& plan) {
+  const HardwareFigures hw = resolve_hardware(plan.policy.hardware);
+  plan.fit = memory_fit(plan.memory.per_rank.peak_bytes, plan.activations.known(), hw.preset, hw.name,
+                        plan.policy.hardware.preset_given, hw.memory_bytes);
+  plan.fit.max_peak_bytes = plan.policy.checks.max_peak_bytes;
+}
+
+// fsdp.fp32_master_weights (plan/master_weights.h): the plan goes on with the
+// cast tree, which it keeps; the note says what was cast.
+void cast_master_weights(Plan& plan, const std::vector<TensorId>& cast) {
+  std::shared_ptr<const ModuleTree> cast_tree = with_float32(*plan.tree, cast);
+  if (!cast_tree) return;
+  plan.warnings.push_back(master_weights_note(*plan.tree, cast, plan.policy));
+  plan.master_weights_tree = cast_tree;
+  plan.tree = cast_tree.get();
+}
+
 // With `search_fixes`, warnings try their fixes by planning again without.
 Plan plan_with(const ModuleTree& loaded, const Policy& policy, const std::string& model_path,
                const ClassMatcher& shared_matcher, bool search_fixes, PlanPurpose purpose,
@@ -75,22 +97,27 @@ Plan plan_with(const ModuleTree& loaded, const Policy& policy, const std::string
   plan.mesh = device_mesh(policy.fsdp, policy.tensor_parallel ? &*policy.tensor_parallel : nullptr);
   const Replan replan = [&](const Policy& p) { return plan_with(tree, p, model_path, matcher, false, purpose, flops); };
   if (plan.v2()) {
+    // FSDP2: Accelerate casts before fully_shard, so every stage sees the cast tree.
+    if (policy.fsdp.fp32_master_weights) cast_master_weights(plan, fsdp2_master_weight_casts(tree));
+    const ModuleTree& cast = *plan.tree;
     // FSDP2: fully_shard calls, bottom-up, then the root.
-    Fsdp2Calls calls = fsdp2_calls(tree, policy, matcher, ignored);
-    plan.units = group_units_fsdp2(tree, calls.calls, ignored.tensor);
+    Fsdp2Calls calls = fsdp2_calls(cast, policy, matcher, ignored);
+    plan.units = group_units_fsdp2(cast, calls.calls, ignored.tensor);
     analyse(plan, ignored, matcher);
     // The containers' fix replans twice: for reports only (suggest does not rank it).
     analyse_fsdp2(plan, calls, matcher, report && search_fixes ? &replan : nullptr);
     if (report) root_warnings(plan, search_fixes ? &replan : nullptr);  // the root group is never resharded either
     // parallelize_module runs before fully_shard: FSDP2 shards each TP-local tensor.
     if (policy.tensor_parallel) {
-      if (policy.tensor_parallel->from_model) resolve_model_tp_plan(*plan.policy.tensor_parallel, tree, model_path);
+      if (policy.tensor_parallel->from_model) resolve_model_tp_plan(*plan.policy.tensor_parallel, cast, model_path);
       plan.tensor_parallel =
-          plan_tensor_parallel(tree, *plan.policy.tensor_parallel, plan.mesh, plan.warnings);
+          plan_tensor_parallel(cast, *plan.policy.tensor_parallel, plan.mesh, plan.warnings);
     }
     plan.activations = plan_activations(plan, matcher, &plan.warnings, tp_local_graph(plan));  // per tp rank
     plan.memory = estimate_memory_fsdp2(plan, memory_settings(policy), report);
+    add_gradient_accumulation(plan);
     add_comm_and_time(plan, flops);
+    add_memory_fit(plan);
     return plan;
   }
   std::vector<bool> wrapped(tree.num_modules(), false);
@@ -103,6 +130,8 @@ Plan plan_with(const ModuleTree& loaded, const Policy& policy, const std::string
     if (views) ranks_differ = rank_disagreement(tree, ignored, policy.fsdp, *wrap_policy, wrapped, *views);
   }
   plan.units = group_units(tree, wrapped, ignored.tensor, policy.fsdp.use_orig_params);
+  // FSDP1: Accelerate casts each wrapped unit's flat parameter; the units stay as built.
+  if (policy.fsdp.fp32_master_weights) cast_master_weights(plan, fsdp1_master_weight_casts(tree, plan.units));
   analyse(plan, ignored, matcher);
   if (!ranks_differ.empty()) {
     plan.warnings.push_back(make_warning(
@@ -116,7 +145,9 @@ Plan plan_with(const ModuleTree& loaded, const Policy& policy, const std::string
   if (report) root_warnings(plan, search_fixes ? &replan : nullptr);
   plan.activations = plan_activations(plan, matcher, &plan.warnings);
   plan.memory = estimate_memory(plan, memory_settings(policy), report);
+  add_gradient_accumulation(plan);
   add_comm_and_time(plan, flops);
+  add_memory_fit(plan);
   return plan;
 }
 

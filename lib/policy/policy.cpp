@@ -49,7 +49,8 @@ const std::pair<const char*, std::optional<bool> MixedPrecision::*> kFlagFields[
     {"cast_root_forward_inputs", &MixedPrecision::cast_root_forward_inputs}};
 const std::vector<std::string> kFsdpKeys = {"world_size", "sharding_strategy", "shard_group_size",
                                             "use_orig_params", "optimizer", "optimizer_impl", "version",
-                                            "reshard_after_forward", "cpu_offload"};
+                                            "reshard_after_forward", "cpu_offload", "fp32_master_weights",
+                                            "gradient_accumulation_steps", "no_sync"};
 std::vector<std::string> hardware_keys() {
   std::vector<std::string> out = {"preset", "gpus_per_node"};
   for (const auto& f : hardware_fields()) out.push_back(f.key);
@@ -232,6 +233,19 @@ class Parser {
     if (auto it = v.find("use_orig_params"); it != v.end()) {
       if (!it->is_boolean()) fail("\"fsdp.use_orig_params\" must be true or false, not " + json_type_name(*it));
       out.use_orig_params = it->get<bool>();
+    }
+    if (auto it = v.find("fp32_master_weights"); it != v.end()) {
+      if (!it->is_boolean()) fail("\"fsdp.fp32_master_weights\" must be true or false, not " + json_type_name(*it));
+      out.fp32_master_weights = it->get<bool>();
+    }
+    if (auto it = v.find("gradient_accumulation_steps"); it != v.end()) {
+      out.gradient_accumulation_steps = count(*it, "fsdp.gradient_accumulation_steps");
+      if (out.gradient_accumulation_steps < 1 || out.gradient_accumulation_steps > kMaxAccumulationSteps)
+        fail("\"fsdp.gradient_accumulation_steps\" must be from 1 to " + std::to_string(kMaxAccumulationSteps));
+    }
+    if (auto it = v.find("no_sync"); it != v.end()) {
+      if (!it->is_boolean()) fail("\"fsdp.no_sync\" must be true or false, not " + json_type_name(*it));
+      out.no_sync = it->get<bool>();
     }
     if (auto it = v.find("optimizer"); it != v.end())
       out.optimizer = *optimizer_names().parse(one_of(*it, "fsdp.optimizer", optimizer_names().names()));
@@ -604,6 +618,10 @@ nlohmann::ordered_json policy_to_json(const Policy& p) {
                  {"use_orig_params", p.fsdp.use_orig_params},
                  {"optimizer", optimizer_name(p.fsdp.optimizer)}};
   if (p.fsdp.optimizer_impl) out["fsdp"]["optimizer_impl"] = optimizer_impl_name(*p.fsdp.optimizer_impl);
+  if (p.fsdp.fp32_master_weights) out["fsdp"]["fp32_master_weights"] = true;  // only when set, as above
+  if (p.fsdp.gradient_accumulation_steps > 1)
+    out["fsdp"]["gradient_accumulation_steps"] = p.fsdp.gradient_accumulation_steps;
+  if (p.fsdp.no_sync) out["fsdp"]["no_sync"] = true;
   if (p.fsdp.v2()) {
     out["fsdp"]["version"] = 2;
     out["fsdp"]["reshard_after_forward"] = reshard_to_json(p.fsdp.reshard_after_forward);
@@ -661,6 +679,9 @@ nlohmann::ordered_json policy_file_json(const Policy& p) {
   fsdp["optimizer"] = optimizer_name(p.fsdp.optimizer);
   if (p.fsdp.optimizer_impl) fsdp["optimizer_impl"] = optimizer_impl_name(*p.fsdp.optimizer_impl);
   if (p.fsdp.cpu_offload) fsdp["cpu_offload"] = true;
+  if (p.fsdp.fp32_master_weights) fsdp["fp32_master_weights"] = true;
+  if (p.fsdp.gradient_accumulation_steps > 1) fsdp["gradient_accumulation_steps"] = p.fsdp.gradient_accumulation_steps;
+  if (p.fsdp.no_sync) fsdp["no_sync"] = true;
   if (p.fsdp.v2()) {
     fsdp["version"] = 2;
     if (!(p.fsdp.reshard_after_forward == ReshardAfterForward{}))

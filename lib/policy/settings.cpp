@@ -27,7 +27,7 @@ const NameTable<ShardingStrategy>& strategy_names() {
 
 const NameTable<Optimizer>& optimizer_names() {
   static const NameTable<Optimizer> table({{"adam", Optimizer::Adam},
-                                           {"adamw", Optimizer::Adam},  // the same state as adam
+                                           {"adamw", Optimizer::AdamW},
                                            {"sgd", Optimizer::Sgd},
                                            {"sgd-momentum", Optimizer::SgdMomentum},
                                            {"none", Optimizer::None}});
@@ -106,7 +106,8 @@ std::optional<FsdpVersion> parse_version(int64_t number) {
 
 int optimizer_states(Optimizer o) {
   switch (o) {
-    case Optimizer::Adam: return 2;  // exp_avg, exp_avg_sq
+    case Optimizer::Adam:
+    case Optimizer::AdamW: return 2;  // exp_avg, exp_avg_sq
     case Optimizer::SgdMomentum: return 1;  // momentum_buffer
     case Optimizer::Sgd:
     case Optimizer::None: return 0;

@@ -15,7 +15,9 @@ namespace fsdp_plan {
 // --fsdp-version, Accelerate's fsdp_version.
 enum class FsdpVersion { V1 = 1, V2 = 2 };
 enum class ShardingStrategy { FullShard, ShardGradOp, NoShard, HybridShard };
-enum class Optimizer { Adam, Sgd, SgdMomentum, None };
+// AdamW keeps Adam's state (its decoupled weight decay is one more in-place op); kept apart so it is echoed as given.
+enum class Optimizer { Adam, AdamW, Sgd, SgdMomentum, None };
+inline bool is_adam(Optimizer o) { return o == Optimizer::Adam || o == Optimizer::AdamW; }
 // How torch.optim runs Adam's step (its foreach / fused arguments): what the
 // step's temporaries are. Default: PyTorch's choice (default_optimizer_impl).
 enum class OptimizerImpl { ForLoop, Foreach, Fused };
@@ -74,6 +76,7 @@ int optimizer_states(Optimizer o);
 
 // Far beyond any real job; keeps every byte count well inside int64.
 constexpr int64_t kMaxWorldSize = int64_t{1} << 24;
+constexpr int64_t kMaxAccumulationSteps = int64_t{1} << 20;  // fsdp.gradient_accumulation_steps
 
 // fully_shard's reshard_after_forward: true, false, or an int k (reshard to
 // k ranks after forward; k must divide the shard size).
@@ -101,6 +104,17 @@ struct FsdpSettings {
   // and CPUOffloadPolicy.
   ReshardAfterForward reshard_after_forward;
   bool cpu_offload = false;
+  // fsdp.fp32_master_weights: trainable parameters not in float32 are cast to
+  // float32 before sharding, as Accelerate does under mixed_precision bf16,
+  // fp16 or fp8 (plan/master_weights.h says exactly which, per FSDP version);
+  // MixedPrecision's param_dtype is then what the all-gathers carry.
+  bool fp32_master_weights = false;
+  // fsdp.gradient_accumulation_steps: micro-steps (forward and backward) per
+  // optimizer step; fsdp.no_sync: all but the last skip the gradient
+  // reduction (FSDP1's no_sync(), FSDP2's set_requires_gradient_sync(False)),
+  // keeping every unsharded gradient (plan/grad_accumulation.h).
+  int64_t gradient_accumulation_steps = 1;
+  bool no_sync = false;
 
   bool v2() const { return version == FsdpVersion::V2; }
 };

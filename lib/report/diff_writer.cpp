@@ -20,7 +20,37 @@ std::string plural(size_t n, const std::string& word) {
 
 std::string signed_count(int64_t delta) { return (delta >= 0 ? "+" : "-") + format_count(delta >= 0 ? delta : -delta); }
 
-// "34.94K -> 40.00K (+5.06K)" for counts, bytes likewise, JSON otherwise.
+constexpr size_t kMaxValueChars = 80;
+
+// A JSON value on one line, its middle cut past kMaxValueChars.
+std::string short_dump(const json& v) {
+  std::string s = v.dump();
+  if (s.size() <= kMaxValueChars) return s;
+  return s.substr(0, kMaxValueChars / 2) + " ... " + s.substr(s.size() - kMaxValueChars / 2 + 5);
+}
+
+// A list that changed: its lengths and its first differing element, not the
+// whole arrays (a 58 KB diff for one added layer was mostly these); the JSON
+// diff keeps both whole.
+std::string show_list_change(const json& a, const json& b) {
+  std::string out = "list of " + std::to_string(a.size()) + " -> " + std::to_string(b.size());
+  if (a.size() != b.size()) {
+    const int64_t d = static_cast<int64_t>(b.size()) - static_cast<int64_t>(a.size());
+    out += " (" + std::string(d > 0 ? "+" : "-") + std::to_string(d > 0 ? d : -d) + ")";
+  }
+  size_t i = 0;
+  while (i < a.size() && i < b.size() && a[i] == b[i]) ++i;
+  if (i < a.size() && i < b.size())
+    out += "; first difference at [" + std::to_string(i) + "]: " + short_dump(a[i]) + " -> " + short_dump(b[i]);
+  else if (i < b.size())
+    out += "; from [" + std::to_string(i) + "] added: " + short_dump(b[i]) + (b.size() - i > 1 ? ", ..." : "");
+  else if (i < a.size())
+    out += "; from [" + std::to_string(i) + "] removed: " + short_dump(a[i]) + (a.size() - i > 1 ? ", ..." : "");
+  return out + " (--format json for both lists)";
+}
+
+// "34.94K -> 40.00K (+5.06K)" for counts, bytes likewise, lists by
+// show_list_change, JSON otherwise (long values cut in the middle).
 std::string show_change(const FieldChange& c) {
   bool numbers = c.old_value.is_number_integer() && c.new_value.is_number_integer();
   bool counts = c.field.find("numel") != std::string::npos;
@@ -32,7 +62,8 @@ std::string show_change(const FieldChange& c) {
     return format_count(a) + " -> " + format_count(b) + " (" + signed_count(b - a) + ")";
   }
   if (c.field == "parent") return path_or_root(c.old_value.get<std::string>()) + " -> " + path_or_root(c.new_value.get<std::string>());
-  return c.old_value.dump() + " -> " + c.new_value.dump();
+  if (c.old_value.is_array() && c.new_value.is_array()) return show_list_change(c.old_value, c.new_value);
+  return short_dump(c.old_value) + " -> " + short_dump(c.new_value);
 }
 
 // Unit fields in reading order; fields not listed (from newer versions) follow.

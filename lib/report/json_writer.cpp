@@ -233,6 +233,21 @@ void activations_json(JsonSink& w, const Plan& plan) {
   });
 }
 
+// plan/memory_fit.h: the verdict and the headroom it assumed.
+void fit_json(JsonSink& w, const MemoryFit& f) {
+  w.field("verdict", fit_verdict_name(f.verdict));
+  w.field("hardware", f.hardware);
+  w.field("device_bytes", f.device_bytes);
+  w.field("assumed_headroom_bytes", f.headroom_bytes);
+  w.field("usable_bytes", f.usable_bytes);
+  w.field("activations_known", f.activations_known);  // the peak: memory.per_rank.peak_bytes
+  w.key("max_peak_bytes");
+  if (f.max_peak_bytes)
+    w.value(*f.max_peak_bytes);
+  else
+    w.null();
+}
+
 void memory_json(JsonSink& w, const Plan& plan) {
   const MemoryPlan& m = plan.memory;
   const RankMemory& r = m.per_rank;
@@ -276,6 +291,16 @@ void memory_json(JsonSink& w, const Plan& plan) {
         pairs_object(w, r.peak_categories);
       }
     });
+    if (plan.fit.computed) w.object_field("fit", [&] { fit_json(w, plan.fit); });
+    if (m.accumulation.steps > 1)
+      w.object_field("gradient_accumulation", [&] {
+        const GradAccumulation& a = m.accumulation;
+        w.field("steps", a.steps);
+        w.field("no_sync", a.no_sync);
+        w.field("modelled", a.modelled);
+        w.field("held_grads_bytes", a.held_grads_bytes);
+        w.field("micro_step_peak_bytes", a.micro_step_peak_bytes);
+      });
     w.field("notes", m.notes);
     w.array_field("timeline", [&] {
       for (const MemoryStep& s : m.timeline) timeline_step_json(w, s, acts.known());

@@ -2,9 +2,12 @@
 
 #include <algorithm>
 #include <map>
+#include <utility>
+#include <vector>
 
 #include "model/class_names.h"
 #include "report/time_text.h"
+#include "report/warning_groups.h"
 #include "tp/placements.h"
 #include "util/strings.h"
 
@@ -176,6 +179,54 @@ std::string activations_text(const Plan& plan) {
   return wrap(line, 100, std::string(10, ' '), std::string(8, ' '));
 }
 
+// fsdp.gradient_accumulation_steps (plan/grad_accumulation.h): what the micro-steps hold.
+std::string accumulation_text(const Plan& plan) {
+  const GradAccumulation& a = plan.memory.accumulation;
+  if (a.steps <= 1) return "";
+  std::string line = "grad accumulation " + std::to_string(a.steps) + " micro-steps" + (a.no_sync ? ", no_sync" : "");
+  if (!a.modelled)
+    line += ": not modelled with CPU offload (the gradients live on the host); the peak is one micro-step's";
+  else
+    line += ": the peak above holds " + format_bytes(a.held_grads_bytes) +
+            (a.no_sync ? " of UNSHARDED gradients (kept until the last micro-step reduce-scatters)"
+                       : " of sharded gradients (every micro-step reduce-scatters)") +
+            " through the later micro-steps, an ESTIMATE (upper bound); one micro-step alone peaks at " +
+            format_bytes(a.micro_step_peak_bytes);
+  return wrap(line, 100, std::string(10, ' '), std::string(8, ' '));
+}
+
+// The verdict on the peak against the --hardware GPU (plan/memory_fit.h): its
+// memory less the headroom the plan ASSUMES for what it does not model, and
+// against --max-peak-bytes when set.
+std::string fit_text(const Plan& plan) {
+  const MemoryFit& f = plan.fit;
+  if (!f.computed) return "";
+  std::string line = std::string("verdict ") + fit_verdict_name(f.verdict) + ": peak " + format_bytes(f.peak_bytes);
+  const std::string gpu = f.hardware_name + " (--hardware " + f.hardware + (f.hardware_given ? "" : ", the default") + ")";
+  switch (f.verdict) {
+    case FitVerdict::Fits:
+      line += " of " + format_bytes(f.usable_bytes) + " usable on an " + gpu + ", " +
+              format_bytes(f.usable_bytes - f.peak_bytes) + " spare";
+      break;
+    case FitVerdict::Tight:
+      line += " is over the " + format_bytes(f.usable_bytes) + " usable on an " + gpu +
+              " but under its whole memory: it fits only if the process needs less than the headroom assumed";
+      break;
+    case FitVerdict::DoesNotFit:
+      line += " is over the whole memory of an " + gpu + " by " + format_bytes(f.peak_bytes - f.device_bytes);
+      break;
+  }
+  // The headroom's parts are in docs/memory-model.md and the JSON (memory.fit): here its total.
+  line += "; usable: its " + format_bytes(f.device_bytes) + " less " + format_bytes(f.headroom_bytes) +
+          " ASSUMED for the CUDA context, NCCL buffers and allocator fragmentation (docs/memory-model.md)";
+  if (!f.activations_known) line += "; the peak has no activations: a lower bound";
+  if (f.max_peak_bytes)
+    line += "; --max-peak-bytes " + format_bytes(*f.max_peak_bytes) +
+            (f.peak_bytes <= *f.max_peak_bytes ? ": within, " + format_bytes(*f.max_peak_bytes - f.peak_bytes) + " spare"
+                                               : ": over by " + format_bytes(f.peak_bytes - *f.max_peak_bytes));
+  return wrap(line, 100, std::string(10, ' '), std::string(8, ' '));
+}
+
 // FSDP2: the mesh, then the peak by category.
 std::string fsdp2_memory_text(const Plan& plan) {
   const MemoryPlan& m = plan.memory;
@@ -213,7 +264,7 @@ std::string fsdp2_memory_text(const Plan& plan) {
   for (const auto& [name, bytes] : r.peak_categories)
     if (bytes > 0) parts.push_back(name + " " + format_bytes(bytes));
   peak += ": " + join(parts);
-  return out + wrap(peak, 100, std::string(10, ' '), std::string(8, ' '));
+  return out + wrap(peak, 100, std::string(10, ' '), std::string(8, ' ')) + accumulation_text(plan) + fit_text(plan);
 }
 
 std::string memory_text(const Plan& plan) {
@@ -242,7 +293,51 @@ std::string memory_text(const Plan& plan) {
     peak += " at unit " + std::to_string(r.peak_unit) + " " + path_or_root(path) + ", " +
             std::to_string(r.peak_gathered.size()) + " unit" + (r.peak_gathered.size() == 1 ? "" : "s") + " gathered";
   }
-  return out + wrap(peak, 100, std::string(10, ' '), std::string(8, ' '));
+  return out + wrap(peak, 100, std::string(10, ' '), std::string(8, ' ')) + accumulation_text(plan) + fit_text(plan);
+}
+
+// "layers.7" -> ("layers.", 7); -1 when the last name is no index.
+std::pair<std::string, long> split_index(const std::string& path) {
+  const size_t dot = path.rfind('.');
+  const std::string last = dot == std::string::npos ? path : path.substr(dot + 1);
+  if (last.empty() || last.size() > 9 || last.find_first_not_of("0123456789") != std::string::npos) return {"", -1};
+  return {path.substr(0, path.size() - last.size()), std::stol(last)};
+}
+
+// Without --wide or -v, a run of kFoldRun or more consecutive unit rows that differ
+// only in their index (a 70B's 80 decoder layers) is one row,
+// "layers.0 .. layers.79  x80": same class, sizes, mixed precision and
+// reshard_after_forward, indices counting up by one. Row is UnitTableRow.
+template <class Row>
+void fold_identical_rows(const Plan& plan, std::vector<Row>& rows) {
+  constexpr size_t kFoldRun = 6;
+  auto same = [&](const Row& a, const Row& b) {
+    if (a.unit < 0 || b.unit < 0 || a.group || b.group) return false;
+    const Unit& ua = plan.units[static_cast<size_t>(a.unit)];
+    const Unit& ub = plan.units[static_cast<size_t>(b.unit)];
+    const auto [pa, ia] = split_index(a.path);
+    const auto [pb, ib] = split_index(b.path);
+    return ia >= 0 && pa == pb && ib == ia + 1 && a.indent == b.indent && a.cls == b.cls && a.numel == b.numel &&
+           a.frozen == b.frozen && a.bytes == b.bytes && a.buffer_bytes == b.buffer_bytes && a.buffers == b.buffers &&
+           ua.mixed_precision == ub.mixed_precision && ua.reshard_after_forward == ub.reshard_after_forward;
+  };
+  std::vector<Row> out;
+  for (size_t i = 0; i < rows.size();) {
+    size_t j = i + 1;
+    while (j < rows.size() && same(rows[j - 1], rows[j])) ++j;
+    if (j - i >= kFoldRun) {
+      Row r = rows[i];
+      r.count = static_cast<int>(j - i);
+      r.last_unit = rows[j - 1].unit;
+      r.path = rows[i].path + " .. " + rows[j - 1].path + "  x" + std::to_string(j - i);
+      r.group = true;  // not shortened
+      out.push_back(std::move(r));
+    } else {
+      for (size_t k = i; k < j; ++k) out.push_back(std::move(rows[k]));
+    }
+    i = j;
+  }
+  rows = std::move(out);
 }
 
 }  // namespace
@@ -283,6 +378,8 @@ struct UnitTableRow {
   bool group = false;  // "[a, b]": not shortened
   int64_t numel = 0, frozen = 0, bytes = 0, buffer_bytes = 0;
   bool buffers = false;
+  int count = 1;  // a fold of identical consecutive units (layers.0 .. layers.79): how many
+  int last_unit = -1;
 };
 
 // A call on several modules (fully_shard([a, b]) manages the subtrees of a
@@ -388,6 +485,7 @@ std::string units_table_text(const Plan& plan, const TextOptions& options) {
   const bool frozen = std::any_of(plan.units.begin(), plan.units.end(), [](const Unit& u) { return u.frozen_numel > 0; });
   const size_t other_columns = kOtherColumns + (frozen ? 9 : 0);
   std::vector<UnitTableRow> rows = unit_table_rows(plan);
+  if (!options.wide && !options.unfold) fold_identical_rows(plan, rows);
   size_t unit_width = kUnitWidth, class_width = kClassWidth;
   for (const UnitTableRow& r : rows) {
     unit_width = std::max(unit_width, r.indent.size() + r.path.size());
@@ -400,6 +498,13 @@ std::string units_table_text(const Plan& plan, const TextOptions& options) {
   size_t call_width = 4;
   for (const Unit& u : plan.units)
     if (u.reshard_after_forward) call_width = std::max(call_width, std::to_string(u.call).size() + 2);
+  auto call_text = [&](const UnitTableRow& r, const Unit& u) {
+    return r.count > 1 ? "[" + std::to_string(u.call) + ".." + std::to_string(plan.units[static_cast<size_t>(r.last_unit)].call) + "]"
+                       : "[" + std::to_string(u.call) + "]";
+  };
+  for (const UnitTableRow& r : rows)
+    if (r.count > 1 && plan.units[static_cast<size_t>(r.unit)].reshard_after_forward)
+      call_width = std::max(call_width, call_text(r, plan.units[static_cast<size_t>(r.unit)]).size());
   const bool calls = plan.v2();
   const bool wide_time = options.wide && plan.comm.computed && plan.time.computed;
   std::string out = pad("#", 4, true) + "  " + pad("unit", unit_width) + "  " + pad("class", class_width) +
@@ -419,7 +524,7 @@ std::string units_table_text(const Plan& plan, const TextOptions& options) {
         line += pad(unit_comm_cell(plan, static_cast<size_t>(r.unit)), 11, true) +
                 pad(unit_exposed_cell(plan, static_cast<size_t>(r.unit)), 13, true);
       if (u.reshard_after_forward)
-        line += "  " + pad("[" + std::to_string(u.call) + "]", call_width) + "  " + reshard_text(*u.reshard_after_forward);
+        line += "  " + pad(call_text(r, u), call_width) + "  " + reshard_text(*u.reshard_after_forward);
     }
     out += line + "\n";
   }
@@ -448,9 +553,10 @@ std::string plan_warnings_text(const Plan& plan) {
   if (std::none_of(plan.warnings.begin(), plan.warnings.end(), [](const Warning& w) { return w.kind != "unmatched_class"; }))
     return "";
   std::string out = "\n";
-  for (const auto& w : plan.warnings)
-    if (w.kind != "unmatched_class")
-      out += wrap(pad(severity_name(w.severity), 8) + w.kind + ": " + w.message, 100, std::string(10, ' '));
+  // One line per kind of per-module warning, with the count and the first paths (JSON keeps each).
+  const auto others = [](const Warning& w) { return w.kind != "unmatched_class"; };
+  for (const WarningGroup& g : group_warnings(plan.warnings, others))
+    out += wrap(pad(severity_name(g.first->severity), 8) + warning_group_text(g), 100, std::string(10, ' '));
   return out;
 }
 

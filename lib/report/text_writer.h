@@ -13,6 +13,7 @@ namespace fsdp_plan {
 struct TextOptions {
   size_t width = 100;  // the terminal's columns
   bool wide = false;   // never shorten anything
+  bool unfold = false; // -v: every unit a row (no "layers.0 .. layers.79  x80"); --wide unfolds too
 };
 
 std::string plan_to_text(const Plan& plan, const TextOptions& options = {});

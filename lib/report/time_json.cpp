@@ -240,7 +240,7 @@ void time_json(JsonSink& w, const Plan& plan, bool events) {
     w.field("step_s", known(t.step_s));
     w.field("compute_s", known(t.compute_s));
     w.field("exposed_comm_s", t.exposed_comm_s);
-    w.field("optimizer_s", known(t.optimizer_s));
+    w.field("optimizer_s", t.optimizer_modelled ? known(t.optimizer_s) : std::nullopt);  // CPU offload: not modelled
     w.field("comm_s", t.comm_s);
     w.field("channel_s", t.channel_s);
     w.field("forward_end_s", known(t.forward_end_s));

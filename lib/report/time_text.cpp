@@ -134,7 +134,8 @@ std::string comm_time_text(const Plan& plan) {
     std::string line = "time    ESTIMATE: ";
     if (t.flops_known) {
       line += "step " + secs(t.step_s) + " = compute " + secs(t.compute_s) + " + exposed communication " +
-              secs(t.exposed_comm_s) + " + optimizer " + secs(t.optimizer_s);
+              secs(t.exposed_comm_s) + " + optimizer " +
+              (t.optimizer_modelled ? secs(t.optimizer_s) : "not modelled (CPU offload steps it on the CPU; left out)");
       if (t.tp_comm_s > 0) line += " + tensor-parallel communication " + secs(t.tp_comm_s) + " (blocking)";
     } else {
       // docs/time-model.md section 6: without FLOPs only what no compute can hide.
@@ -145,7 +146,7 @@ std::string comm_time_text(const Plan& plan) {
     }
     line += "; " + hw.name + " (--hardware " + hw.preset + "), " + efficiencies(hw);
     if (!hw.overridden.empty()) line += ", overridden: " + join(hw.overridden);
-    if (t.flops_known) line += "; FLOPs from " + t.flops_source;
+    if (t.flops_known) line += "; FLOPs from " + t.flops_source + "; " + t.compute_dtype_note;
     out += wrap_line(line);
   }
   return out;

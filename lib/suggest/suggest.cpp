@@ -169,6 +169,14 @@ double rank_seconds(const Candidate& c) {
 }
 
 std::vector<Candidate> suggest_candidates(const ModuleTree& tree, const Policy& base, const SuggestOptions& opt) {
+  if (opt.pin_wrapping) {
+    Candidate c;
+    c.label = "the --policy as given (--pin-wrapping)";
+    c.origin = "base";
+    c.policy = base;
+    c.tp = base.tensor_parallel ? base.tensor_parallel->degree : 1;
+    return {std::move(c)};
+  }
   Ignored ignored = resolve_ignored(tree, base);
   std::vector<int64_t> numel = subtree_numel(tree, ignored.tensor);
   std::vector<ClassInfo> classes = wrappable_classes(tree, numel);
@@ -488,7 +496,7 @@ std::vector<FitAdvice> fit_advice(const ModuleTree& tree, const std::vector<Cand
   }
   // Optimizer: fewer states per parameter (Adam 2, SGD with momentum 1, SGD 0).
   std::vector<Optimizer> cheaper;
-  if (base.fsdp.optimizer == Optimizer::Adam) cheaper = {Optimizer::SgdMomentum, Optimizer::Sgd};
+  if (is_adam(base.fsdp.optimizer)) cheaper = {Optimizer::SgdMomentum, Optimizer::Sgd};
   if (base.fsdp.optimizer == Optimizer::SgdMomentum) cheaper = {Optimizer::Sgd};
   for (Optimizer o : cheaper) {  // the units stay: only the memory estimate changes
     auto fits = std::find_if(ranked.begin(), ranked.end(), [&](const Candidate* cp) {
@@ -539,7 +547,7 @@ Suggestion suggest(const ModuleTree& tree, const Policy& base, const SuggestOpti
     evaluate(c, *plan, tree, opt, block);
     // The same plan with its blocks checkpointed, where the graph says what that saves
     // (a TorchScript file or an allowance does not) and the base policy sets none.
-    if (c.dropped.empty() && c.per_block && !c.checkpointed && !block_class.empty() &&
+    if (!opt.pin_wrapping && c.dropped.empty() && c.per_block && !c.checkpointed && !block_class.empty() &&
         !base.activation_checkpointing && plan->activations.source == ActivationSource::Graph) {
       Candidate ac;
       ac.label = c.label + " + activation checkpointing [" + block_class + "]";
@@ -553,7 +561,7 @@ Suggestion suggest(const ModuleTree& tree, const Policy& base, const SuggestOpti
     }
     // A refused candidate, fixed as the refusal checks say, is a candidate too
     // (twice at most: a fix may uncover another refusal).
-    if (!c.dropped.empty() && c.fixes < 2) {
+    if (!opt.pin_wrapping && !c.dropped.empty() && c.fixes < 2) {
       if (auto f = fix_refusals(*plan); f && labels.insert(c.label + " + " + f->what).second) {
         Candidate fixed;
         fixed.label = c.label + " + " + f->what;

@@ -27,6 +27,9 @@ struct SuggestOptions {
   // When nothing fits, the single settings that would make a candidate fit
   // (Suggestion::advice). --maximize's probes skip it.
   bool advice = true;
+  // --pin-wrapping: the base policy's wrapping as given, the one candidate
+  // (no classes, sizes, groups, tp degrees, checkpointing or fixes tried).
+  bool pin_wrapping = false;
 };
 
 // One policy tried, and what its plan says.

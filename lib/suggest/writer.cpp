@@ -8,6 +8,8 @@
 
 #include "fsdp1/memory.h"
 #include "model/class_names.h"
+#include "plan/memory_fit.h"
+#include "time/hardware.h"
 #include "util/strings.h"
 
 namespace fsdp_plan {
@@ -82,6 +84,23 @@ std::map<std::string, int> drop_reasons(const Suggestion& s) {
 
 }  // namespace
 
+// What --budget does not count and the plan ASSUMES (plan/memory_fit.h), on
+// the policy's --hardware: the budget that leaves it room.
+std::string headroom_text(const Policy& base, int64_t budget_bytes) {
+  const HardwareFigures hw = resolve_hardware(base.hardware);
+  const int64_t headroom = assumed_headroom_bytes(hw.memory_bytes);
+  const int64_t usable = hw.memory_bytes - headroom;
+  std::string line = "headroom the budget is for the memory model's peak; a process needs more: on an " + hw.name +
+                     " (--hardware " + hw.preset + (base.hardware.preset_given ? "" : ", the default") +
+                     ") the plan ASSUMES " + format_bytes(headroom) +
+                     " for the CUDA context, NCCL buffers and allocator fragmentation (docs/memory-model.md): " +
+                     format_bytes(usable) + " usable";
+  line += budget_bytes > usable ? "; --budget " + format_bytes(budget_bytes) +
+                                      " is over that: a plan that fits it may not fit the GPU"
+                                : "; --budget " + format_bytes(budget_bytes) + " is within it";
+  return wrap_words(line, 100, std::string(9, ' '));
+}
+
 std::string suggestion_to_text(const Suggestion& s, const SuggestContext& ctx) {
   const ModuleTree& tree = *ctx.tree;
   const Policy& base = *ctx.base;
@@ -95,6 +114,8 @@ std::string suggestion_to_text(const Suggestion& s, const SuggestContext& ctx) {
   out += std::string("        ") + (base.fsdp.v2() ? "FSDP2 (fully_shard)" : "FSDP1") + ", world size " +
          std::to_string(base.fsdp.world_size) + ", " + strategy_name(base.fsdp.strategy) +
          ", " + optimizer_name(base.fsdp.optimizer) + ", mixed precision " + mixed_precision_name(base) + "\n";
+  out += headroom_text(base, o.budget_bytes);
+  if (o.pin_wrapping) out += "pinned  --pin-wrapping: the --policy's wrapping as given, the only candidate (no search)\n";
   size_t fitting = 0;
   for (const auto& c : s.ranked) fitting += c.fits;
   out += "tried   " + std::to_string(s.tried) + " policies, " + std::to_string(s.tried - s.duplicates) +
@@ -142,10 +163,13 @@ std::string suggestion_to_text(const Suggestion& s, const SuggestContext& ctx) {
     for (size_t i = 1; i < s.ranked.size() && !next; ++i)
       if (s.ranked[i].fits) next = &s.ranked[i];
     if (next) out += "why     " + why_best(*best, *next) + "\n";
-    out += std::string("time    an ESTIMATE (docs/time-model.md): ") +
-           (step ? "step time from the --flops figures" : "the communication compute cannot hide (no FLOPs: "
-                                                          "every unit's compute assumed long enough to hide its "
-                                                          "neighbours' collectives)") +
+    const std::string& source = best->plan->time.flops_source;
+    const std::string basis =
+        !step ? "the communication compute cannot hide (no FLOPs: every unit's compute assumed long enough to hide "
+                "its neighbours' collectives)"
+        : source == "graph" ? "step time from the .pt2 graph's FLOPs"
+                            : "step time from the --flops figures (" + source + ")";
+    out += "time    an ESTIMATE (docs/time-model.md): " + basis +
            ", " + best->plan->time.hardware.name + ", " + std::to_string(best->plan->time.hardware.gpus_per_node) +
            " GPUs per node\n";
     return out;
@@ -194,6 +218,12 @@ nlohmann::ordered_json suggestion_to_json(const Suggestion& s, const SuggestCont
                      {"mixed_precision", base.mixed_precision && base.mixed_precision->param_dtype
                                              ? json(*base.mixed_precision->param_dtype)
                                              : json(nullptr)}};
+  // What the budget leaves out, ASSUMED (headroom_text); the wrapping pinned or searched.
+  const HardwareFigures hw = resolve_hardware(base.hardware);
+  out["settings"]["hardware"] = hw.preset;
+  out["settings"]["assumed_headroom_bytes"] = assumed_headroom_bytes(hw.memory_bytes);
+  out["settings"]["usable_bytes"] = hw.memory_bytes - assumed_headroom_bytes(hw.memory_bytes);
+  out["settings"]["pin_wrapping"] = ctx.options.pin_wrapping;
   size_t fitting = 0;
   for (const auto& c : s.ranked) fitting += c.fits;
   out["tried"] = s.tried;
@@ -250,6 +280,11 @@ std::string maximized_text(const Maximized& m, int64_t budget_bytes) {
   } else {
     line += at + " is the largest that fits " + format_bytes(budget_bytes) + " per rank (" + m.dim + " " +
             std::to_string(m.value + 1) + ": the nearest needs " + format_bytes(m.next_needed_bytes) + ")";
+  }
+  if (m.found && !m.suggestion.ranked.empty() && m.suggestion.ranked.front().fits) {
+    const int64_t need = m.suggestion.ranked.front().needed_bytes;
+    line += "; there the best needs " + format_bytes(need) + ", " + format_bytes(budget_bytes - need) +
+            " under the budget (headroom for what the peak leaves out: the headroom line below)";
   }
   return line + "; " + std::to_string(m.probes) + " suggestions planned; the ranking below is at " + at + "\n";
 }

@@ -15,6 +15,7 @@ HardwareFigures preset_figures(HardwarePreset p) {
       // H100 SXM5 80GB: BF16 989.4 TFLOP/s dense, TF32 494.7, HBM3 3.35 TB/s,
       // NVLink 4 900 GB/s total, PCIe Gen5 x16 64 GB/s per direction.
       hw.name = "H100 SXM5 80GB";
+      hw.memory_bytes = int64_t{81559} << 20;  // 79.6 GiB: nvidia-smi's 81559 MiB
       hw.bf16_flops = 989.4e12;
       hw.tf32_flops = 494.7e12;
       hw.hbm_bytes_per_s = 3.35e12;
@@ -25,6 +26,7 @@ HardwareFigures preset_figures(HardwarePreset p) {
     case HardwarePreset::H200:
       // H200 SXM 141GB: the H100's Tensor Cores, HBM3e 4.8 TB/s, NVLink 4.
       hw.name = "H200 SXM 141GB";
+      hw.memory_bytes = int64_t{143771} << 20;  // 140.4 GiB: nvidia-smi's 143771 MiB
       hw.bf16_flops = 989.4e12;
       hw.tf32_flops = 494.7e12;
       hw.hbm_bytes_per_s = 4.8e12;
@@ -36,6 +38,7 @@ HardwareFigures preset_figures(HardwarePreset p) {
       // A100 SXM4 80GB: BF16 312 TFLOP/s dense, TF32 156, HBM2e 2,039 GB/s,
       // NVLink 3 600 GB/s total, PCIe Gen4 x16 32 GB/s per direction.
       hw.name = "A100 SXM4 80GB";
+      hw.memory_bytes = int64_t{81920} << 20;  // 80 GiB: nvidia-smi's 81920 MiB
       hw.bf16_flops = 312e12;
       hw.tf32_flops = 156e12;
       hw.hbm_bytes_per_s = 2.039e12;

@@ -145,16 +145,71 @@ std::vector<Segment> with_missing(const std::vector<Segment>& segs, const std::v
   return out;
 }
 
-std::string unit_compute_dtype(const Plan& plan, const Unit& u) {
+std::string fmt(const char* format, double v);
+
+bool low_precision(const std::string& dtype) { return dtype == "bfloat16" || dtype == "float16"; }
+
+// Per module, whether its own matmuls run at the bf16 (fp16) Tensor Core peak
+// or at TF32's: in its unit's param_dtype under mixed precision; else in its
+// own parameters' dtype (the widest: peft's fp32 lora_A beside a bf16 base
+// layer runs in fp32); a module with none (attention's SDPA, a container)
+// computes on its unit's activations, in the dtype most of the unit's
+// parameters are in.
+std::vector<bool> low_precision_modules(const Plan& plan, const std::vector<int>& owner) {
+  const ModuleTree& tree = *plan.tree;
   const auto& mp = plan.policy.mixed_precision;
-  if (u.mixed_precision.value_or(false) && mp && mp->param_dtype) return *mp->param_dtype;
-  std::string widest;
-  int64_t size = 0;
-  for (const auto& o : u.params) {
-    const TensorInfo& t = plan.tree->tensor(o.tensor);
-    if (t.itemsize > size) size = t.itemsize, widest = t.dtype;
+  std::vector<int64_t> low_numel(plan.units.size(), 0), numel(plan.units.size(), 0);
+  for (size_t u = 0; u < plan.units.size(); ++u)
+    for (const auto& o : plan.units[u].params) {
+      numel[u] += tree.numel(o.tensor);
+      if (low_precision(tree.tensor(o.tensor).dtype)) low_numel[u] += tree.numel(o.tensor);
+    }
+  std::vector<bool> out(tree.num_modules(), false);
+  for (size_t m = 0; m < tree.num_modules() && m < owner.size(); ++m) {
+    const auto u = static_cast<size_t>(owner[m]);
+    if (plan.units[u].mixed_precision.value_or(false) && mp && mp->param_dtype) {
+      out[m] = low_precision(*mp->param_dtype);
+      continue;
+    }
+    int64_t widest = 0;
+    bool low = false;
+    for (const auto& slot : tree.module(static_cast<ModuleId>(m)).params) {
+      const TensorInfo& t = tree.tensor(slot.tensor);
+      if (t.itemsize > widest) widest = t.itemsize, low = low_precision(t.dtype);
+    }
+    out[m] = widest > 0 ? low : numel[u] > 0 && 2 * low_numel[u] > numel[u];
   }
-  return widest;
+  return out;
+}
+
+// The assumption line on the compute's dtypes: which peak, for what share of the FLOPs.
+std::string compute_dtype_note(const Plan& plan, const HardwareFigures& hw, const FlopProfile& flops,
+                               const std::vector<bool>& low) {
+  int64_t low_flops = 0, all = 0, tf32_modules = 0;
+  std::string names;
+  for (const auto& [module, f] : flops.forward_order) {
+    all += f;
+    if (low[static_cast<size_t>(module)]) {
+      low_flops += f;
+    } else if (f > 0 && ++tf32_modules <= 3) {
+      names += (names.empty() ? "" : ", ") + path_or_root(plan.tree->path(module));
+    }
+  }
+  if (tf32_modules > 3) names += ", ... (" + std::to_string(tf32_modules) + " modules)";
+  const double share = all > 0 ? static_cast<double>(low_flops) / static_cast<double>(all) : 1.0;
+  // Each module's matmuls at the peak of the dtype they run in (its unit's param_dtype under mixed
+  // precision, else its own parameters').
+  const std::string bf16 = "bf16 peak (" + fmt("%.1f", hw.bf16_flops / 1e12) + " TFLOP/s)";
+  const std::string tf32 = "TF32 peak (" + fmt("%.1f", hw.tf32_flops / 1e12) + " TFLOP/s)";
+  std::string out;
+  if (low_flops == all)
+    out = "compute dtype: bf16, at the " + bf16 + ", all FLOPs";
+  else if (low_flops == 0)
+    out = "compute dtype: fp32, at the " + tf32 + ", all FLOPs";
+  else
+    out = "compute dtypes, each module at its own: " + bf16 + " for " + fmt("%.1f", 100 * share) +
+          "% of the forward FLOPs, " + tf32 + " for " + fmt("%.1f", 100 * (1 - share)) + "% (fp32: " + names + ")";
+  return out;
 }
 
 // Bytes of HBM the optimizer step moves per trainable element of the fp32
@@ -172,7 +227,8 @@ std::string unit_compute_dtype(const Plan& plan, const Unit& u) {
 int optimizer_bytes_per_param(Optimizer o, OptimizerImpl impl) {
   const bool fused = impl == OptimizerImpl::Fused;
   switch (o) {
-    case Optimizer::Adam: return fused ? 28 : 84;
+    case Optimizer::Adam:
+    case Optimizer::AdamW: return fused ? 28 : 84;  // AdamW's weight-decay pass not counted
     case Optimizer::SgdMomentum: return fused ? 20 : 32;
     case Optimizer::Sgd: return 12;
     case Optimizer::None: return 0;
@@ -234,14 +290,24 @@ std::vector<std::string> assumptions(const Plan& plan, const StepTime& t) {
     }
     out.push_back("FLOPs: " + source +
                   ", counted as FlopCounterMode counts (matmul-like ops only, causal attention in full); compute at " +
-                  fmt("%g", hw.compute_efficiency) + " of the " + t.compute_dtype + " peak");
+                  fmt("%g", hw.compute_efficiency) + " of the peak");
+    out.push_back(t.compute_dtype_note);
     const FsdpSettings& s = plan.memory.settings;
-    out.push_back(std::string("optimizer: ") + optimizer_name(s.optimizer) + " (" +
-                  optimizer_impl_name(s.optimizer_impl.value_or(OptimizerImpl::ForLoop)) +
-                  ") on the shards, memory-bound (" + std::to_string(optimizer_bytes_per_param(s)) +
-                  " B per trainable element at " +
-                  fmt("%g", hw.memory_efficiency) + " of the HBM peak)" +
-                  (s.cpu_offload ? "; CPU offload's optimizer step on the CPU is not modelled" : ""));
+    if (s.cpu_offload) {
+      out.push_back(std::string("optimizer: ") + optimizer_name(s.optimizer) +
+                    " on the CPU (CPU offload): not modelled; the step time leaves it out");
+    } else {
+      out.push_back(std::string("optimizer: ") + optimizer_name(s.optimizer) + " (" +
+                    optimizer_impl_name(s.optimizer_impl.value_or(OptimizerImpl::ForLoop)) +
+                    ") on the shards, memory-bound (" + std::to_string(optimizer_bytes_per_param(s)) +
+                    " B per trainable element at " + fmt("%g", hw.memory_efficiency) + " of the HBM peak)");
+    }
+    if (s.gradient_accumulation_steps > 1)
+      out.push_back("gradient accumulation: the step is one micro-step and the optimizer; an optimizer step runs " +
+                    std::to_string(s.gradient_accumulation_steps) + " micro-steps, " +
+                    (s.no_sync ? "only the last of them reduce-scattering (no_sync): the others all-gather only"
+                               : "each all-gathering and reduce-scattering") +
+                    " (not modelled: their time)");
   } else {
     out.push_back("FLOPs unknown (no op graph: a TorchScript model, and no --flops): no compute time and no step "
                   "time; the exposed communication assumes every unit holding a matrix computes long enough to "
@@ -375,7 +441,11 @@ class StepTimeModel {
         f = placed[u] ? 0 : unit_backward[u];  // no forward FLOPs to divide by: its first backward segment
       }
       placed[u] = true;
-      bwd_.push_back({fwd_[k].unit, f, static_cast<double>(f) / flop_rate_ + fwd_[k].tp_backward_s,
+      // The backward at the rate its forward segment ran at (its modules' dtypes).
+      const double compute_s = fwd_[k].seconds - fwd_[k].tp_s;
+      const double rate = !one_rate_ && fwd_[k].flops > 0 && compute_s > 0
+                              ? static_cast<double>(fwd_[k].flops) / compute_s : flop_rate_;
+      bwd_.push_back({fwd_[k].unit, f, static_cast<double>(f) / rate + fwd_[k].tp_backward_s,
                       fwd_[k].tp_backward_s});
     }
   }
@@ -482,8 +552,11 @@ class StepTimeModel {
     if (!flops_) return;
     for (const UnitComm& u : comm_.units) t_.optimizer_trainable_shard_numel += u.trainable_shard_numel;
     const int per = optimizer_bytes_per_param(plan_.memory.settings);
-    t_.optimizer_s = static_cast<double>(t_.optimizer_trainable_shard_numel * per) /
-                     (hw_.hbm_bytes_per_s * hw_.memory_efficiency);
+    // CPU offload steps the optimizer on the host, which no figure here models: left out, and said.
+    t_.optimizer_modelled = !plan_.memory.settings.cpu_offload;
+    t_.optimizer_s = t_.optimizer_modelled ? static_cast<double>(t_.optimizer_trainable_shard_numel * per) /
+                                                 (hw_.hbm_bytes_per_s * hw_.memory_efficiency)
+                                           : 0;
   }
 
   // The totals, and the assumptions the estimate rests on.
@@ -512,19 +585,23 @@ class StepTimeModel {
   // the peak of the compute dtype (bf16 when every unit computes in a 16-bit
   // dtype); a module's TP collectives go with its first forward segment.
   void forward_segments_from_flops() {
-    bool low = true, any = false;
-    for (const Unit& u : plan_.units) {
-      if (u.params.empty()) continue;
-      const std::string d = unit_compute_dtype(plan_, u);
-      any = true;
-      low = low && (d == "bfloat16" || d == "float16");
-    }
-    t_.compute_dtype = any && low ? "bf16" : "tf32";
-    t_.compute_peak_flops = t_.compute_dtype == "bf16" ? hw_.bf16_flops : hw_.tf32_flops;
-    flop_rate_ = t_.compute_peak_flops * hw_.compute_efficiency;
+    const std::vector<bool> low = low_precision_modules(plan_, owner_);
+    int64_t low_flops = 0, all_flops = 0;
     for (const auto& [module, f] : flops_->forward_order) {
+      all_flops += f;
+      if (low[static_cast<size_t>(module)]) low_flops += f;
+    }
+    // The dtype most FLOPs run in: what a rate without a module (a backward with no forward) takes.
+    t_.compute_dtype = 2 * low_flops >= all_flops && (low_flops > 0 || all_flops == 0) ? "bf16" : "tf32";
+    t_.compute_peak_flops = t_.compute_dtype == "bf16" ? hw_.bf16_flops : hw_.tf32_flops;
+    t_.compute_dtype_note = compute_dtype_note(plan_, hw_, *flops_, low);
+    flop_rate_ = t_.compute_peak_flops * hw_.compute_efficiency;
+    one_rate_ = low_flops == 0 || low_flops == all_flops;
+    for (const auto& [module, f] : flops_->forward_order) {
+      // A module's TP collectives go with its first forward segment.
       const auto m = static_cast<size_t>(module);
-      push_merged(fwd_, owner_[m], f, static_cast<double>(f) / flop_rate_, tp_fwd_[m], tp_bwd_[m]);
+      const double rate = (low[m] ? hw_.bf16_flops : hw_.tf32_flops) * hw_.compute_efficiency;
+      push_merged(fwd_, owner_[m], f, static_cast<double>(f) / rate, tp_fwd_[m], tp_bwd_[m]);
       tp_fwd_[m] = tp_bwd_[m] = 0;
     }
     // A module with TP collectives but no FLOPs of its own: its unit's last segment so far.
@@ -669,6 +746,7 @@ class StepTimeModel {
   // Compute: the segments, the rate, when the stream is free.
   std::vector<Segment> fwd_, bwd_;
   double flop_rate_ = 1;
+  bool one_rate_ = true;  // every module at one peak: the backward at flop_rate_
   double compute_free_ = 0;
   std::vector<bool> done_;  // per collective: issued
   // Forward: the all-gathers in issue order, their units, each unit's place, its segments' times.

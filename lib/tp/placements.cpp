@@ -107,6 +107,51 @@ const char* style_class(TpStyle s) {
 
 bool fnmatch_token(const std::string& pattern, const std::string& name) { return fnmatch_linear(pattern, name); }
 
+// A plan that shards the sequence (a sequence_parallel module, a rowwise
+// output or a colwise / prepare_module_input input on shard(...)) on a model
+// whose rotary embeddings are computed once, outside the layers (Hugging
+// Face's LlamaRotaryEmbedding at model.rotary_emb): the layers get cos / sin
+// for the whole sequence beside a sequence-sharded residual, and torch's first
+// forward fails (docs/tensor-parallel.md, "Not modelled yet"; tests/
+// tensor_parallel/tp_reference.py, llama_titan_4x2). The plan's figures would
+// be for a step that cannot run: refused.
+void tp_sequence_rotary_check(const ModuleTree& tree, const TensorParallel& tp, int64_t T,
+                              std::vector<Warning>& warnings) {
+  if (T <= 1 || tp.from_model) return;
+  auto shard = [](const std::optional<std::string>& l) { return l && l->rfind("shard", 0) == 0; };
+  std::string key;
+  for (const auto& [pattern, spec] : tp.plan) {
+    bool seq = spec.style == TpStyle::SequenceParallel || (rowwise_like(spec.style) && shard(spec.output_layouts)) ||
+               (colwise_like(spec.style) && shard(spec.input_layouts));
+    for (const auto& l : spec.prepare_layouts) seq = seq || (spec.style == TpStyle::PrepareModuleInput && shard(l));
+    if (seq && key.empty()) key = pattern;
+  }
+  if (key.empty()) return;
+  for (ModuleId m = 0; m < static_cast<ModuleId>(tree.num_modules()); ++m) {
+    const std::string cls = bare_class(tree, m);
+    const std::string path = tree.path(m);
+    const std::string suffix = "RotaryEmbedding";
+    if (cls.size() < suffix.size() || cls.compare(cls.size() - suffix.size(), suffix.size(), suffix) != 0) continue;
+    bool in_layer = false;  // a numbered ancestor: computed in each layer, from its own input
+    for (size_t b = 0, e; b <= path.size(); b = e + 1) {
+      e = path.find('.', b);
+      if (e == std::string::npos) e = path.size();
+      in_layer = in_layer || (e > b && path.find_first_not_of("0123456789", b) >= e);
+    }
+    if (in_layer) continue;
+    warnings.push_back(make_warning(
+        "tp_sequence_rotary",
+        "'" + key + "' shards the sequence, but " + path + " (" + cls +
+            ") computes the rotary embeddings once for the whole sequence, outside the layers: each layer gets cos / "
+            "sin for every position beside a sequence-sharded residual, and torch's first forward fails (torch 2.13, "
+            "torchtitan's plan on Hugging Face's Llama at tp 2: RuntimeError: The size of tensor a (16) must match "
+            "the size of tensor b (8) at non-singleton dimension 2); the plan's figures would be for a step that "
+            "cannot run; fix: tensor parallelism without sequence parallelism (no sequence_parallel, no shard(1) "
+            "layouts), e.g. the model's own plan (\"plan\": \"model\")"));
+    return;
+  }
+}
+
 // Where the file records the attention's head counts (fsdp-plan-export's
 // "tp_model"): a colwise key projection must keep whole key-value heads, as
 // transformers checks (transformers/distributed/tensor_parallel.py:
@@ -287,6 +332,7 @@ TensorParallelPlan plan_tensor_parallel(const ModuleTree& tree, const TensorPara
               "key-value heads, the FFN width and the vocabulary"));
   }
   tp_heads_check(tree, tp, T, warnings);
+  tp_sequence_rotary_check(tree, tp, T, warnings);
   return out;
 }
 

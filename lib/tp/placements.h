@@ -35,6 +35,12 @@ TensorParallelPlan plan_transformers_tensor_parallel(const ModuleTree& tree, con
 // is planned colwise.
 void tp_heads_check(const ModuleTree& tree, const TensorParallel& tp, int64_t T, std::vector<Warning>& warnings);
 
+// tp_sequence_rotary when the plan shards the sequence and the model computes
+// its rotary embeddings outside the layers (Hugging Face's Llama): torch's
+// first forward fails.
+void tp_sequence_rotary_check(const ModuleTree& tree, const TensorParallel& tp, int64_t T,
+                              std::vector<Warning>& warnings);
+
 // parallelize_module's key matching: the key's dot-separated tokens, each
 // matched with Python's fnmatch against child names, level by level ("" is
 // the module itself).

@@ -27,6 +27,9 @@ const std::vector<WarningKind>& warning_table() {
       {"ignored_root", S::Warning, std::nullopt, W::Any},
       {"unrecorded_class", S::Warning, std::nullopt, W::Any},
       {"inferred_class", S::Info, std::nullopt, W::Any},
+      {"fp32_master_weights", S::Info, std::nullopt, W::Any},  // plan/master_weights.cpp
+      {"mixed_precision_noop", S::Warning, std::nullopt, W::Any},
+      {"not_modelled", S::Info, std::nullopt, W::Any},  // plan/analysis.cpp, accelerate/config.cpp
       // Read from an Accelerate config (accelerate/).
       {"accelerate_config", S::Info, std::nullopt, W::Accelerate},
       {"accelerate_config_key", S::Warning, std::nullopt, W::Accelerate},
@@ -55,6 +58,7 @@ const std::vector<WarningKind>& warning_table() {
       {"tp_style_class", S::Error, std::nullopt, W::Fsdp2},
       {"tp_applied_twice", S::Error, std::nullopt, W::Fsdp2},
       {"tp_uneven_split", S::Error, std::nullopt, W::Fsdp2},
+      {"tp_sequence_rotary", S::Error, std::nullopt, W::Fsdp2},
       // Activations from the .pt2 graph (activations/walk.cpp).
       {"activation_op_unknown", S::Warning, std::nullopt, W::Any},
       {"unmatched_checkpoint", S::Warning, std::nullopt, W::Any},  // activation_checkpointing.modules

@@ -69,6 +69,10 @@ def plan(module: Any, policy: Policy = None, example_inputs: Any = None, *, bina
             except ExportError as e:
                 raise FsdpPlanError(str(e)) from e
         else:
+            import warnings
+            warnings.warn("fsdp_plan.plan() without example_inputs plans the module's structure only: the "
+                          "peak has no activations (memory.activations.source is \"unknown\"); pass "
+                          "example_inputs to export it and count them", stacklevel=2)
             from .tree import module_tree
             model_path = os.path.join(work, "model.tree.json")
             with open(model_path, "w", encoding="utf-8") as f:
@@ -150,5 +154,15 @@ def _policy_file(policy: Policy, work: str) -> Optional[str]:
     import json
     path = os.path.join(work, "policy.json")
     with open(path, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=1, sort_keys=True)
+        # Class objects anywhere else (activation_checkpointing.module_classes, ...) by their name too.
+        json.dump(data, f, indent=1, sort_keys=True, default=_policy_value)
     return path
+
+
+def _policy_value(value: Any) -> str:
+    if isinstance(value, type):
+        return _class_ref(value)
+    if type(value).__name__ == "dtype" and str(value).startswith("torch."):
+        return str(value).rsplit(".", 1)[-1]  # torch.bfloat16 -> "bfloat16"
+    raise FsdpPlanError(f"the policy holds a {type(value).__name__} ({value!r}), which is not a class, a dtype or "
+                        "JSON; give a class object or name, a dtype, or JSON values")

@@ -332,6 +332,14 @@ def load_config(source: str, trust_remote_code: bool = False):
         bounds.check_config(data, config_file)
     except bounds.BoundsError as e:
         raise ExportError(str(e)) from None
+    quant = data.get("quantization_config")
+    if quant:
+        # QLoRA's bitsandbytes (or GPTQ, AWQ, ...) weights: the export would build the model unquantized,
+        # and the plan would count weights and all-gathers ~4x too large. Not modelled: refused.
+        method = quant.get("quant_method", "unknown") if isinstance(quant, dict) else "unknown"
+        raise ExportError(f"{config_file}: quantization_config (quant_method {method}) is not modelled: fsdp-plan "
+                          "plans unquantized weights, so a 4-bit or 8-bit model's weights and all-gathers would "
+                          "come out 2-4x too large; remove quantization_config to plan the unquantized model")
     # A local config only: never the hub (remote code, a base model named in the config).
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")

@@ -166,6 +166,10 @@ async function checkPage(page, name, plan) {
     }
   // FSDP2 has no use_orig_params or force_leaf_modules; every group says its reshard_after_forward.
   const settings = await page.locator("#memory-settings").textContent();
+  // Issue 41: the fits verdict against --hardware, with the headroom it assumes.
+  if (plan.memory.fit)
+    check(settings.includes(plan.memory.fit.verdict + "peak ") && settings.includes("ASSUMED for the CUDA context"),
+          `${name}: the page does not show the verdict ${plan.memory.fit.verdict}: ${settings.slice(0, 300)}`);
   // Issue 26: a 2-D plan's page shows its device mesh, and TP's communication as the JSON has it.
   if (plan.tensor_parallel) {
     const text = await page.locator("#memory-settings").textContent();

@@ -285,7 +285,7 @@ class Refusals(unittest.TestCase):
     def test_fsdp2_float32_among_bfloat16(self):
         """FSDP2 refuses a group whose trainable parameters mix dtypes at its first forward
         (FSDPParamGroup.lazy_init): exactly the plan's fsdp2_mixed_dtype groups; wrapping the
-        float32 module in a group of its own, as the plan advises, runs."""
+        float32 module in a group of its own, as the plan's fix says, runs."""
         policy = {"module_classes": ["Block"], "fsdp": {"version": 2, "world_size": WORLD}}
         p = plan(self.file("dtypes"), policy, self.tmp)
         marked = error_units(p, "fsdp2_mixed_dtype")
@@ -298,7 +298,8 @@ class Refusals(unittest.TestCase):
                 refused.append(path)
                 self.assertIn(str(e).split(" but got")[0], quote)
         self.assertEqual(sorted(refused), marked)
-        self.assertIn("groups of their own", quote)
+        # The exact code of the fix (issue 41, item 9): the router in a group of its own, first.
+        self.assertIn("fix: fully_shard(model.blocks[0].router) before fully_shard(model.blocks[0])", quote)
         fixed_policy = with_fix(policy, {"module_classes": ["Router"]})
         fixed = plan(self.file("dtypes"), fixed_policy, self.tmp)
         self.assertEqual([w for w in fixed["warnings"] if w["severity"] == "error"], [])

@@ -57,6 +57,10 @@ EXPECTED_REFUSAL = {
     "llama_kv_heads_2x4": None,  # needs the head counts: a TorchScript file has none (the .pt2 case below)
     "llama_tfm_kv_heads_2x4": "tp_uneven_split",  # the .pt2's record has them
     "mixtral_tfm_kv_heads_2x4": "tp_uneven_split",
+    # torchtitan's sequence-parallel plan on HF's Llama: torch builds it, its first step fails (the
+    # reference's tracker holds the error): HF's rotary embeddings are computed outside the layers.
+    "llama_titan_4x2": "tp_sequence_rotary",
+    "llama_kv4_titan_2x4": "tp_sequence_rotary",
 }
 # The warning (not refusal) kind where transformers logs and goes on: Qwen2-MoE's plan names dense
 # MLP projections its all-sparse layers do not have.

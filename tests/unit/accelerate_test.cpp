@@ -298,3 +298,129 @@ TEST_CASE("emit accelerate, FSDP2: the plan's calls come back through Accelerate
   Plan globbed = plan_of(b, R"({"module_classes": ["Block"], "ignored_params": ["head.*"], "fsdp": {"version": 2}})");
   CHECK_THROWS_WITH_AS(plan_to_accelerate(globbed), doctest::Contains("ignored parameters by glob"), EmitError);
 }
+
+namespace {
+
+// Two bf16 blocks of two weights each, and a head, all trainable.
+TreeBuilder bf16_blocks(const std::string& dtype = "bfloat16", int64_t itemsize = 2) {
+  TreeBuilder b;
+  for (const char* blk : {"blocks.0", "blocks.1"}) {
+    if (std::string(blk) == "blocks.0") b.add("blocks", "ModuleList");
+    b.add(blk, "Block");
+    b.param(blk, "w", {64, 64}, dtype, itemsize);
+    b.param(blk, "base", {64, 64}, dtype, itemsize);
+  }
+  b.add("head", "Linear");
+  b.param("head", "weight", {32, 64}, dtype, itemsize);
+  return b;
+}
+
+Plan accelerate_plan(TreeBuilder& b, const std::string& fsdp_config, const std::string& mp) {
+  AccelerateConfig c = parse_accelerate_config(
+      kHead + "mixed_precision: " + mp + "\nfsdp_config:\n  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n"
+              "  fsdp_transformer_layer_cls_to_wrap: Block\n" + fsdp_config,
+      "a.yaml");
+  resolve_accelerate_config(c, b.tree);
+  if (c.policy.fsdp.v2()) apply_accelerate_fsdp2(c, b.tree);
+  return make_plan(b.tree, c.policy, "m.pt");
+}
+
+bool has_kind(const Plan& p, const std::string& kind) {
+  for (const auto& w : p.warnings)
+    if (w.kind == kind) return true;
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("Accelerate's mixed precision: trainable bf16 parameters become fp32 master weights (FSDP2)") {
+  // fsdp2_prepare_model: "Upcast to fp32 master weights" for every trainable parameter not in float32.
+  TreeBuilder bf16 = bf16_blocks();
+  TreeBuilder fp32 = bf16_blocks("float32", 4);
+  Plan got = accelerate_plan(bf16, "  fsdp_version: 2\n", "bf16");
+  Plan want = accelerate_plan(fp32, "  fsdp_version: 2\n", "bf16");
+  CHECK(got.policy.fsdp.fp32_master_weights);
+  CHECK(got.memory.per_rank.params_bytes == want.memory.per_rank.params_bytes);
+  CHECK(got.memory.per_rank.grads_bytes == want.memory.per_rank.grads_bytes);
+  CHECK(got.memory.per_rank.optimizer_bytes == want.memory.per_rank.optimizer_bytes);
+  CHECK(has_kind(got, "fp32_master_weights"));
+  // The all-gathers carry param_dtype, bfloat16.
+  for (const auto& c : got.comm.collectives) CHECK(c.dtype == "bfloat16");
+  // mixed_precision 'no': nothing is cast.
+  Plan plain = accelerate_plan(bf16, "  fsdp_version: 2\n", "'no'");
+  CHECK_FALSE(plain.policy.fsdp.fp32_master_weights);
+  CHECK(plain.memory.per_rank.params_bytes * 2 == want.memory.per_rank.params_bytes);
+  CHECK_FALSE(has_kind(plain, "fp32_master_weights"));
+}
+
+TEST_CASE("Accelerate's fp32 master weights: FSDP2 leaves frozen parameters, FSDP1 casts the whole flat parameter") {
+  TreeBuilder b;
+  b.add("blocks", "ModuleList");
+  b.add("blocks.0", "Block");
+  b.param("blocks.0", "w", {64, 64}, "bfloat16", 2);
+  // blocks.0.base and head.weight frozen, as peft leaves a base model.
+  auto frozen = [&b](const std::string& path, const std::string& name, std::vector<int64_t> shape) {
+    TensorInfo info{std::move(shape), "bfloat16", 2};
+    info.requires_grad = false;
+    b.tree.add_param(b.id(path), name, b.tree.add_tensor(info));
+  };
+  frozen("blocks.0", "base", {64, 64});
+  b.add("head", "Linear");
+  frozen("head", "weight", {32, 64});
+  // FSDP2: only blocks.0.w (4096 elements) goes to fp32; the frozen 4096 + 2048 stay bf16.
+  Plan v2 = accelerate_plan(b, "  fsdp_version: 2\n", "bf16");
+  CHECK(v2.tree->tensor(0).dtype == "float32");
+  CHECK(v2.tree->tensor(1).dtype == "bfloat16");
+  CHECK(v2.tree->tensor(2).dtype == "bfloat16");
+  CHECK(v2.memory.per_rank.params_bytes == 4096 * 4 / 8 + (4096 + 2048) * 2 / 8);
+  // FSDP1 with use_orig_params: blocks.0's flat parameter requires grad (one of its
+  // parameters does) and is cast whole; the root's (head, frozen) is left in bf16.
+  Plan v1 = accelerate_plan(b, "  fsdp_version: 1\n  fsdp_use_orig_params: true\n", "bf16");
+  CHECK(v1.tree->tensor(0).dtype == "float32");
+  CHECK(v1.tree->tensor(1).dtype == "float32");
+  CHECK(v1.tree->tensor(2).dtype == "bfloat16");
+  CHECK(has_kind(v1, "fp32_master_weights"));
+  // The loaded tree is untouched.
+  CHECK(b.tree.tensor(0).dtype == "bfloat16");
+}
+
+TEST_CASE("Accelerate's fp32 master weights: FSDP1 gathers in param_dtype, shards and steps in fp32") {
+  TreeBuilder bf16 = bf16_blocks();
+  TreeBuilder fp32 = bf16_blocks("float32", 4);
+  Plan got = accelerate_plan(bf16, "  fsdp_version: 1\n", "bf16");
+  Plan want = accelerate_plan(fp32, "  fsdp_version: 1\n", "bf16");
+  CHECK(got.memory.per_rank.params_bytes == want.memory.per_rank.params_bytes);
+  CHECK(got.memory.per_rank.optimizer_bytes == want.memory.per_rank.optimizer_bytes);
+  CHECK(got.memory.per_rank.peak_bytes == want.memory.per_rank.peak_bytes);
+  for (const auto& c : got.comm.collectives) CHECK(c.dtype == "bfloat16");
+}
+
+TEST_CASE("fsdp.fp32_master_weights is a policy key that round-trips") {
+  Policy p = parse_policy(R"({"fsdp": {"fp32_master_weights": true}})", "p.json");
+  CHECK(p.fsdp.fp32_master_weights);
+  CHECK(policy_file_json(p)["fsdp"]["fp32_master_weights"] == true);
+  CHECK(policy_to_json(p)["fsdp"]["fp32_master_weights"] == true);
+  CHECK_FALSE(parse_policy("{}", "p.json").fsdp.fp32_master_weights);
+  CHECK_THROWS_AS(parse_policy(R"({"fsdp": {"fp32_master_weights": 1}})", "p.json"), InputError);
+}
+
+TEST_CASE("emit accelerate keeps num_machines (issue 41, item 6)") {
+  TreeBuilder b = two_blocks_and_a_head();
+  for (const char* version : {"1", "2"}) {
+    CAPTURE(version);
+    AccelerateConfig c = parse_accelerate_config(
+        "compute_environment: LOCAL_MACHINE\ndistributed_type: FSDP\nnum_processes: 16\nnum_machines: 2\n"
+        "fsdp_config:\n  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n  fsdp_transformer_layer_cls_to_wrap: Block\n"
+        "  fsdp_version: " + std::string(version) + "\n",
+        "a.yaml");
+    resolve_accelerate_config(c, b.tree);
+    if (c.policy.fsdp.v2()) apply_accelerate_fsdp2(c, b.tree);
+    CHECK(c.policy.hardware.gpus_per_node == 8);  // nproc_per_node: the time model's node
+    std::string yaml = plan_to_accelerate(make_plan(b.tree, c.policy, "m.pt"));
+    CHECK(yaml.find("num_machines: 2\n") != std::string::npos);
+    CHECK(yaml.find("num_processes: 16\n") != std::string::npos);
+  }
+  // A JSON policy's hardware.gpus_per_node says the same.
+  Plan p = plan_of(b, R"({"module_classes": ["Block"], "fsdp": {"world_size": 32}, "hardware": {"gpus_per_node": 8}})");
+  CHECK(plan_to_accelerate(p).find("num_machines: 4\n") != std::string::npos);
+}

@@ -65,3 +65,20 @@ TEST_CASE("sizes follow each tensor's dtype") {
   CHECK(plan.units[0].param_numel == 20);
   CHECK(plan.units[0].param_bytes == 16 * 2 + 4 * 8);
 }
+
+TEST_CASE("a mixed-precision policy that casts nothing says so (issue 41, item 2)") {
+  auto tree_in = [](const std::string& dtype, int64_t itemsize) {
+    TreeBuilder b;
+    b.add("l", "Linear");
+    b.param("l", "weight", {16, 16}, dtype, itemsize);
+    return b;
+  };
+  const std::string mp = R"({"mixed_precision": {"param_dtype": "bfloat16"}})";
+  TreeBuilder bf16 = tree_in("bfloat16", 2), fp32 = tree_in("float32", 4);
+  CHECK(count_warnings(plan_of(bf16, mp), "mixed_precision_noop") == 1);
+  CHECK(count_warnings(plan_of(fp32, mp), "mixed_precision_noop") == 0);
+  CHECK(count_warnings(plan_of(bf16, "{}"), "mixed_precision_noop") == 0);
+  // fp32 master weights (Accelerate's): the cast makes the policy do something.
+  CHECK(count_warnings(plan_of(bf16, R"({"mixed_precision": {"param_dtype": "bfloat16"},
+      "fsdp": {"fp32_master_weights": true}})"), "mixed_precision_noop") == 0);
+}

@@ -6,6 +6,8 @@
 #include <map>
 
 #include "time/flops.h"
+#include "time/hardware.h"
+#include "time/step_time.h"
 #include "tree_builder.h"
 
 using namespace fsdp_plan;
@@ -221,4 +223,54 @@ TEST_CASE("graph FLOPs: matmul broadcasting, addmm, SDPA and convolution formula
   FlopProfile p = count_graph_flops(gb.g, b.tree, {});
   REQUIRE(p.notes.size() == 1);
   CHECK(p.notes[0].find("aten._grouped_mm.default") != std::string::npos);
+}
+
+TEST_CASE("step time: each module's FLOPs at the peak of its own dtype (issue 41, item 3)") {
+  // peft's LoRA: a frozen bf16 base Linear beside small fp32 adapters, no mixed precision.
+  TreeBuilder b;
+  b.add("base", "Linear");
+  TensorInfo base{{1024, 1024}, "bfloat16", 2};
+  base.requires_grad = false;
+  b.tree.add_param(b.id("base"), "weight", b.tree.add_tensor(base));
+  b.add("lora_A", "Linear");
+  b.param("lora_A", "weight", {8, 1024});  // float32
+  Plan plan = plan_of(b, "{}");
+  FlopProfile f;
+  f.source = "flops.json";
+  f.own.resize(b.tree.num_modules());
+  const int64_t big = 1000000000000, small = 10000000000;
+  f.own[static_cast<size_t>(b.id("base"))] = {big, 2 * big, 0};
+  f.own[static_cast<size_t>(b.id("lora_A"))] = {small, 2 * small, 0};
+  f.forward_order = {{b.id("base"), big}, {b.id("lora_A"), small}};
+  const HardwareFigures hw = resolve_hardware(plan.policy.hardware);
+  const StepTime t = estimate_step_time(plan, hw, &f);
+  const double want = 3 * (big / (hw.bf16_flops * hw.compute_efficiency) + small / (hw.tf32_flops * hw.compute_efficiency));
+  CHECK(t.compute_s == doctest::Approx(want).epsilon(1e-9));
+  CHECK(t.compute_dtype == "bf16");  // most FLOPs
+  bool said = false;
+  for (const auto& a : t.assumptions)
+    said = said || (a.find("bf16 peak") != std::string::npos && a.find("TF32 peak") != std::string::npos &&
+                    a.find("lora_A") != std::string::npos);
+  CHECK(said);
+}
+
+TEST_CASE("step time under CPU offload: the optimizer step is not modelled, and says so (issue 41, item 7)") {
+  TreeBuilder b;
+  b.linear("l", 1024, 1024);
+  for (bool offload : {false, true}) {
+    CAPTURE(offload);
+    Plan plan = plan_of(b, std::string(R"({"fsdp": {"version": 2, "world_size": 8, "cpu_offload": )") +
+                               (offload ? "true" : "false") + "}}");
+    FlopProfile f;
+    f.source = "flops.json";
+    f.own.resize(b.tree.num_modules());
+    f.own[static_cast<size_t>(b.id("l"))] = {1000000000, 2000000000, 0};
+    f.forward_order = {{b.id("l"), 1000000000}};
+    const StepTime t = estimate_step_time(plan, resolve_hardware(plan.policy.hardware), &f);
+    CHECK(t.optimizer_modelled == !offload);
+    CHECK((t.optimizer_s > 0) == !offload);
+    bool said = false;
+    for (const auto& a : t.assumptions) said = said || a.find("not modelled; the step time leaves it out") != std::string::npos;
+    CHECK(said == offload);
+  }
 }

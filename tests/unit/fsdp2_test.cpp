@@ -372,3 +372,29 @@ TEST_CASE("fsdp2: groups name modules by dotted path at any depth; a path that i
   CHECK(plan.units[2].modules == std::vector<ModuleId>{b.id("blocks.1.fc"), b.id("blocks.0")});
   CHECK(count_warnings(plan, "unmatched_group") == 3);
 }
+
+TEST_CASE("fsdp2_mixed_dtype gives the code of the fix: the fp32 router in a group of its own (issue 41, item 9)") {
+  // DeepSeek-V3: transformers keeps mlp.gate.weight (the router) in float32 in a bf16 model.
+  TreeBuilder b;
+  b.add("layers", "ModuleList");
+  for (const char* l : {"layers.0", "layers.1"}) {
+    const std::string p = l;
+    b.add(p, "Block");
+    b.add(p + ".mlp", "MoE");
+    b.add(p + ".mlp.up", "Linear");
+    b.param(p + ".mlp.up", "weight", {64, 64}, "bfloat16", 2);
+    b.add(p + ".mlp.gate", "Router");
+    b.param(p + ".mlp.gate", "weight", {8, 64});  // float32
+  }
+  Plan plan = plan_of(b, R"({"module_classes": ["Block"], "fsdp": {"version": 2}})");
+  REQUIRE(count_warnings(plan, "fsdp2_mixed_dtype") == 2);
+  const Warning* w = nullptr;
+  for (const auto& x : plan.warnings)
+    if (x.kind == "fsdp2_mixed_dtype" && !w) w = &x;
+  CHECK(w->message.find("fix: fully_shard(model.layers[0].mlp.gate) before fully_shard(model.layers[0])") !=
+        std::string::npos);
+  // The fix as a policy: the routers in groups of their own, first; then no error.
+  Plan fixed = plan_of(b, R"({"module_classes": ["Block"], "groups": [{"modules": ["layers.0.mlp.gate"]},
+      {"modules": ["layers.1.mlp.gate"]}], "fsdp": {"version": 2}})");
+  CHECK(count_warnings(fixed, "fsdp2_mixed_dtype") == 0);
+}

@@ -1,6 +1,7 @@
 #include <doctest/doctest.h>
 
 #include "policy/policy.h"
+#include "tree_builder.h"
 #include "util/errors.h"
 
 using namespace fsdp_plan;
@@ -132,4 +133,18 @@ TEST_CASE("mixed precision's other fields: PyTorch's defaults per FSDP version, 
                     "\"mixed_precision.cast_forward_inputs\" must be true or false, not an integer");
   CHECK_THROWS_WITH(parse_policy(R"({"mixed_precision": {"output_dtype": "int8"}})", "p.json"),
                     doctest::Contains("\"mixed_precision.output_dtype\" is \"int8\", not a floating dtype"));
+}
+
+TEST_CASE("adamw is echoed as adamw, with Adam's state (issue 41, item 9)") {
+  Policy p = parse_policy(R"({"fsdp": {"optimizer": "adamw"}})", "p.json");
+  CHECK(std::string(optimizer_name(p.fsdp.optimizer)) == "adamw");
+  CHECK(policy_to_json(p)["fsdp"]["optimizer"] == "adamw");
+  CHECK(policy_file_json(p)["fsdp"]["optimizer"] == "adamw");
+  CHECK(optimizer_states(p.fsdp.optimizer) == 2);
+  test::TreeBuilder b;
+  b.linear("l", 64, 64);
+  const Plan adamw = make_plan(b.tree, p, "m.pt");
+  const Plan adam = make_plan(b.tree, parse_policy(R"({"fsdp": {"optimizer": "adam"}})", "p.json"), "m.pt");
+  CHECK(adamw.memory.per_rank.peak_bytes == adam.memory.per_rank.peak_bytes);
+  CHECK(adamw.memory.per_rank.optimizer_bytes == adam.memory.per_rank.optimizer_bytes);
 }

@@ -376,3 +376,26 @@ TEST_CASE("activations per tp rank: local shapes through colwise, views, rowwise
   // Without tensor parallelism there is nothing to rewrite.
   CHECK_FALSE(tp_local_graph(make_plan(b.tree, parse_policy(R"J({"fsdp": {"version": 2, "world_size": 8}})J", "p.json"), "m.pt")));
 }
+
+// Issue 41 item 5: torchtitan's sequence-parallel plan on Hugging Face's Llama
+// builds, and torch's first forward fails (the rotary embeddings are computed
+// once, outside the layers): an error, not a plan that exits 0.
+TEST_CASE("a sequence-sharding plan on a model with its rotary embeddings outside the layers is refused") {
+  TreeBuilder b = tiny_lm();
+  b.add("rotary_emb", "LlamaRotaryEmbedding");
+  const std::string sp = R"J({"emb": {"style": "rowwise", "input_layouts": "replicate", "output_layouts": "shard(1)"},
+      "layers.*.norm": "sequence_parallel", "layers.*.attn.q": "colwise",
+      "layers.*.attn.o": {"style": "rowwise", "output_layouts": "shard(1)"}})J";
+  const Plan refused = make_plan(b.tree, tp_policy(sp), "m.pt");
+  REQUIRE(has_kind(refused, "tp_sequence_rotary"));
+  CHECK(refused.has_errors());
+  // Without sequence sharding it runs; so does the plan on a model without that module.
+  CHECK_FALSE(has_kind(make_plan(b.tree, tp_policy(R"J({"layers.*.attn.q": "colwise", "layers.*.attn.o": "rowwise"})J"), "m.pt"),
+                       "tp_sequence_rotary"));
+  const TreeBuilder plain = tiny_lm();
+  CHECK_FALSE(has_kind(make_plan(plain.tree, tp_policy(sp), "m.pt"), "tp_sequence_rotary"));
+  // Rotary embeddings inside each layer (computed from the layer's own input) are not this case.
+  TreeBuilder inside = tiny_lm();
+  inside.add("layers.0.attn.rotary_emb", "GPTNeoXRotaryEmbedding");
+  CHECK_FALSE(has_kind(make_plan(inside.tree, tp_policy(sp), "m.pt"), "tp_sequence_rotary"));
+}

@@ -182,3 +182,52 @@ TEST_CASE("text rows: colliding shortenings get more room, and no row is shorten
   }
   CHECK(shown.size() == 3);  // distinct rows
 }
+
+TEST_CASE("warnings of one kind fold into one text line with the count and the first paths (issue 41, item 9)") {
+  // A LoRA-like FSDP2 plan: every layer has fp32 adapters beside frozen bf16 weights.
+  TreeBuilder b;
+  b.add("layers", "ModuleList");
+  for (int i = 0; i < 5; ++i) {
+    const std::string p = "layers." + std::to_string(i);
+    b.add(p, "Block");
+    TensorInfo base{{64, 64}, "bfloat16", 2};
+    base.requires_grad = false;
+    b.tree.add_param(b.id(p), "base", b.tree.add_tensor(base));
+    b.param(p, "lora", {4, 64});
+  }
+  Plan plan = plan_of(b, R"({"module_classes": ["Block"], "fsdp": {"version": 2}})");
+  REQUIRE(count_warnings(plan, "fsdp2_frozen_dtype") == 5);
+  const std::string text = plan_to_text(plan);
+  size_t lines = 0;
+  for (size_t at = text.find("fsdp2_frozen_dtype"); at != std::string::npos; at = text.find("fsdp2_frozen_dtype", at + 1))
+    ++lines;
+  CHECK(lines == 1);
+  CHECK(text.find("fsdp2_frozen_dtype (x5: layers.0, layers.1, layers.2, ...; --format json lists each)") !=
+        std::string::npos);
+  // JSON keeps every instance.
+  size_t in_json = 0;
+  const auto json = plan_to_json(plan);
+  for (const auto& w : json.at("warnings"))
+    if (w.at("kind").get<std::string>() == "fsdp2_frozen_dtype") ++in_json;
+  CHECK(in_json == 5);
+}
+
+TEST_CASE("identical consecutive unit rows fold into one, --wide unfolds them (issue 41, item 9)") {
+  TreeBuilder b;
+  b.add("layers", "ModuleList");
+  for (int i = 0; i < 8; ++i) b.linear("layers." + std::to_string(i), 16, 16, "Block");
+  b.linear("head", 16, 4);
+  Plan plan = plan_of(b, R"({"module_classes": ["Block"], "fsdp": {"version": 2, "world_size": 2}})");
+  const std::string text = plan_to_text(plan);
+  CHECK(text.find("layers.0 .. layers.7  x8") != std::string::npos);
+  CHECK(text.find("layers.3 ") == std::string::npos);
+  // The fully_shard calls they are, as a range: "[a..b]".
+  const size_t at = text.find("layers.0 .. layers.7  x8");
+  const std::string line = text.substr(at, text.find('\n', at) - at);
+  CHECK(line.find("..", line.find("x8")) != std::string::npos);
+  TextOptions wide;
+  wide.wide = true;
+  const std::string unfolded = plan_to_text(plan, wide);
+  CHECK(unfolded.find(" x8") == std::string::npos);
+  CHECK(unfolded.find("layers.3 ") != std::string::npos);
+}

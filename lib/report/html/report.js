@@ -170,6 +170,16 @@
        " + optimizer " + fmtBytes(r.optimizer_bytes) + " + buffers " + fmtBytes(r.buffers_bytes) +
        " = " + fmtBytes(r.steady_bytes));
     kv(settings, "peak per rank", fmtBytes(r.peak_bytes));
+    // The verdict against --hardware's memory, with the headroom it ASSUMES (plan/memory_fit.h).
+    const fit = mem.fit;
+    if (fit) {
+      kv(settings, fit.verdict, "peak " + fmtBytes(r.peak_bytes) + " against " + fmtBytes(fit.usable_bytes) +
+         " usable on the --hardware " + fit.hardware + " GPU: its " + fmtBytes(fit.device_bytes) + " less " +
+         fmtBytes(fit.assumed_headroom_bytes) + " ASSUMED for the CUDA context, NCCL buffers and allocator fragmentation" +
+         (fit.activations_known ? "" : "; the peak has no activations: a lower bound") +
+         (fit.max_peak_bytes === null ? "" : "; --max-peak-bytes " + fmtBytes(fit.max_peak_bytes) +
+          (r.peak_bytes <= fit.max_peak_bytes ? ": within" : ": over")));
+    }
     // Activations are their own category: from the graph, an allowance, or not known (and how to get them).
     const acts = mem.activations || {};
     if (acts.source === "graph") {
@@ -197,7 +207,7 @@
     const t = plan.time;
     kv(timeBox, "step time (estimate)", t.flops_known
       ? fmtSeconds(t.step_s) + " = compute " + fmtSeconds(t.compute_s) + " + exposed communication " +
-        fmtSeconds(t.exposed_comm_s) + " + optimizer " + fmtSeconds(t.optimizer_s) +
+        fmtSeconds(t.exposed_comm_s) + " + optimizer " + (t.optimizer_s === null ? "not modelled (CPU offload)" : fmtSeconds(t.optimizer_s)) +
         (t.tensor_parallel && t.tensor_parallel.comm_s > 0
           ? " + tensor-parallel communication " + fmtSeconds(t.tensor_parallel.comm_s) + " (blocking)" : "")
       : "not known without FLOPs (--flops FILE); exposed communication " + fmtSeconds(t.exposed_comm_s) + " of " +
@@ -230,11 +240,30 @@
   if (!warnings.length) wbox.append(el("p", {}, "No warnings."));
   else {
     const t = el("table", { id: "warning-table" });
+    // One row per kind of per-module warning, with the count and the first paths, as the text plan
+    // folds them (report/warning_groups.h); the per-unit details keep each instance.
+    const groups = [], at = new Map();
     for (const w of warnings) {
+      const path = (w.modules && w.modules.length) ? (w.modules[0] || "(root)") : ((w.params || [])[0] || "");
+      const key = w.kind + "/" + w.severity;
+      if (path && at.has(key)) {
+        const g = groups[at.get(key)];
+        g.count += 1;
+        g.paths.push(path);
+        continue;
+      }
+      if (path) at.set(key, groups.length);
+      groups.push({ w, count: 1, paths: path ? [path] : [] });
+    }
+    for (const g of groups) {
+      const w = g.w;
       const tr = el("tr");
       const sev = el("td");
       sev.append(el("span", { class: "sev sev-" + w.severity }, w.severity));
-      tr.append(sev, el("td", {}, w.kind), el("td", {}, w.message));
+      const kind = g.count > 1
+        ? w.kind + " (x" + g.count + ": " + g.paths.slice(0, 3).join(", ") + (g.count > 3 ? ", ..." : "") + ")"
+        : w.kind;
+      tr.append(sev, el("td", {}, kind), el("td", {}, w.message));
       t.append(tr);
     }
     wbox.append(t);
