@@ -124,7 +124,8 @@ class Item4Exit3(Base):
         return self.write_json(name, {"modules": modules})
 
     def test_flops_children(self):
-        for field in ("forward", "backward", "recompute"):
+        # Not backward: real FlopCounterMode profiles give a child more than its parent.
+        for field in ("forward", "recompute"):
             with self.subTest(field=field):
                 root = {"forward": 100, "backward": 200, "recompute": 50}
                 child = dict(root, **{field: root[field] + 1})
