@@ -147,10 +147,9 @@ class Analysis {
     std::string float8, experts;
     for (ModuleId m = 0; m < static_cast<ModuleId>(tree_.num_modules()); ++m) {
       const std::string& cls = short_class(m);
+      // path() only for the first hit: it is as long as the module is deep.
       if (float8.empty() && cls.rfind("Float8", 0) == 0) float8 = tree_.path(m) + " (" + cls + ")";
-      const std::string path = tree_.path(m);
-      const size_t dot = path.rfind('.');
-      if (experts.empty() && path.substr(dot == std::string::npos ? 0 : dot + 1) == "experts") experts = path;
+      if (experts.empty() && tree_.module(m).name == "experts") experts = tree_.path(m);
     }
     if (!float8.empty())
       add("not_modelled", Severity::Info,
