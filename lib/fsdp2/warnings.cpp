@@ -85,7 +85,7 @@ class Refusals {
         if (known < 0) known = matcher_.is_instance(classes.qualified(c), module_container_classes());
         if (!known) continue;
         const std::string cls(short_name(classes.qualified(c)));
-        if (tree_.module(m).class_source != ClassSource::Inferred) {
+        if (tree_.module(m).class_source != ClassSource::Inferred) {  // Recorded or Listed: exact
           add("fsdp2_container", Severity::Error,
               "fully_shard is called on " + quoted_path(tree_.path(m)) + " (" + cls + "), and PyTorch refuses it: " +
                   kRefusal + "; shard its elements instead, or name them in one group (fully_shard([a, b]))",
@@ -96,6 +96,7 @@ class Refusals {
           const std::string named = q.rfind("torch.nn.modules.", 0) == 0 ? "torch.nn." + cls : q;
           if (std::find(refused_classes_.begin(), refused_classes_.end(), named) == refused_classes_.end())
             refused_classes_.push_back(named);
+          warned = true;  // refused: that its forward never ran adds nothing
           continue;
         }
         const bool alone = u.modules.size() == 1 && !u.params.empty();

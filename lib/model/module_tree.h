@@ -35,9 +35,11 @@ struct TensorSlot {
 };
 
 // Whether the file says what class a module is. A torch.export archive
-// records the class only of modules whose forward ran during export.
+// records the class only of modules whose forward ran during export
+// (Recorded); fsdp-plan-export's record lists the rest (Listed).
 enum class ClassSource : uint8_t {
   Recorded,
+  Listed,      // the exporter's module_classes names it, but its forward never ran
   Inferred,    // guessed from the module's contents (a never-called ModuleList)
   Unrecorded,  // unknown; type_name is kUnrecordedClass
 };
@@ -77,6 +79,9 @@ struct ModelRecord {
   // fsdp-plan-export traced HF's attention as eager training runs it (is_causal, no
   // materialised mask, no repeat_kv): "eager", "export" (a plain export), "" (not HF / unknown).
   std::string hf_attention_trace;
+  // Every module's class by path ("" the root), from named_modules(): the
+  // exporter's module_classes; empty when not recorded.
+  std::vector<std::pair<std::string, std::string>> module_classes;
 };
 
 // modules[0] is the root. Children always have larger ids than their parent,

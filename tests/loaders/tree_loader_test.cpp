@@ -213,4 +213,32 @@ TEST_CASE("the .pt2 record: what it keeps, and its errors") {
             .find("not a list of class names") != std::string::npos);
   CHECK(err("{\"format\": \"fsdp-plan-export\", \"format_version\": 1, \"no_split_modules\": [], \"dtype\": 3}")
             .find("\"dtype\" is not a string") != std::string::npos);
+  for (const char* classes : {"[]", "{\"a\": 1}", "{\"a\": \"\"}"})
+    CHECK(err(std::string("{\"format\": \"fsdp-plan-export\", \"format_version\": 1, \"no_split_modules\": [], "
+                          "\"module_classes\": ") + classes + "}")
+              .find("\"module_classes\" is not an object of class names") != std::string::npos);
+}
+
+TEST_CASE("export record: module_classes name only the modules the graph did not") {
+  ModuleTree t;
+  const ModuleId layers = t.add_module(0, "layers", kUnrecordedClass);
+  const ModuleId l0 = t.add_module(layers, "0", "m.Block");
+  const ModuleId head = t.add_module(0, "head", "torch.nn.modules.container.ModuleList");
+  t.module(0).type_name = "m.Net";
+  t.module(layers).class_source = ClassSource::Unrecorded;
+  t.module(head).class_source = ClassSource::Inferred;
+  t.set_record(parse_export_record(
+      "{\"format\": \"fsdp-plan-export\", \"format_version\": 1, \"no_split_modules\": null, \"module_classes\": "
+      "{\"\": \"m.Other\", \"layers\": \"torch.nn.modules.container.Sequential\", \"layers.0\": \"m.Other\", "
+      "\"head\": \"torch.nn.modules.container.ModuleDict\", \"gone\": \"m.X\"}}",
+      "m.pt2"));
+  adopt_listed_classes(t);
+  CHECK(t.module(0).type_name == "m.Net");  // the graph's classes stay
+  CHECK(t.module(0).class_source == ClassSource::Recorded);
+  CHECK(t.module(l0).type_name == "m.Block");
+  CHECK(t.module(layers).type_name == "torch.nn.modules.container.Sequential");
+  CHECK(t.module(layers).class_source == ClassSource::Listed);
+  CHECK(t.module(head).type_name == "torch.nn.modules.container.ModuleDict");  // over the inference
+  CHECK(t.module(head).class_source == ClassSource::Listed);
+  CHECK(t.num_modules() == 4);  // a path not in the tree adds nothing
 }

@@ -61,6 +61,44 @@ class PlanApi(unittest.TestCase):
         self.assertEqual(plan["memory"]["activations"]["source"], "unknown")
 
 
+class Stack(nn.Module):
+    """A Sequential whose own forward never runs: its parent iterates over it."""
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.Sequential(Block(), Block())
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = b(x)
+        return x
+
+
+class ListedClasses(unittest.TestCase):
+    """Issue 40, item 3: the exporter's module_classes name the modules torch.export
+    records no class for (their forward never ran). FSDP2's container refusal is then
+    exact from a .pt2: a ModuleList is refused (an error, not a warning that its class
+    is inferred), and a Sequential, which fully_shard accepts, is not."""
+    import torch
+    SIZE = {"min_num_params": 300, "fsdp": {"version": 2}}
+
+    def plan(self, module):
+        return fsdp_plan.plan(module, self.SIZE, example_inputs=(self.torch.randn(2, 16),), binary=BINARY)
+
+    def codes(self, plan, severity):
+        return [(w["kind"], w.get("modules")) for w in plan["warnings"] if w["severity"] == severity]
+
+    def test_a_module_list_is_refused(self):
+        plan = self.plan(Net())
+        self.assertIn(("fsdp2_container", ["blocks"]), self.codes(plan, "error"))
+        self.assertNotIn("inferred", " ".join(w["message"] for w in plan["warnings"]))
+        self.assertNotIn("fsdp2_not_called", [c for c, _ in self.codes(plan, "warning")])  # said by the refusal
+
+    def test_a_sequential_is_no_container_but_never_called(self):
+        plan = self.plan(Stack())
+        self.assertNotIn("fsdp2_container", [c for c, _ in self.codes(plan, "error") + self.codes(plan, "warning")])
+        self.assertIn(("fsdp2_not_called", ["blocks"]), self.codes(plan, "warning"))
+
+
 class Export(unittest.TestCase):
     def test_quantization_config_is_refused_not_planned_unquantized(self):
         # Issue 41, item 4: QLoRA's config.json was planned as bf16, weights ~4x too large.

@@ -119,7 +119,10 @@ class Archive {
     if (has(constants)) rec.constants = read(constants, kMaxRecord);
     ModuleTree tree = build_export_tree(name_, std::move(rec));
     // fsdp-plan-export's record, when the file has one (export_record.h).
-    if (has(kExportRecordName)) tree.set_record(parse_export_record(read(kExportRecordName, kMaxExportRecord), name_));
+    if (has(kExportRecordName)) {
+      tree.set_record(parse_export_record(read(kExportRecordName, kMaxExportRecord), name_));
+      adopt_listed_classes(tree);
+    }
     return tree;
   }
 

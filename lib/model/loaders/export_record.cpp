@@ -1,5 +1,9 @@
 #include "model/loaders/export_record.h"
 
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
 #include <nlohmann/json.hpp>
 
 #include "model/loaders/printable.h"
@@ -81,6 +85,15 @@ class Reader {
       }
     }
     r.hf_attention_trace = optional_string(doc, "hf_attention");
+    if (auto it = doc.find("module_classes"); it != doc.end() && !it->is_null()) {
+      // One per module: no count bound past the record's size (kMaxExportRecord).
+      if (!it->is_object()) damaged("\"module_classes\" is not an object of class names");
+      for (auto& [k, v] : it->items()) {
+        if (!v.is_string() || v.get_ref<const std::string&>().empty() || v.get_ref<const std::string&>().size() > kMaxName)
+          damaged("\"module_classes\" is not an object of class names");
+        r.module_classes.emplace_back(k, v.get<std::string>());
+      }
+    }
     return r;
   }
 
@@ -110,6 +123,27 @@ class Reader {
 
 ModelRecord parse_export_record(const std::string& text, const std::string& file) {
   return Reader(file).read(text);
+}
+
+void adopt_listed_classes(ModuleTree& tree) {
+  const ModelRecord* record = tree.record();
+  if (!record || record->module_classes.empty()) return;
+  std::unordered_map<std::string_view, const std::string*> listed;
+  for (const auto& [path, cls] : record->module_classes) listed.emplace(path, &cls);
+  // Paths built parent first (children have larger ids): linear in their total length.
+  std::vector<std::string> paths(tree.num_modules());
+  for (ModuleId m = 0; m < static_cast<ModuleId>(tree.num_modules()); ++m) {
+    Module& mod = tree.module(m);
+    if (m > 0) {
+      const std::string& parent = paths[static_cast<size_t>(mod.parent)];
+      paths[static_cast<size_t>(m)] = parent.empty() ? mod.name : parent + "." + mod.name;
+    }
+    if (mod.class_source == ClassSource::Recorded) continue;
+    auto it = listed.find(paths[static_cast<size_t>(m)]);
+    if (it == listed.end()) continue;
+    mod.type_name = *it->second;
+    mod.class_source = ClassSource::Listed;
+  }
 }
 
 }  // namespace fsdp_plan

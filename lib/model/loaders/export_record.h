@@ -25,4 +25,9 @@ inline constexpr int kExportRecordFormat = 1;
 // wrong type. Keys it does not use are left alone.
 ModelRecord parse_export_record(const std::string& text, const std::string& file);
 
+// The classes the record lists for modules the graph names none for (their
+// forward never ran: a ModuleList, a skipped block) become ClassSource::Listed,
+// replacing an inferred or unrecorded class. A class the graph recorded stays.
+void adopt_listed_classes(ModuleTree& tree);
+
 }  // namespace fsdp_plan
