@@ -34,7 +34,34 @@ std::string unit_label(const ModuleTree& tree, const Unit& u) {
   return "[" + join(names) + "]";
 }
 
-std::string describe_policy(const Policy& p) {
+std::pair<std::string, long> split_index(const std::string& path);
+
+// FSDP2 groups as the policy line names them. Without -v, a run of six or more
+// one-module groups whose paths count up by one (an Accelerate config's 48
+// decoder layers) is one part: "groups [model.layers.0] .. [model.layers.47] x48".
+void describe_groups(const std::vector<Fsdp2Group>& groups, bool unfold, std::vector<std::string>& parts) {
+  constexpr size_t kFoldRun = 6;
+  auto next = [&](size_t a, size_t b) {
+    if (groups[a].modules.size() != 1 || groups[b].modules.size() != 1) return false;
+    const auto [pa, ia] = split_index(groups[a].modules[0]);
+    const auto [pb, ib] = split_index(groups[b].modules[0]);
+    return ia >= 0 && pa == pb && ib == ia + 1;
+  };
+  for (size_t i = 0; i < groups.size();) {
+    size_t j = i + 1;
+    while (!unfold && j < groups.size() && next(j - 1, j)) ++j;
+    if (j - i >= kFoldRun) {
+      parts.push_back("groups [" + groups[i].modules[0] + "] .. [" + groups[j - 1].modules[0] + "] x" +
+                      std::to_string(j - i));
+      i = j;
+      continue;
+    }
+    parts.push_back("group [" + join(groups[i].modules) + "]");
+    ++i;
+  }
+}
+
+std::string describe_policy(const Policy& p, bool unfold) {
   const bool v2 = p.fsdp.v2();
   std::vector<std::string> parts;
   if (p.module_classes) parts.push_back("module_classes [" + join(*p.module_classes) + "]");
@@ -54,7 +81,7 @@ std::string describe_policy(const Policy& p) {
   if (!p.ignored_modules.empty()) parts.push_back("ignored modules [" + join(p.ignored_modules) + "]");
   if (!p.ignored_params.empty()) parts.push_back("ignored params [" + join(p.ignored_params) + "]");
   if (v2) {
-    for (const auto& g : p.groups) parts.push_back("group [" + join(g.modules) + "]");
+    describe_groups(p.groups, unfold, parts);
     if (!p.auto_wrap() && p.groups.empty()) parts.insert(parts.begin(), "no calls but the root's");
   } else if (!p.auto_wrap()) {
     parts.insert(parts.begin(), "no auto-wrap (one root unit)");
@@ -347,13 +374,13 @@ namespace {
 // What the plan is of: the model, its parameters, the policy, FSDP2's calls,
 // aliased modules and a class name that matches nothing (it explains the
 // whole plan below, so it comes first).
-std::string plan_header_text(const Plan& plan) {
+std::string plan_header_text(const Plan& plan, bool unfold) {
   const ModelSummary& m = plan.model;
   std::string out;
   out += "model   " + m.path + "  (" + m.root_class + ", " + std::to_string(m.num_modules) + " modules)\n";
   out += "params  " + format_count(m.param_numel) + " (" + format_bytes(m.param_bytes) + "), buffers " +
          format_count(m.buffer_numel) + " (" + format_bytes(m.buffer_bytes) + ")\n";
-  out += wrap("policy  " + describe_policy(plan.policy), 100, std::string(8, ' '));
+  out += wrap("policy  " + describe_policy(plan.policy, unfold), 100, std::string(8, ' '));
   if (plan.v2()) {
     int calls = static_cast<int>(plan.units.size());
     out += "fsdp    FSDP2: " + std::to_string(calls) + " fully_shard call" + (calls == 1 ? "" : "s") +
@@ -563,7 +590,7 @@ std::string plan_warnings_text(const Plan& plan) {
 }  // namespace
 
 std::string plan_to_text(const Plan& plan, const TextOptions& options) {
-  std::string out = plan_header_text(plan);
+  std::string out = plan_header_text(plan, options.wide || options.unfold);
   out += units_table_text(plan, options);
   out += "\n" + units_summary_text(plan);
   out += "\n" + memory_text(plan) + comm_time_text(plan);

@@ -176,6 +176,18 @@ class FoldedRows(Scratch):
                     self.assertRegex(r.stdout, rf"\n +{i + 1}  +layers\.{i} ")
 
 
+    def test_one_module_groups_fold_in_the_policy_line(self):
+        # An Accelerate FSDP2 config is a group per decoder layer: 48 of them filled 17 lines.
+        policy = os.path.join(self.tmp, "groups.json")
+        with open(policy, "w") as f:
+            json.dump({"fsdp": {"version": 2}, "groups": [{"modules": [f"layers.{i}"]} for i in range(8)] +
+                       [{"modules": ["head"]}]}, f)
+        folded = run(self.l8, "--policy", policy, "--world-size", "8").text
+        self.assertIn("groups [layers.0] .. [layers.7] x8, group [head]", folded)
+        unfolded = run(self.l8, "--policy", policy, "--world-size", "8", "-v").text
+        self.assertIn("group [layers.0], group [layers.1],", unfolded)
+
+
 class SuggestPinned(Scratch):
     def suggest(self, *extra):
         r = run("suggest", self.l8, "--policy", self.policy, "--world-size", "8", "--budget", "1GiB", *extra)
