@@ -6,6 +6,7 @@
 
 #include "emit/emit.h"
 #include "emit/emit_text.h"
+#include "emit/selective_ac.h"
 #include "fsdp1/memory.h"
 #include "model/class_names.h"
 #include "policy/ignored.h"
@@ -32,6 +33,7 @@ class Fsdp1TorchWriter {
       ignored_modules_.clear();
     }
     checkpointed_ = checkpointed_paths(plan);
+    selective_ = !checkpointed_.empty() && p_.activation_checkpointing && p_.activation_checkpointing->selective();
   }
 
   // apply_fsdp's signature and its auto-wrap policy. The function is written
@@ -41,7 +43,8 @@ class Fsdp1TorchWriter {
   void write_policy(std::ostringstream& o) const {
     o << "def apply_fsdp(model, " << (hybrid_ ? "device_type=\"cuda\", " : "") << "**fsdp_kwargs):\n";
     if (!checkpointed_.empty())  // by identity: wrapping changes the paths
-      o << "    checkpointed = {id(model.get_submodule(path)) for path in CHECKPOINTED}\n";
+      o << (selective_ ? "    checkpointed = {id(model.get_submodule(path)): path for path in CHECKPOINTED}\n"
+                       : "    checkpointed = {id(model.get_submodule(path)) for path in CHECKPOINTED}\n");
     if (size_policy_) {
       o << "    policy = functools.partial(size_based_auto_wrap_policy, min_num_params=" << *p_.min_num_params << ")\n";
     } else if (p_.auto_wrap()) {
@@ -105,7 +108,9 @@ class Fsdp1TorchWriter {
            "        if str(handle.flat_param.dtype) != \"torch.float32\":\n"
            "            handle.flat_param.data = handle.flat_param.data.float()\n"
            "            handle._orig_param_dtype = handle.flat_param.dtype\n";
-    if (!checkpointed_.empty())
+    if (selective_)
+      o << selective_ac_apply("wrapped");
+    else if (!checkpointed_.empty())
       // After wrapping, non-reentrant, as Accelerate applies it under FSDP1 (accelerator.py: prepare_model).
       o << "    wrapper = functools.partial(checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT)\n"
            "    apply_activation_checkpointing(\n"
@@ -128,18 +133,19 @@ class Fsdp1TorchWriter {
                      : "#     model = apply_fsdp(model, device_id=torch.cuda.current_device())\n"
                        "# Extra keyword arguments go to FullyShardedDataParallel; apply_fsdp raises if the\n")
          << "# units FSDP built are not the plan's (a different model, say).\n"
-         << (size_policy_ || !checkpointed_.empty() ? "import functools\n\n" : "")
-         << (mp_code.find("torch.") != std::string::npos ? "import torch\n" : "");
+         << (size_policy_ || (!checkpointed_.empty() && !selective_) ? "import functools\n\n" : "")
+         << (selective_ || mp_code.find("torch.") != std::string::npos ? "import torch\n" : "");
     if (!checkpointed_.empty())
       head << "from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (\n"
-              "    CheckpointImpl,\n"
-              "    apply_activation_checkpointing,\n"
+           << (selective_ ? "" : "    CheckpointImpl,\n")
+           << "    apply_activation_checkpointing,\n"
               "    checkpoint_wrapper,\n"
               ")\n";
     head << "from torch.distributed.fsdp import FullyShardedDataParallel as FSDP\n"
          << "from torch.distributed.fsdp import " << (p_.mixed_precision ? "MixedPrecision, " : "") << "ShardingStrategy\n";
     if (size_policy_) head << "from torch.distributed.fsdp.wrap import size_based_auto_wrap_policy\n";
     if (class_policy) head << "from torch.distributed.fsdp.wrap import CustomPolicy\n";
+    if (selective_) head << selective_ac_imports();
     head << "\n# Module paths of the units below the root (the root is the outer FSDP unit).\n"
          << "UNITS = " << py_list(units_, "") << "\n"
          << "IGNORED_MODULES = " << py_list(ignored_modules_, "") << "\n"
@@ -147,6 +153,7 @@ class Fsdp1TorchWriter {
     if (!checkpointed_.empty())
       head << "# Activation checkpointing (non-reentrant checkpoint_wrapper) on these modules.\n"
            << "CHECKPOINTED = " << py_list(checkpointed_, "") << "\n";
+    if (selective_) head << selective_ac_definitions(*p_.activation_checkpointing);
     head << "\n\n"
          << "def built_units(model):\n"
             "    \"\"\"Module paths of the FSDP units below the root of a wrapped model.\"\"\"\n"
@@ -163,6 +170,7 @@ class Fsdp1TorchWriter {
   const bool size_policy_;  // a size threshold, kept as PyTorch's own size policy
   const bool hybrid_;
   std::vector<std::string> units_, ignored_modules_, ignored_params_, checkpointed_;
+  bool selective_ = false;  // checkpointed_ selectively (emit/selective_ac.h)
 };
 
 }  // namespace

@@ -49,6 +49,10 @@ POLICIES = {
     "fsdp2_one_layer": ({"modules": ["model.layers.1"]}, "refused"),
     # Checkpointed modules inside the groups: apply_fsdp must find them through the wrappers.
     "fsdp2_mlps": ({"module_classes": ["LlamaMLP"]}, "refused"),
+    # Selective (issue 42, item 4): --emit torch writes the policy as context_fn; Accelerate has no key.
+    "fsdp1_selective": ({**LAYERS, "activation_checkpointing": {"module_classes": ["LlamaDecoderLayer"],
+                                                                 "mode": "selective"}}, "refused"),
+    "fsdp2_selective": ({"module_classes": ["LlamaDecoderLayer"], "mode": "selective"}, "refused"),
 }
 
 
@@ -122,6 +126,10 @@ class EmitCheckpointing(ta.SavedModels):
                         model = module.apply_fsdp(ta.build("llama"), device_id=torch.device("cpu"))
                         self.assertEqual(sorted(p for p in ta.fsdp_units(model) if p), ta.plan_units(plan), label)
                     self.assertEqual(checkpointed(model), want, f"{label}: torch's checkpoint wrappers")
+                    # A selective plan's wrappers carry its policy (tests/activations/test_sac.py runs it).
+                    context_fns = {m.checkpoint_fn.keywords.get("context_fn") is not None
+                                   for m in model.modules() if isinstance(m, CheckpointWrapper)}
+                    self.assertEqual(context_fns, {label.endswith("_selective")}, label)
         r = subprocess.run([sys.executable, "-m", "ruff", "check", "--isolated", "--no-cache", "--output-format",
                             "concise", *files], capture_output=True, text=True)
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
@@ -136,7 +144,8 @@ class EmitCheckpointing(ta.SavedModels):
                 if POLICIES[label][1] == "refused":
                     self.assertEqual(r.returncode, 2, f"{label}: {r.stderr}")
                     self.assertFalse(os.path.exists(out), f"{label}: a refused emit wrote {out}")
-                    self.assertIn("activation checkpointing: Accelerate checkpoints the modules its wrap policy picks",
+                    self.assertIn("Accelerate has no key for it" if label.endswith("_selective") else
+                                  "activation checkpointing: Accelerate checkpoints the modules its wrap policy picks",
                                   r.stderr, label)
                     continue
                 self.assertEqual(r.returncode, 0, f"{label}: {r.stderr}")

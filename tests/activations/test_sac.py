@@ -24,6 +24,7 @@ so this is the check that sees what SAC keeps. The plan under full AC must hold 
 Exits 1 on any failure.
 """
 import argparse
+import importlib.util
 import json
 import os
 import subprocess
@@ -182,8 +183,7 @@ def tracker_case(name: str, world: int, bf16: bool) -> Dict[str, Any]:
             "layer_classes": names, "seconds": round(time.perf_counter() - t0, 2)}
 
 
-def plan(binary: str, pt2: str, tmp: str, key: str, classes: List[str], world: int, bf16: bool,
-         mode: str) -> Dict[str, Any]:
+def policy_file(tmp: str, key: str, classes: List[str], world: int, bf16: bool, mode: str) -> str:
     ac: Dict[str, Any] = {"module_classes": classes}
     if mode == "selective":
         ac.update(mode="selective", save_ops="torchtitan", recompute_mm_fqns=RECOMPUTE_MM_FQNS)
@@ -194,11 +194,46 @@ def plan(binary: str, pt2: str, tmp: str, key: str, classes: List[str], world: i
     path = os.path.join(tmp, key.replace("/", "_") + f"_{mode}.json")
     with open(path, "w") as f:
         json.dump(pol, f)
+    return path
+
+
+def plan(binary: str, pt2: str, tmp: str, key: str, classes: List[str], world: int, bf16: bool,
+         mode: str) -> Dict[str, Any]:
+    path = policy_file(tmp, key, classes, world, bf16, mode)
     cmd = [binary, pt2, "-f", "json", "--device", "cpu", "-q", "--policy", path]
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode not in (0, 1):
         raise RuntimeError(f"{' '.join(cmd)}: exit {res.returncode}: {res.stderr.strip()[:400]}")
     return json.loads(res.stdout)
+
+
+def emitted_case(binary: str, pt2: str, tmp: str, key: str, name: str, classes: List[str], world: int,
+                 bf16: bool) -> Dict[str, Any]:
+    """Issue 42, item 4: the same step with the plan's `--emit torch` code (its own selective policy,
+    checkpoint wrappers and fully_shard calls) in place of torchtitan's, under the tracker."""
+    t0 = time.perf_counter()
+    out = os.path.join(tmp, key.replace("/", "_") + "_emit.py")
+    cmd = [binary, pt2, "--device", "cpu", "-q", "--policy", policy_file(tmp, key, classes, world, bf16, "selective"),
+           "--emit", "torch", "-o", out]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    if not os.path.exists(out):
+        raise RuntimeError(f"{' '.join(cmd)}: exit {res.returncode}: {res.stderr.strip()[:400]}")
+    spec = importlib.util.spec_from_file_location("emitted_" + name, out)
+    emitted = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(emitted)
+    peak_oracle.init_fake(world)
+    mesh = init_device_mesh("cpu", (world,))
+    torch.manual_seed(0)
+    model = actmodels.build(name, "cpu", torch.float32)
+    model = emitted.apply_fsdp(model, device_type="cpu", mesh=mesh)
+    wrapped = [m for m in model.modules() if hasattr(m, "_checkpoint_wrapped_module")]
+    optim = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3, foreach=False)
+    kwargs = actmodels.inputs(name, model, BATCH, SEQ, device="cpu")
+    tracker = FSDPMemTracker(model, optim)
+    tracker.track_inputs(tuple(v for v in kwargs.values() if isinstance(v, torch.Tensor)))
+    res = peak_oracle.two_steps(tracker, model, optim, kwargs)
+    return {"peak_bytes": res["peak_bytes"], "after_forward": res["after_forward"], "wrapped": len(wrapped),
+            "seconds": round(time.perf_counter() - t0, 2)}
 
 
 def main() -> int:
@@ -257,6 +292,22 @@ def main() -> int:
                     failures.append(f"{key}: the plan's checkpointed modules say {sorted(modes)}, not selective")
                 if s["plan_held_after_forward"] <= s["plan_full_ac_held_after_forward"]:
                     failures.append(f"{key}: SAC holds no more than full AC after the forward")
+                # The plan's --emit torch code checkpoints as torchtitan does: the same activations after
+                # the forward, to the byte, and a whole-step peak within the plan's bound.
+                emit = emitted_case(args.binary, pt2, tmp, key, name, ref["layer_classes"], world, bf16)
+                got_af = emit["after_forward"].get("Activation", 0)
+                re_ = (got - emit["peak_bytes"]) / emit["peak_bytes"]
+                s.update(emitted_after_forward_activation=got_af, emitted_peak_bytes=emit["peak_bytes"],
+                         emitted_wrapped=emit["wrapped"])
+                print(f"{'':36s} --emit torch: Activation after fwd {got_af:>7d} (torchtitan's "
+                      f"{s['tracker_after_forward_activation']}), peak {emit['peak_bytes']:>9d} (plan {re_:+.2%}), "
+                      f"{emit['wrapped']} wrapped [{emit['seconds']} s]", flush=True)
+                if got_af != s["tracker_after_forward_activation"] or emit["wrapped"] != len(cp):
+                    failures.append(f"{key}: --emit torch holds {got_af} B of activations after the forward in "
+                                    f"{emit['wrapped']} wrappers, torchtitan's policy "
+                                    f"{s['tracker_after_forward_activation']} B in {len(cp)}")
+                if abs(re_) > TOLERANCE:
+                    failures.append(f"{key}: plan peak {got}, --emit torch's step {emit['peak_bytes']} ({re_:+.2%})")
     for f_ in failures:
         print("FAIL " + f_)
     print(f"{len(summary)} cases, {len(failures)} failures, {time.perf_counter() - t0:.0f} s")
