@@ -369,6 +369,7 @@ bool better_if_fitting(const Candidate& a, const Candidate& b) {
   // Checkpointing is for memory: the recompute costs about a forward, which
   // an estimate without FLOPs does not see. Only where it is needed to fit.
   if (a.checkpointed != b.checkpointed) return b.checkpointed;
+  if (a.selective != b.selective) return a.selective;  // less recompute, more memory: tried where it fits
   if (a.step_known == b.step_known) {
     const double ta = rank_seconds(a), tb = rank_seconds(b);
     if (std::abs(ta - tb) > 1e-9) return ta < tb;
@@ -532,32 +533,38 @@ Suggestion suggest(const ModuleTree& tree, const Policy& base, const SuggestOpti
   std::vector<Candidate> candidates = suggest_candidates(tree, base, opt);
   std::set<std::string> labels;
   for (const auto& c : candidates) labels.insert(c.label);
-  // The units, whether the blocks are checkpointed, and the tp degree (candidates vary tp: with_tp_degrees).
-  std::set<std::tuple<UnitSet, bool, int64_t>> seen;
+  // The units, how the blocks are checkpointed, and the tp degree (candidates vary tp: with_tp_degrees).
+  std::set<std::tuple<UnitSet, int, int64_t>> seen;
   const ClassMatcher matcher(tree);  // one tree, many plans: its classes are worked out once
   const std::vector<bool> block = block_instances(tree, base);
   const std::string block_class = block_class_name(tree, base);
   for (size_t i = 0; i < candidates.size(); ++i) {
     Candidate c = std::move(candidates[i]);  // fixes below append to `candidates`
     auto plan = std::make_shared<Plan>(make_plan(tree, c.policy, "", matcher, PlanPurpose::Ranking, opt.flops));
-    if (!seen.insert({unit_set(*plan), c.checkpointed, c.tp}).second) {
+    if (!seen.insert({unit_set(*plan), c.checkpointed + c.selective, c.tp}).second) {
       ++s.duplicates;
       continue;
     }
     evaluate(c, *plan, tree, opt, block);
-    // The same plan with its blocks checkpointed, where the graph says what that saves
-    // (a TorchScript file or an allowance does not) and the base policy sets none.
+    // The same plan with its blocks checkpointed, fully and selectively, where the graph
+    // says what that saves (a TorchScript file or an allowance does not) and the base
+    // policy sets none.
     if (!opt.pin_wrapping && c.dropped.empty() && c.per_block && !c.checkpointed && !block_class.empty() &&
         !base.activation_checkpointing && plan->activations.source == ActivationSource::Graph) {
-      Candidate ac;
-      ac.label = c.label + " + activation checkpointing [" + block_class + "]";
-      ac.origin = c.origin;
-      ac.policy = c.policy;
-      ac.policy.activation_checkpointing = ActivationCheckpointing{};
-      ac.policy.activation_checkpointing->module_classes = {block_class};
-      ac.checkpointed = true;
-      ac.tp = c.tp;
-      if (labels.insert(ac.label).second) candidates.push_back(std::move(ac));
+      for (const bool selective : {false, true}) {
+        Candidate ac;
+        ac.label = c.label + (selective ? " + selective activation checkpointing (torchtitan's policy) ["
+                                        : " + activation checkpointing [") + block_class + "]";
+        ac.origin = c.origin;
+        ac.policy = c.policy;
+        ac.policy.activation_checkpointing = ActivationCheckpointing{};
+        ac.policy.activation_checkpointing->module_classes = {block_class};
+        if (selective) ac.policy.activation_checkpointing->mode = CheckpointMode::Selective;
+        ac.checkpointed = true;
+        ac.selective = selective;
+        ac.tp = c.tp;
+        if (labels.insert(ac.label).second) candidates.push_back(std::move(ac));
+      }
     }
     // A refused candidate, fixed as the refusal checks say, is a candidate too
     // (twice at most: a fix may uncover another refusal).

@@ -69,6 +69,10 @@ struct Candidate {
   // recompute in backward for memory, so it ranks behind the same plan without
   // it whenever both fit.
   bool checkpointed = false;
+  // Of those, checkpointed selectively with torchtitan's policy (issue 42):
+  // the matmul and attention outputs saved, so it recomputes less than full
+  // checkpointing and ranks ahead of it when both fit.
+  bool selective = false;
   // The tensor-parallel degree (1: none). Candidates vary it when the base
   // policy has a tensor_parallel section (suggest_candidates).
   int64_t tp = 1;
@@ -110,8 +114,9 @@ std::vector<Candidate> suggest_candidates(const ModuleTree& tree, const Policy& 
 // fewer units, then lower peak, then fewer FSDP2 groups gathered again in
 // backward, then smaller root share, then label; among those that do not
 // fit, the lowest need first. A per-block candidate of a graph with known
-// activations is also tried with its blocks checkpointed; among plans that
-// fit, one without checkpointing ranks ahead of one with. The memory model is the base policy's
+// activations is also tried with its blocks checkpointed, fully and selectively
+// (torchtitan's policy); among plans that fit, one without checkpointing ranks
+// ahead of one with, and a selective one ahead of a full one. The memory model is the base policy's
 // FSDP version's (fsdp.fsdp_version).
 Suggestion suggest(const ModuleTree& tree, const Policy& base, const SuggestOptions& opt);
 

@@ -60,6 +60,9 @@ std::string why_best(const Candidate& best, const Candidate& next) {
   if (best.checkpointed != next.checkpointed)
     return "fits without activation checkpointing, which " + next.label +
            " adds: its recompute costs about one more forward of each block";
+  if (best.selective != next.selective)
+    return "fits with selective checkpointing, which keeps the matmul and attention outputs and recomputes "
+           "the rest; " + next.label + " checkpoints fully and recomputes every op of each block";
   const double a = rank_seconds(best), b = rank_seconds(next);
   if (best.step_known == next.step_known && std::abs(a - b) > 1e-9 && best.tp != next.tp)
     return std::string(best.step_known ? "estimated step " : "estimated exposed communication ") +
@@ -247,6 +250,7 @@ nlohmann::ordered_json suggestion_to_json(const Suggestion& s, const SuggestCont
                           {"coarse", c.coarse},
                           {"per_block", c.per_block},
                           {"checkpointed", c.checkpointed},
+                          {"checkpoint_mode", !c.checkpointed ? "none" : c.selective ? "selective" : "full"},
                           {"time", {{"estimate", true},
                                     {"exposed_comm_s", c.exposed_comm_s},
                                     {"comm_s", c.comm_s},

@@ -2,8 +2,9 @@
 """suggest with activation checkpointing candidates (issue 30).
 
 A .pt2 whose graph sizes activations: each per-block candidate is also tried with its blocks
-checkpointed. Checkpointing is for memory, so the plan without it ranks first when both fit; when
-only the checkpointed one fits, it is the best. A TorchScript file (activations unknown) and a base
+checkpointed, fully and selectively (torchtitan's policy; issue 42, item 3). Checkpointing is for
+memory, so the plan without it ranks first when both fit, then the selective one (it recomputes
+less); when only a checkpointed one fits, it is the best. A TorchScript file (activations unknown) and a base
 policy that sets checkpointing get no such variants. The peaks come from plans of the same policies.
 
 Usage: test_suggest_ac.py FSDP_PLAN_BINARY
@@ -20,6 +21,7 @@ BINARY = os.path.join(ROOT, "build", "app", "fsdp-plan")
 PT2 = os.path.join(ROOT, "sample_models", "tiny_gpt.pt2")
 PT = os.path.join(ROOT, "sample_models", "tiny_gpt.pt")
 AC = " + activation checkpointing [Block]"
+SAC = " + selective activation checkpointing (torchtitan's policy) [Block]"
 
 
 def run(*args):
@@ -42,7 +44,12 @@ class SuggestCheckpointing(unittest.TestCase):
 
         cls.plain = peak("--module-classes", "Block")
         cls.checkpointed = peak("--policy", cls.ac_policy)
-        assert cls.checkpointed < cls.plain, (cls.checkpointed, cls.plain)
+        sac_policy = os.path.join(cls.tmp.name, "sac.json")
+        with open(sac_policy, "w") as f:
+            json.dump({"module_classes": ["Block"],
+                       "activation_checkpointing": {"module_classes": ["Block"], "mode": "selective"}}, f)
+        cls.selective = peak("--policy", sac_policy)
+        assert cls.checkpointed < cls.selective < cls.plain, (cls.checkpointed, cls.selective, cls.plain)
 
     @classmethod
     def tearDownClass(cls):
@@ -60,16 +67,35 @@ class SuggestCheckpointing(unittest.TestCase):
         report = self.suggest(PT2, "80GiB")
         self.assertEqual(report["best"]["label"], "module_classes [Block]")
         plain, ac = self.rank(report, "module_classes [Block]"), self.rank(report, "module_classes [Block]" + AC)
-        self.assertLess(plain["rank"], ac["rank"])
-        self.assertEqual((plain["checkpointed"], ac["checkpointed"]), (False, True))
+        sac = self.rank(report, "module_classes [Block]" + SAC)
+        self.assertLess(plain["rank"], sac["rank"])
+        self.assertLess(sac["rank"], ac["rank"])
+        self.assertEqual((plain["checkpointed"], ac["checkpointed"], sac["checkpointed"]), (False, True, True))
+        self.assertEqual([c["checkpoint_mode"] for c in (plain, ac, sac)], ["none", "full", "selective"])
         self.assertEqual(ac["policy"]["activation_checkpointing"], {"module_classes": ["Block"]})
-        self.assertEqual((plain["peak_bytes"], ac["peak_bytes"]), (self.plain, self.checkpointed))
+        self.assertEqual(sac["policy"]["activation_checkpointing"], {"module_classes": ["Block"], "mode": "selective",
+                                                                    "save_ops": "torchtitan"})
+        self.assertEqual((plain["peak_bytes"], ac["peak_bytes"], sac["peak_bytes"]),
+                         (self.plain, self.checkpointed, self.selective))
+
+    def test_only_the_selective_plan_fits(self):
+        budget = (self.plain + self.selective) // 2
+        report = self.suggest(PT2, budget)
+        self.assertEqual(report["best"]["label"], "module_classes [Block]" + SAC)
+        self.assertFalse(self.rank(report, "module_classes [Block]")["fits"])
+        out = os.path.join(self.tmp.name, "best_sac.json")
+        r = run("suggest", PT2, "--world-size", "2", "--budget", str(budget), "-o", out)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("fits with selective checkpointing", r.stdout)
+        r = run(PT2, "--world-size", "2", "--policy", out, "-f", "json")
+        self.assertEqual(json.loads(r.stdout)["memory"]["per_rank"]["peak_bytes"], self.selective)
 
     def test_only_the_checkpointed_plan_fits(self):
-        budget = (self.plain + self.checkpointed) // 2
+        budget = (self.selective + self.checkpointed) // 2
         report = self.suggest(PT2, budget)
         self.assertEqual(report["best"]["label"], "module_classes [Block]" + AC)
         self.assertFalse(self.rank(report, "module_classes [Block]")["fits"])
+        self.assertFalse(self.rank(report, "module_classes [Block]" + SAC)["fits"])
         # The policy it writes checkpoints the blocks, and plans to the same peak.
         out = os.path.join(self.tmp.name, "best.json")
         r = run("suggest", PT2, "--world-size", "2", "--budget", str(budget), "-o", out)
@@ -81,7 +107,7 @@ class SuggestCheckpointing(unittest.TestCase):
         for model, extra in ((PT, ()), (PT2, ("--policy", self.ac_policy))):
             report = self.suggest(model, "80GiB", *extra)
             labels = [c["label"] for c in report["candidates"]]
-            self.assertFalse([x for x in labels if AC in x], (model, extra))
+            self.assertFalse([x for x in labels if AC in x or SAC in x], (model, extra))
             self.assertFalse([c for c in report["candidates"] if c["checkpointed"]], (model, extra))
 
 
