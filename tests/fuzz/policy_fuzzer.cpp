@@ -9,6 +9,7 @@
 #include <string>
 
 #include "fuzz_tree.h"
+#include "mesh/device_mesh.h"
 #include "planner/planner.h"
 #include "policy/policy.h"
 #include "util/errors.h"
@@ -20,6 +21,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     (void)fsdp_plan::policy_to_json(p).dump();
     // What load_policy refuses before planning (the CLI's path): not planned here either.
     if (!p.combination_error().empty() || p.fsdp.world_size > 64) return 0;
+    const fsdp_plan::TensorParallel* tp = p.tensor_parallel ? &*p.tensor_parallel : nullptr;
+    if (!fsdp_plan::device_mesh_error(p.fsdp, tp).empty()) return 0;
     (void)fsdp_plan::make_plan(fsdp_plan::fuzz::fuzz_tree(), p, "fuzz.tree.json");
   } catch (const fsdp_plan::InputError&) {
   }
