@@ -3,6 +3,7 @@
 #include "fsdp2/memory.h"
 #include "model/dtype.h"
 #include "plan/plan.h"
+#include "plan/unused_params.h"
 
 namespace fsdp_plan {
 namespace {
@@ -50,7 +51,7 @@ Fsdp2GroupSizes fsdp2_group_sizes(const Plan& plan, const Unit& u, int64_t S) {
     z.gathered += padded * pe_size;
     z.gathered_numel += padded;
     z.sharded_bytes += padded * t.itemsize;
-    if (!t.requires_grad) continue;
+    if (!receives_gradient(plan, o.tensor)) continue;
     // foreach_reduce: only parameters with a gradient, in reduce_dtype
     // (default: the gradient's, i.e. param_dtype).
     z.trainable = true;

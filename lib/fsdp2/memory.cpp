@@ -7,6 +7,7 @@
 #include "model/dtype.h"
 #include "plan/optimizer_step.h"
 #include "plan/plan.h"
+#include "plan/unused_params.h"
 
 namespace fsdp_plan {
 namespace {
@@ -69,14 +70,15 @@ void Fsdp2Memory::add_units(const Plan& plan, GradParams& grad_params) {
         pe = dtype_itemsize(*mp->param_dtype);
       const int64_t rd = mp && mp->reduce_dtype ? dtype_itemsize(*mp->reduce_dtype) : pe;
       up.compute_itemsize = pe;
-      if (t.requires_grad) {
+      const bool graded = receives_gradient(plan, o.tensor);
+      if (graded) {
         up.grads_unsharded += numel * pe;
         grad_params[i].emplace_back(o.tensor, numel * pe);
         trainable_order.emplace_back(o.tensor, params_.size());
         up.rs_output_is_grad = up.rs_output_is_grad && rd == orig;
       }
       params_.push_back({d0, d0 == 0 ? 0 : numel / d0, static_cast<int32_t>(orig), static_cast<int32_t>(pe),
-                         static_cast<int32_t>(rd), t.requires_grad});
+                         static_cast<int32_t>(rd), graded});
     }
     up.end = params_.size();
     for (const auto& o : u.buffers) buffers_bytes_ += tree.bytes(o.tensor);
@@ -147,7 +149,7 @@ void Fsdp2Memory::add_unowned_params(const Plan& plan) {
       bytes = numel * tree.tensor(t).itemsize;
     }
     unowned_bytes_ += bytes;
-    if (!tree.tensor(t).requires_grad) continue;
+    if (!receives_gradient(plan, t)) continue;
     unowned_trainable_bytes_ += bytes;
     unowned_largest_trainable_ = std::max(unowned_largest_trainable_, bytes);
   }

@@ -81,6 +81,9 @@ struct Plan {
   ModelSummary model;
   std::vector<Unit> units;
   std::vector<Warning> warnings;
+  // FSDP2: trainable parameters the graph never reads, sorted; they get no
+  // gradient (plan/unused_params.h: receives_gradient).
+  std::vector<TensorId> ungraded_params;
   ActivationPlan activations;  // read by the memory models
   MemoryPlan memory;
   std::optional<TensorParallelPlan> tensor_parallel;  // policy.tensor_parallel's placements

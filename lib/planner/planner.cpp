@@ -19,6 +19,7 @@
 #include "plan/analysis.h"
 #include "plan/grad_accumulation.h"
 #include "plan/master_weights.h"
+#include "plan/unused_params.h"
 #include "plan/refusals.h"
 #include "policy/ignored.h"
 #include "time/flops.h"
@@ -106,6 +107,7 @@ Plan plan_with(const ModuleTree& loaded, const Policy& policy, const std::string
     analyse(plan, ignored, matcher);
     // The containers' fix replans twice: for reports only (suggest does not rank it).
     analyse_fsdp2(plan, calls, matcher, report && search_fixes ? &replan : nullptr);
+    find_ungraded_params(plan);  // no gradient, no reduce-scatter, no optimizer state
     if (report) root_warnings(plan, search_fixes ? &replan : nullptr);  // the root group is never resharded either
     // parallelize_module runs before fully_shard: FSDP2 shards each TP-local tensor.
     if (policy.tensor_parallel) {

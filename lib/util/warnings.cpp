@@ -53,6 +53,7 @@ const std::vector<WarningKind>& warning_table() {
       {"fsdp2_shared_param", S::Error, std::nullopt, W::Fsdp2},
       {"fsdp2_reshard_ranks", S::Error, std::nullopt, W::Fsdp2},
       {"fsdp2_not_called", S::Warning, std::nullopt, W::Fsdp2},  // a .pt2 module whose forward never ran
+      {"fsdp2_unused_param", S::Warning, std::nullopt, W::Fsdp2},  // plan/unused_params.cpp
       // Tensor parallelism on the mesh's tp dimension (tp/placements.cpp).
       {"tp_unmatched_pattern", S::Error, S::Warning, W::Fsdp2},  // a warning in a model's own plan
       {"tp_style_class", S::Error, std::nullopt, W::Fsdp2},
