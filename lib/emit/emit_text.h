@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "model/module_tree.h"
+#include "plan/plan.h"
 #include "policy/ignored.h"
 
 namespace fsdp_plan {
