@@ -11,7 +11,8 @@ same model on the fake backend (rank 0), fully_shard on the same classes and the
 steps under FSDPMemTracker on real CPU tensors (so transformers takes the branch eager training takes),
 the second step's peak and the activations held after its forward (tests/activations/peak_oracle.py: two_steps).
 
-Each architecture gets one outcome, the first stage that fails: `config` (the tiny config does not
+Each architecture runs in a process of its own (8 GB of address space, 600 s) and gets one outcome,
+the first stage that fails (`limit`: it ran out of either): `config` (the tiny config does not
 build a model), `export` (torch.export or the exporter refuses; its one line), `plan` (the binary
 exits 2 or 3), `reference` (the tracked step fails: the architecture does not train this way on CPU),
 else `ok` when every case's peak is within TOLERANCE of the tracker's, `miss` otherwise (the ratios).
@@ -51,6 +52,8 @@ import peak_oracle  # noqa: E402
 from fsdp_plan.export import ExportError, export_module  # noqa: E402
 
 TOLERANCE = 0.05
+ONE_TIMEOUT_S = 600  # per architecture
+ONE_MEMORY_GB = 8    # address space per architecture (RLIMIT_AS)
 BATCH, SEQ = 2, 128
 # The subset CI runs (ctest arch_sweep): dense, GQA, MoE, hybrid and older families, each of which
 # planned within TOLERANCE when it was chosen.
@@ -126,11 +129,13 @@ def build(model_type: str):
 
 
 def layer_classes(model) -> List[str]:
+    """The repeated classes of _no_split_modules; without one, the repeated *Layer / *Block classes."""
     names = set(getattr(model, "_no_split_modules", None) or [])
     count: Dict[str, int] = {}
     for m in model.modules():
         count[type(m).__name__] = count.get(type(m).__name__, 0) + 1
-    return sorted(n for n in names if count.get(n, 0) > 1)
+    out = sorted(n for n in names if count.get(n, 0) > 1)
+    return out or sorted(n for n, k in count.items() if k > 1 and n.endswith(("Layer", "Block")))
 
 
 def inputs(model) -> Dict[str, torch.Tensor]:
@@ -228,12 +233,41 @@ def markdown(results: List[Dict[str, Any]], worlds: List[int]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def sweep_isolated(binary: str, arch: str, worlds: List[int]) -> Dict[str, Any]:
+    """sweep_one in a process of its own, under a memory limit and a timeout: an architecture that
+    balloons or hangs is an outcome (`limit`), not the end of the sweep."""
+    cmd = [sys.executable, os.path.abspath(__file__), binary, "--one", arch, "--worlds", ",".join(map(str, worlds))]
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=ONE_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return {"arch": arch, "outcome": "limit", "why": f"over {ONE_TIMEOUT_S} s"}
+    last = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else ""
+    try:
+        return json.loads(last)
+    except json.JSONDecodeError:
+        return {"arch": arch, "outcome": "limit", "why": f"exit {r.returncode} (memory limit {ONE_MEMORY_GB} GB?)"}
+
+
+def one(binary: str, arch: str, worlds: List[int]) -> int:
+    import resource
+    limit = ONE_MEMORY_GB << 30
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    with tempfile.TemporaryDirectory(prefix="arch_sweep_") as tmp:
+        try:
+            r = sweep_one(binary, arch, worlds, tmp)
+        except MemoryError:
+            r = {"arch": arch, "outcome": "limit", "why": f"MemoryError under {ONE_MEMORY_GB} GB"}
+    print(json.dumps(r))
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("binary")
     ap.add_argument("--only", help="comma-separated model types")
     ap.add_argument("--subset", choices=["ci"], help="the fixed subset CI runs")
     ap.add_argument("--worlds", default="1,8")
+    ap.add_argument("--one", help=argparse.SUPPRESS)  # sweep_isolated's child
     ap.add_argument("--json")
     ap.add_argument("--markdown")
     args = ap.parse_args()
@@ -245,15 +279,16 @@ def main() -> int:
     elif args.subset == "ci":
         archs = CI_SUBSET
     worlds = [int(w) for w in args.worlds.split(",")]
+    if args.one:
+        return one(args.binary, args.one, worlds)
     results = []
     t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="arch_sweep_") as tmp:
-        for arch in archs:
-            r = sweep_one(args.binary, arch, worlds, tmp)
-            results.append(r)
-            detail = (" ".join(f"{c['ratio']:.3f}/{c['activations_ratio']:.3f}" for c in r["cases"])
-                      if r.get("cases") else r.get("why", ""))
-            print(f"{arch:28s} {r['outcome']:9s} {detail}", flush=True)
+    for arch in archs:
+        r = sweep_isolated(args.binary, arch, worlds)
+        results.append(r)
+        detail = (" ".join(f"{c['ratio']:.3f}/{c['activations_ratio']:.3f}" for c in r["cases"])
+                  if r.get("cases") else r.get("why", ""))
+        print(f"{arch:28s} {r['outcome']:9s} {detail}", flush=True)
     counts: Dict[str, int] = {}
     for r in results:
         counts[r["outcome"]] = counts.get(r["outcome"], 0) + 1
