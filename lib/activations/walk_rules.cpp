@@ -12,6 +12,7 @@ namespace fsdp_plan {
 // self's dtype (aten/src/ATen/native/LossNLL.cpp, SoftMax.cpp): at the loss of
 // a vocabulary-sized head this is the step's largest temporary
 // (tests/activations/refs/headline_8b_noac.json: Temp 3.91 GiB = 2 x [4096, 128256] fp32).
+// pow's backward makes two temporaries of self's size (below).
 // The math SDPA's backward holds the gradients of the probabilities and of
 // the scores, both [B, H, L, S] (attention.cpp: _scaled_dot_product_attention_math).
 int64_t backward_extra(std::string_view op, const char* case_name, const CallArgs& args) {
@@ -20,6 +21,16 @@ int64_t backward_extra(std::string_view op, const char* case_name, const CallArg
     return a && a->kind == ArgValue::Kind::Tensor && a->tensor ? a->tensor->numel() * a->tensor->dtype->itemsize : 0;
   };
   if (op == "aten.cross_entropy_loss.default") return bytes_of("self");
+  // pow_backward (torch/csrc/autograd/FunctionsManual.cpp): grad * (exponent *
+  // self.pow(exponent - 1)): self.pow(exponent - 1) and its product with the
+  // exponent live beside the gradient it returns, each self's size
+  // (torch.square is pow(self, 2); exponent 0 is zeros_like alone). Seen by the
+  // tracker at a relu^2 MLP's backward under checkpointing (Arcee, docs/fidelity.md).
+  if (op == "aten.pow.Tensor_Scalar" || op == "aten.square.default") {
+    const ArgValue* e = args.find("exponent");
+    const bool zero = e && ((e->kind == ArgValue::Kind::Int && e->i == 0) || (e->kind == ArgValue::Kind::Float && e->f == 0));
+    return zero ? 0 : 2 * bytes_of("self");
+  }
   if (op == "aten.scaled_dot_product_attention.default" && case_name &&
       std::string_view(case_name).find("math") != std::string_view::npos) {
     const ArgValue* q = args.find("query");

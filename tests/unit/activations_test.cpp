@@ -10,6 +10,7 @@
 #include "activations/saved_ops.h"
 #include "activations/schedule.h"
 #include "activations/walk.h"
+#include "activations/walk_rules.h"
 #include "fsdp1/memory.h"
 #include "fsdp2/memory.h"
 #include "tree_builder.h"
@@ -238,6 +239,23 @@ TEST_CASE("op table: cross entropy keeps its log-probabilities, not its input") 
   }
   CHECK(new_bytes == 240 + 4);  // log_softmax [6, 10] fp32 and the 0-dim total weight
   CHECK(target_saved);
+}
+
+TEST_CASE("backward temporaries: pow's two self-sized tensors, none for exponent 0") {
+  // pow_backward: grad * (exponent * self.pow(exponent - 1)); torch.square is pow(self, 2).
+  OpTensor x;
+  x.sizes = {2, 128, 128};
+  x.dtype = f32();
+  CallArgs args;
+  args.items.push_back({"self", ArgValue::of_tensor(&x)});
+  args.items.push_back({"exponent", ArgValue::of_int(2)});
+  CHECK(backward_extra("aten.pow.Tensor_Scalar", nullptr, args) == 2 * 2 * 128 * 128 * 4);
+  CallArgs square;
+  square.items.push_back({"self", ArgValue::of_tensor(&x)});
+  CHECK(backward_extra("aten.square.default", nullptr, square) == 2 * 2 * 128 * 128 * 4);
+  args.items[1].second = ArgValue::of_float(0.0);
+  CHECK(backward_extra("aten.pow.Tensor_Scalar", nullptr, args) == 0);
+  CHECK(backward_extra("aten.relu.default", nullptr, square) == 0);
 }
 
 TEST_CASE("op table: views by torch's computeStride") {
