@@ -28,7 +28,8 @@ int64_t backward_extra(std::string_view op, const char* case_name, const CallArg
   // tracker at a relu^2 MLP's backward under checkpointing (Arcee, docs/fidelity.md).
   if (op == "aten.pow.Tensor_Scalar" || op == "aten.square.default") {
     const ArgValue* e = args.find("exponent");
-    const bool zero = e && ((e->kind == ArgValue::Kind::Int && e->i == 0) || (e->kind == ArgValue::Kind::Float && e->f == 0));
+    const bool zero =
+        e && ((e->kind == ArgValue::Kind::Int && e->i == 0) || (e->kind == ArgValue::Kind::Float && e->f == 0));
     return zero ? 0 : 2 * bytes_of("self");
   }
   if (op == "aten.scaled_dot_product_attention.default" && case_name &&

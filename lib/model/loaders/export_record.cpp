@@ -89,8 +89,9 @@ class Reader {
       // One per module: no count bound past the record's size (kMaxExportRecord).
       if (!it->is_object()) damaged("\"module_classes\" is not an object of class names");
       for (auto& [k, v] : it->items()) {
-        if (!v.is_string() || v.get_ref<const std::string&>().empty() || v.get_ref<const std::string&>().size() > kMaxName)
-          damaged("\"module_classes\" is not an object of class names");
+        const bool name = v.is_string() && !v.get_ref<const std::string&>().empty() &&
+                          v.get_ref<const std::string&>().size() <= kMaxName;
+        if (!name) damaged("\"module_classes\" is not an object of class names");
         r.module_classes.emplace_back(k, v.get<std::string>());
       }
     }
