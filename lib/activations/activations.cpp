@@ -28,13 +28,11 @@ std::vector<ModuleId> checkpointed_modules(const ModuleTree& tree, const Policy&
   }
   if (!ac.modules.empty()) {
     std::vector<std::string> missing;
-    std::vector<std::string> paths(tree.num_modules());
+    const std::vector<std::string> paths = tree.paths();
     // By a table: a search per listed path was 100,000 x the tree's modules (issue 39).
     std::unordered_map<std::string, ModuleId> by_path;
-    for (ModuleId m = 0; m < static_cast<ModuleId>(tree.num_modules()); ++m) {
-      paths[static_cast<size_t>(m)] = tree.path(m);
+    for (ModuleId m = 0; m < static_cast<ModuleId>(tree.num_modules()); ++m)
       by_path.emplace(paths[static_cast<size_t>(m)], m);
-    }
     for (const auto& want : ac.modules) {
       auto it = by_path.find(want);
       if (it == by_path.end()) {

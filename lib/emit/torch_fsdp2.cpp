@@ -138,21 +138,22 @@ std::string plan_to_torch_fsdp2(const Plan& plan) {
          "            param.data = param.data.float()\n";
   // First, as torchtitan's apply_ac and Accelerate's fsdp2_apply_ac do; the wrappers move each
   // module under _checkpoint_wrapped_module, so the groups are looked up before.
-  if (sac)
-    o << "    groups = [([model.get_submodule(path) for path in paths], raf) for paths, raf in CALLS]\n"
-         "    checkpointed = {id(model.get_submodule(path)): path for path in CHECKPOINTED}\n"
-      << selective_ac_apply("model") << "    for modules, reshard_after_forward in groups:\n";
-  else if (ac)
-    o << "    groups = [([model.get_submodule(path) for path in paths], raf) for paths, raf in CALLS]\n"
-         "    checkpointed = {id(model.get_submodule(path)) for path in CHECKPOINTED}\n"
-         "    wrapper = functools.partial(checkpoint_wrapper, preserve_rng_state=False)\n"
-         "    apply_activation_checkpointing(\n"
-         "        model, checkpoint_wrapper_fn=wrapper, check_fn=lambda module: id(module) in checkpointed\n"
-         "    )\n"
-         "    for modules, reshard_after_forward in groups:\n";
-  else
+  if (ac) {
+    o << "    groups = [([model.get_submodule(path) for path in paths], raf) for paths, raf in CALLS]\n";
+    if (sac)
+      o << "    checkpointed = {id(model.get_submodule(path)): path for path in CHECKPOINTED}\n"
+        << selective_ac_apply("model");
+    else
+      o << "    checkpointed = {id(model.get_submodule(path)) for path in CHECKPOINTED}\n"
+           "    wrapper = functools.partial(checkpoint_wrapper, preserve_rng_state=False)\n"
+           "    apply_activation_checkpointing(\n"
+           "        model, checkpoint_wrapper_fn=wrapper, check_fn=lambda module: id(module) in checkpointed\n"
+           "    )\n";
+    o << "    for modules, reshard_after_forward in groups:\n";
+  } else {
     o << "    for paths, reshard_after_forward in CALLS:\n"
          "        modules = [model.get_submodule(path) for path in paths]\n";
+  }
   o << kFullyShardCallsAndCheck;
   return o.str();
 }

@@ -26,7 +26,8 @@ std::vector<size_t> postorder_index(const ModuleTree& tree) {
 ModuleId module_at(const ModuleTree& tree, const std::string& path) {
   auto by_map = [&] {
     std::unordered_map<std::string, ModuleId> by_path;
-    for (ModuleId x : tree.preorder()) by_path.emplace(tree.path(x), x);
+    const std::vector<std::string> paths = tree.paths();
+    for (ModuleId x : tree.preorder()) by_path.emplace(paths[static_cast<size_t>(x)], x);
     auto it = by_path.find(path);
     return it == by_path.end() ? ModuleId{-1} : it->second;
   };

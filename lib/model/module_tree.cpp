@@ -70,6 +70,15 @@ std::string ModuleTree::path(ModuleId m) const {
   return out;
 }
 
+std::vector<std::string> ModuleTree::paths() const {
+  std::vector<std::string> out(modules_.size());
+  for (size_t m = 1; m < modules_.size(); ++m) {
+    const std::string& parent = out[static_cast<size_t>(modules_[m].parent)];
+    out[m] = parent.empty() ? modules_[m].name : parent + "." + modules_[m].name;
+  }
+  return out;
+}
+
 std::string ModuleTree::qualify(ModuleId m, const std::string& local) const {
   std::string p = path(m);
   return p.empty() ? local : p + "." + local;

@@ -122,6 +122,9 @@ class ModuleTree {
   // Dotted path from the root ("" for the root), built on demand: storing
   // paths would cost memory quadratic in depth on deep chains.
   std::string path(ModuleId m) const;
+  // Every module's path, by id: built parent first, so the time is the paths'
+  // total length (path() per module walks each chain again: quadratic in depth).
+  std::vector<std::string> paths() const;
   // path(m) joined with a local name: "layers.0" + "weight" -> "layers.0.weight".
   std::string qualify(ModuleId m, const std::string& local) const;
   int depth(ModuleId m) const;

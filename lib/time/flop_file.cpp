@@ -33,10 +33,11 @@ FlopProfile parse_flop_file(const std::string& text, const std::string& file, co
     throw InputError(file, "not a FLOP file: no \"modules\" object (module path -> {\"forward\": FLOPs, "
                            "\"backward\": FLOPs}; see fsdp-plan --help, --flops)");
   std::unordered_map<std::string, ModuleId> by_path;
+  const std::vector<std::string> all = tree.paths();
   std::vector<std::string> paths;
   for (ModuleId m : tree.preorder()) {
-    by_path.emplace(tree.path(m), m);
-    paths.push_back(tree.path(m));
+    by_path.emplace(all[static_cast<size_t>(m)], m);
+    paths.push_back(all[static_cast<size_t>(m)]);
   }
   const size_t n = tree.num_modules();
   std::vector<ModuleFlops> total(n);

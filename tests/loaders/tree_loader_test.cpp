@@ -242,3 +242,15 @@ TEST_CASE("export record: module_classes name only the modules the graph did not
   CHECK(t.module(head).class_source == ClassSource::Listed);
   CHECK(t.num_modules() == 4);  // a path not in the tree adds nothing
 }
+
+TEST_CASE("module tree: paths() is path() of every module, empty names included") {
+  ModuleTree t;
+  const ModuleId a = t.add_module(0, "a", "m.A");
+  const ModuleId e = t.add_module(a, "", "m.E");
+  t.add_module(e, "x", "m.X");
+  t.add_module(0, "", "m.R");
+  t.add_module(a, "0", "m.B");
+  const std::vector<std::string> all = t.paths();
+  REQUIRE(all.size() == t.num_modules());
+  for (ModuleId m = 0; m < static_cast<ModuleId>(t.num_modules()); ++m) CHECK(all[static_cast<size_t>(m)] == t.path(m));
+}

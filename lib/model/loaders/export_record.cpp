@@ -131,14 +131,9 @@ void adopt_listed_classes(ModuleTree& tree) {
   if (!record || record->module_classes.empty()) return;
   std::unordered_map<std::string_view, const std::string*> listed;
   for (const auto& [path, cls] : record->module_classes) listed.emplace(path, &cls);
-  // Paths built parent first (children have larger ids): linear in their total length.
-  std::vector<std::string> paths(tree.num_modules());
+  const std::vector<std::string> paths = tree.paths();
   for (ModuleId m = 0; m < static_cast<ModuleId>(tree.num_modules()); ++m) {
     Module& mod = tree.module(m);
-    if (m > 0) {
-      const std::string& parent = paths[static_cast<size_t>(mod.parent)];
-      paths[static_cast<size_t>(m)] = parent.empty() ? mod.name : parent + "." + mod.name;
-    }
     if (mod.class_source == ClassSource::Recorded) continue;
     auto it = listed.find(paths[static_cast<size_t>(m)]);
     if (it == listed.end()) continue;
