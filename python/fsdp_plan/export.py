@@ -343,6 +343,7 @@ def load_config(source: str, trust_remote_code: bool = False):
     # A local config only: never the hub (remote code, a base model named in the config).
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    _import("torch", config_file)  # transformers builds nothing without it: name it first
     transformers = _import("transformers", config_file)
     try:
         with _quiet():
