@@ -200,7 +200,8 @@ PolicyFile load_policy(const FsdpOptions& opt) {
                  fsdp.shard_group_size, strategy_name(fsdp.strategy));
   if (std::string why = file.policy.combination_error(); !why.empty()) throw UsageError(why);
   const TensorParallel* tp = file.policy.tensor_parallel ? &*file.policy.tensor_parallel : nullptr;
-  if (std::string why = device_mesh_error(fsdp, tp); !why.empty()) throw UsageError(why);
+  const ExpertParallel* ep = file.policy.expert_parallel ? &*file.policy.expert_parallel : nullptr;
+  if (std::string why = device_mesh_error(fsdp, tp, ep); !why.empty()) throw UsageError(why);
   return file;
 }
 

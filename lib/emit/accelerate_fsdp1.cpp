@@ -55,6 +55,9 @@ std::string unit_difference(const Plan& want, const Plan& got) {
 }  // namespace
 
 std::string plan_to_accelerate(const Plan& plan) {
+  if (plan.expert_parallel)
+    throw EmitError("Accelerate 1.15's config has no expert parallelism (its ParallelismConfig names dp, cp and tp "
+                    "only): plan without \"expert_parallel\" to emit an Accelerate config");
   if (plan.tensor_parallel)
     // accelerate/accelerator.py (1.15): Accelerator._prepare_tp builds the mesh from
     // parallelism_config but applies no plan; the model must come split by

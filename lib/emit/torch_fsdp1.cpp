@@ -176,6 +176,9 @@ class Fsdp1TorchWriter {
 }  // namespace
 
 std::string plan_to_torch(const Plan& plan) {
+  if (plan.expert_parallel)
+    throw EmitError("--emit torch does not write expert parallelism: apply it as torchtitan's parallelize does "
+                    "(docs/expert-parallel.md), or plan without \"expert_parallel\"");
   if (plan.tensor_parallel) return plan_to_torch_fsdp2_tp(plan);
   if (plan.v2()) return plan_to_torch_fsdp2(plan);
   const Fsdp1TorchWriter w(plan);

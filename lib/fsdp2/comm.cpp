@@ -16,6 +16,12 @@ struct Fsdp2CommGroups {
   RankGroup shard, replicate;
 };
 
+// Which of a unit's parameters an FSDPParamGroup holds: with expert
+// parallelism one fully_shard call makes one group per process group
+// (_fsdp_init.py _init_param_group): the dense parameters on dp_shard, the
+// routed experts on efsdp.
+enum class ParamSet { All, Dense, Experts };
+
 // What one FSDPParamGroup gathers and reduces, summed over its parameters.
 struct Fsdp2GroupSizes {
   int64_t gathered = 0, gathered_numel = 0, sharded_bytes = 0, reduced = 0, reduced_numel = 0, grad_bytes = 0;
@@ -23,23 +29,40 @@ struct Fsdp2GroupSizes {
   bool trainable = false;
 };
 
+// A parameter's numel and the size of the dim fully_shard shards, as FSDP sees
+// it: TP-local (FSDPParam._init_sharding_spec_tp: the TP-local tensor is what
+// FSDP shards), or EP-local on its placement's dim (torchtitan: Shard(1) for
+// fused experts where efsdp x ep > num_experts).
+void fsdp_local_size(const Plan& plan, TensorId t, int64_t& numel, int64_t& dim) {
+  const ModuleTree& tree = *plan.tree;
+  numel = tree.numel(t);
+  dim = tree.dim0(t);
+  const std::vector<int64_t>* local = nullptr;
+  int shard_dim = 0;
+  if (plan.tensor_parallel) local = &plan.tensor_parallel->local_shape[static_cast<size_t>(t)];
+  if (plan.expert_parallel && plan.expert_parallel->is_expert(t)) {
+    const ExpertParallelPlan& ep = *plan.expert_parallel;
+    local = &ep.local_shape[static_cast<size_t>(t)];
+    shard_dim = ep.modules[static_cast<size_t>(ep.expert_of[static_cast<size_t>(t)])].shard_dim;
+  }
+  if (!local) return;
+  numel = 1;
+  for (int64_t d : *local) numel *= d;
+  dim = local->empty() ? 1 : (*local)[static_cast<size_t>(shard_dim)];
+}
+
 // The padded shards unit u's group gathers (in param_dtype) and reduces (in
 // reduce_dtype, the trainable parameters only).
-Fsdp2GroupSizes fsdp2_group_sizes(const Plan& plan, const Unit& u, int64_t S) {
+Fsdp2GroupSizes fsdp2_group_sizes(const Plan& plan, const Unit& u, int64_t S, ParamSet set) {
   const ModuleTree& tree = *plan.tree;
-  const TensorParallelPlan* tp = plan.tensor_parallel ? &*plan.tensor_parallel : nullptr;
   const auto& mp = plan.policy.mixed_precision;
   Fsdp2GroupSizes z;
   bool mixed = false;
   for (const auto& o : u.params) {
+    if (set != ParamSet::All && plan.expert_parallel->is_expert(o.tensor) != (set == ParamSet::Experts)) continue;
     const TensorInfo& t = tree.tensor(o.tensor);
-    int64_t d0 = tree.dim0(o.tensor), numel = tree.numel(o.tensor);
-    if (tp) {  // FSDPParam._init_sharding_spec_tp: the TP-local tensor is what FSDP shards
-      const auto& local = tp->local_shape[static_cast<size_t>(o.tensor)];
-      numel = 1;
-      for (int64_t d : local) numel *= d;
-      d0 = local.empty() ? 1 : local[0];
-    }
+    int64_t d0 = 0, numel = 0;
+    fsdp_local_size(plan, o.tensor, numel, d0);
     // _init_sharded_param: ceil(d0 / S) rows on every rank, padded.
     const int64_t padded = d0 == 0 ? 0 : ceil_div(d0, S) * (numel / d0);
     // MixedPrecisionPolicy.param_dtype applies to floating parameters of another dtype.
@@ -115,51 +138,86 @@ Fsdp2GroupComms fsdp2_group_comms(const Unit& u, int idx, const Fsdp2GroupSizes&
   return g;
 }
 
-// The collectives in issue order: forward, each group's pre-forward unshards
-// it, in forward order; backward, as the hooks run (backward_hook_order).
-void issue_fsdp2_collectives(const std::vector<Fsdp2GroupComms>& per, const std::vector<int>& parent, CommPlan& comm) {
+// The collectives in issue order: forward, each unit's pre-forward unshards
+// its groups, in forward order; backward, as the hooks run
+// (backward_hook_order). A unit's groups act in the order fully_shard made
+// them (its first parameter's group first).
+void issue_fsdp2_collectives(const std::vector<std::vector<Fsdp2GroupComms>>& per, const std::vector<int>& parent,
+                             CommPlan& comm) {
   const size_t n = per.size();
   std::vector<bool> regathered(n, false);
   size_t calls = 0;  // gathers (twice when regathered), reduce-scatters, HSDP's all-reduces
-  for (size_t i = 0; i < n; ++i) {
-    regathered[i] = per[i].regathered;
-    calls += static_cast<size_t>((per[i].gathers ? 1 + regathered[i] : 0) + per[i].reduces + per[i].all_reduces);
-  }
+  for (size_t i = 0; i < n; ++i)
+    for (const Fsdp2GroupComms& g : per[i]) {
+      regathered[i] = regathered[i] || g.regathered;
+      calls += static_cast<size_t>((g.gathers ? 1 + g.regathered : 0) + g.reduces + g.all_reduces);
+    }
   comm.collectives.reserve(calls);
   for (size_t i = 0; i < n; ++i)
-    if (per[i].gathers) comm.collectives.push_back(per[i].gather);
+    for (const Fsdp2GroupComms& g : per[i])
+      if (g.gathers) comm.collectives.push_back(g.gather);
   backward_hook_order(
       parent, regathered,
       [&](size_t i, const char* cause) {
-        Collective c = per[i].gather;
-        c.phase = StepPhase::Backward;
-        c.cause = cause;
-        c.group = per[i].backward_group;
-        comm.collectives.push_back(c);
+        for (const Fsdp2GroupComms& g : per[i]) {
+          if (!g.regathered) continue;
+          Collective c = g.gather;
+          c.phase = StepPhase::Backward;
+          c.cause = cause;
+          c.group = g.backward_group;
+          comm.collectives.push_back(c);
+        }
       },
       [&](size_t i) {
-        if (per[i].reduces) comm.collectives.push_back(per[i].reduce);
-        if (per[i].all_reduces) comm.collectives.push_back(per[i].all_reduce);
+        for (const Fsdp2GroupComms& g : per[i]) {
+          if (g.reduces) comm.collectives.push_back(g.reduce);
+          if (g.all_reduces) comm.collectives.push_back(g.all_reduce);
+        }
       });
+}
+
+// Unit u's FSDPParamGroups: one, or with expert parallelism the dense one and the experts' on efsdp.
+std::vector<Fsdp2GroupComms> unit_groups(const Plan& plan, const Unit& u, int idx, const Fsdp2CommGroups& dense,
+                                         Fsdp2CommGroups experts, UnitComm& uc) {
+  std::vector<ParamSet> sets{ParamSet::All};
+  if (plan.expert_parallel) {
+    bool any_expert = false, any_dense = false;
+    for (const auto& o : u.params) (plan.expert_parallel->is_expert(o.tensor) ? any_expert : any_dense) = true;
+    sets.clear();
+    if (any_dense) sets.push_back(ParamSet::Dense);
+    if (any_expert) sets.push_back(ParamSet::Experts);
+    // The unit's first parameter's group first (pg_to_group keeps insertion order).
+    if (sets.size() == 2 && plan.expert_parallel->is_expert(u.params.front().tensor)) std::swap(sets[0], sets[1]);
+  }
+  std::vector<Fsdp2GroupComms> out;
+  for (ParamSet set : sets) {
+    const Fsdp2CommGroups& groups = set == ParamSet::Experts ? experts : dense;
+    const Fsdp2GroupSizes z = fsdp2_group_sizes(plan, u, groups.shard.size, set);
+    uc.trainable_shard_numel += z.reduced_numel;
+    out.push_back(fsdp2_group_comms(u, idx, z, groups, plan.memory.settings.cpu_offload));
+  }
+  return out;
 }
 
 }  // namespace
 
 CommPlan fsdp2_comm(const Plan& plan) {
   const Fsdp2CommGroups groups{plan.mesh.group(MeshDim::DpShard), plan.mesh.group(MeshDim::DpReplicate)};
+  // torchtitan's edp mesh: (dp_replicate, efsdp); its replicate group is the dense one's.
+  const Fsdp2CommGroups experts = plan.mesh.expert_parallel()
+                                      ? Fsdp2CommGroups{plan.mesh.group(MeshDim::Efsdp), groups.replicate}
+                                      : groups;
   const size_t n = plan.units.size();
   CommPlan comm;
   comm.computed = true;
   comm.units.resize(n);
-  std::vector<Fsdp2GroupComms> per(n);
+  std::vector<std::vector<Fsdp2GroupComms>> per(n);
   std::vector<int> parent(n);
   for (size_t i = 0; i < n; ++i) {
     const Unit& u = plan.units[i];
     parent[i] = u.parent;
     if (u.params.empty()) continue;  // no FSDPParamGroup
-    const Fsdp2GroupSizes z = fsdp2_group_sizes(plan, u, groups.shard.size);
-    comm.units[i].trainable_shard_numel += z.reduced_numel;
-    per[i] = fsdp2_group_comms(u, static_cast<int>(i), z, groups, plan.memory.settings.cpu_offload);
+    per[i] = unit_groups(plan, u, static_cast<int>(i), groups, experts, comm.units[i]);
   }
   issue_fsdp2_collectives(per, parent, comm);
   summarize_comm(comm, n);

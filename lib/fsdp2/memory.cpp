@@ -36,6 +36,7 @@ Fsdp2Memory::Fsdp2Memory(const Plan& plan) : activations_(plan.activations) {
   add_late_gradients(plan, grad_params);
   // fully_shard's mesh is the (dp_replicate,) dp_shard sub-mesh.
   if (plan.tensor_parallel) tp_mesh_ = plan.mesh;
+  if (plan.expert_parallel) expert_parallel_ = plan.policy.expert_parallel;
   order_hooks(plan);
   add_unowned_params(plan);
 }
@@ -62,6 +63,10 @@ void Fsdp2Memory::add_units(const Plan& plan, GradParams& grad_params) {
       // With tensor parallelism, fully_shard shards the TP-local tensor (_fsdp_param.py:
       // FSDPParam._init_sharding_spec_tp: DTensor.to_local(), then chunks on dim 0).
       if (plan.tensor_parallel) local_size(*plan.tensor_parallel, o.tensor, numel, d0);
+      // With expert parallelism, rank 0's experts (DTensor Shard(0) on ep, then fully_shard on efsdp).
+      const bool expert = plan.expert_parallel && plan.expert_parallel->is_expert(o.tensor);
+      if (expert) numel = plan.expert_parallel->local_numel(o.tensor);
+      if (expert && numel == 0) continue;  // an expert module another rank holds: not on this one
       const int64_t orig = t.itemsize;
       // MixedPrecisionPolicy: param_dtype applies to floating parameters of another dtype
       // (the float8 kinds, whose size this model does not know, are left as they are).
@@ -77,8 +82,10 @@ void Fsdp2Memory::add_units(const Plan& plan, GradParams& grad_params) {
         trainable_order.emplace_back(o.tensor, params_.size());
         up.rs_output_is_grad = up.rs_output_is_grad && rd == orig;
       }
-      params_.push_back({d0, d0 == 0 ? 0 : numel / d0, static_cast<int32_t>(orig), static_cast<int32_t>(pe),
-                         static_cast<int32_t>(rd), graded});
+      Param p{d0, d0 == 0 ? 0 : numel / d0, static_cast<int32_t>(orig), static_cast<int32_t>(pe),
+              static_cast<int32_t>(rd), graded};
+      if (expert) expert_param(*plan.expert_parallel, o.tensor, p);
+      params_.push_back(p);
     }
     up.end = params_.size();
     for (const auto& o : u.buffers) buffers_bytes_ += tree.bytes(o.tensor);
@@ -159,12 +166,30 @@ MemoryPlan estimate_memory_fsdp2(const Plan& plan, const FsdpSettings& settings,
   return Fsdp2Memory(plan).estimate(settings, timeline);
 }
 
+// A routed expert's EP-local tensor, as fully_shard shards it on efsdp
+// (torchtitan's shard_placement_fn: Shard(0), or Shard(1) for fused experts
+// where efsdp x ep > num_experts; size_group picks).
+void Fsdp2Memory::expert_param(const ExpertParallelPlan& ep, TensorId t, Param& p) {
+  const ExpertModule& x = ep.modules[static_cast<size_t>(ep.expert_of[static_cast<size_t>(t)])];
+  const std::vector<int64_t>& shape = ep.local_shape[static_cast<size_t>(t)];
+  const int64_t numel = ep.local_numel(t);
+  p.expert = true;
+  p.dim0 = shape.empty() ? 1 : shape[0];
+  p.row = p.dim0 == 0 ? 0 : numel / p.dim0;
+  if (x.fused && shape.size() >= 2 && shape[1] > 0) {
+    p.experts = x.num_experts;
+    p.dim1 = shape[1];
+    p.row1 = numel / shape[1];
+  }
+}
+
 // One estimate(): each group's bytes at this shard size, what a rank holds
 // between steps, then a training step, event by event, in the categories
 // FSDPMemTracker uses (torch/distributed/_tools/fsdp2_mem_tracker.py).
 class Fsdp2Memory::Estimate {
  public:
-  Estimate(const Fsdp2Memory& model, const FsdpSettings& settings, int64_t shard, bool timeline, MemoryPlan& mem);
+  Estimate(const Fsdp2Memory& model, const FsdpSettings& settings, const DeviceMesh& mesh, bool timeline,
+           MemoryPlan& mem);
   void size_groups();
   void steady_state();
   void forward();
@@ -178,6 +203,7 @@ class Fsdp2Memory::Estimate {
   struct Group {
     int64_t sharded = 0;          // padded shards, original dtype
     int64_t unsharded = 0;        // padded x S, in param_dtype
+    int64_t all_gather = 0;       // the all-gathers' outputs: unsharded, less what a group of one rank copies
     int64_t kept_after_forward = 0;
     int64_t grads_unsharded = 0;  // autograd's gradients: unpadded, param_dtype
     int64_t rs_input = 0;         // padded x S, reduce dtype
@@ -192,6 +218,8 @@ class Fsdp2Memory::Estimate {
     int64_t optimizer_temp = 0;
   };
   Group size_group(size_t i, UnitMemory& um) const;
+  // A parameter's padded shard (elements) and the size of the group it is sharded over.
+  std::pair<int64_t, int64_t> shard_of(const Param& p) const;
   std::vector<std::pair<std::string, int64_t>> categories(const Live& l, int64_t grads, int64_t opt) const;
   MemoryStep make_step(const char* phase, int unit_index, const Live& l, int64_t grads, int64_t opt) const;
   void consider(const char* phase, size_t unit);
@@ -206,6 +234,7 @@ class Fsdp2Memory::Estimate {
   const Fsdp2Memory& m_;
   const FsdpSettings& settings_;
   const int64_t S;
+  const int64_t Se, EP;  // efsdp and ep: the routed experts' shard group and split (1 without expert parallelism)
   const bool timeline_;
   MemoryPlan& mem_;
   RankMemory& r_;
@@ -234,11 +263,13 @@ class Fsdp2Memory::Estimate {
   int64_t rs_retained_ = 0;  // the reduce-scatter input kept until the next one
 };
 
-Fsdp2Memory::Estimate::Estimate(const Fsdp2Memory& model, const FsdpSettings& settings, int64_t shard,
+Fsdp2Memory::Estimate::Estimate(const Fsdp2Memory& model, const FsdpSettings& settings, const DeviceMesh& mesh,
                                 bool timeline, MemoryPlan& mem)
     : m_(model),
       settings_(settings),
-      S(shard),
+      S(mesh.size(MeshDim::DpShard)),
+      Se(mesh.size(MeshDim::Efsdp)),
+      EP(mesh.size(MeshDim::Ep)),
       timeline_(timeline),
       mem_(mem),
       r_(mem.per_rank),
@@ -269,32 +300,42 @@ void Fsdp2Memory::Estimate::size_groups() {
   }
 }
 
+std::pair<int64_t, int64_t> Fsdp2Memory::Estimate::shard_of(const Param& p) const {
+  // The product of fsdp2_sharded_shape(shape, S): ceil(d0 / S) rows of numel / d0.
+  if (!p.expert) return {ceil_div(p.dim0, S) * p.row, S};
+  if (p.experts > 0 && Se * EP > p.experts) return {ceil_div(p.dim1, Se) * p.row1, Se};
+  return {ceil_div(p.dim0, Se) * p.row, Se};
+}
+
+// With expert parallelism a group's expert and dense parameters are two
+// FSDPParamGroups of one fully_shard call (_fsdp_init.py _init_param_group,
+// one per process group), gathered and reduced together: summed here.
 Fsdp2Memory::Estimate::Group Fsdp2Memory::Estimate::size_group(size_t i, UnitMemory& um) const {
   const UnitParams& up = m_.units_[i];
   Group g;
-  int64_t padded_numel = 0, gathered = 0, reduced = 0, trainable_sharded = 0, trainable = 0;
+  int64_t padded_numel = 0, flat_numel = 0, reduced = 0, trainable_sharded = 0, trainable = 0;
   for (size_t k = up.begin; k < up.end; ++k) {
     const Param& p = m_.params_[k];
-    // The product of fsdp2_sharded_shape(shape, S): ceil(d0 / S) rows of numel / d0.
-    const int64_t padded = ceil_div(p.dim0, S) * p.row;
+    const auto [padded, group] = shard_of(p);
     padded_numel += padded;
+    flat_numel += padded * group;
     g.sharded += padded * p.orig;
-    gathered += padded * p.pe;
+    g.unsharded += padded * group * p.pe;
+    if (group > 1) g.all_gather += padded * group * p.pe;
     if (!p.trainable) continue;
     reduced += padded * p.rd;
+    g.rs_input += padded * group * p.rd;
     trainable_sharded += padded * p.orig;
     ++trainable;
   }
-  g.unsharded = gathered * S;
   g.grads_unsharded = up.grads_unsharded;
-  g.rs_input = reduced * S;
   g.rs_output = reduced;
   g.rs_output_is_grad = up.rs_output_is_grad;
   g.grads_sharded = trainable_sharded;
   // Rank 0's real shard is ceil(d0/S) rows: its whole padded shard.
   g.optimizer = states_ * trainable_sharded + (is_adam(settings_.optimizer) ? 4 * trainable : 0);
   um.sharded_numel = padded_numel;
-  um.flat_numel = padded_numel * S;
+  um.flat_numel = flat_numel;
   um.compute_itemsize = up.compute_itemsize;
   um.sharded_bytes = g.sharded;
   um.unsharded_bytes = g.unsharded;
@@ -421,7 +462,7 @@ void Fsdp2Memory::Estimate::forward() {
       active.pop_back();
       resume_forward(active, static_cast<int>(j));
     }
-    const int64_t ag = S > 1 ? groups_[j].unsharded : 0;
+    const int64_t ag = groups_[j].all_gather;
     live_.all_gather += ag;
     act_ = acts_.forward_before(static_cast<int>(j));
     consider("forward", j);
@@ -455,7 +496,7 @@ void Fsdp2Memory::Estimate::pre_backward(size_t k, std::vector<int64_t>& prefetc
     live_.all_gather -= prefetched[j];
     prefetched[j] = 0;
   } else if (held_[j] < groups_[j].unsharded) {
-    const int64_t ag = S > 1 ? groups_[j].unsharded : 0;
+    const int64_t ag = groups_[j].all_gather;
     live_.all_gather += ag;
     gather(j);
     consider("backward", j);
@@ -463,8 +504,8 @@ void Fsdp2Memory::Estimate::pre_backward(size_t k, std::vector<int64_t>& prefetc
   }
   if (k > 0) {
     const size_t next = post_order[k - 1];
-    if (held_[next] < groups_[next].unsharded && S > 1) {
-      prefetched[next] = groups_[next].unsharded;
+    if (held_[next] < groups_[next].unsharded && groups_[next].all_gather > 0) {
+      prefetched[next] = groups_[next].all_gather;
       live_.all_gather += prefetched[next];
     }
   }
@@ -561,7 +602,7 @@ void Fsdp2Memory::Estimate::optimizer_step() {
     std::vector<int64_t> state;  // each trainable parameter's local state tensor, in the optimizer's order
     for (size_t k : m_.optim_order_) {
       const Param& p = m_.params_[k];
-      state.push_back(ceil_div(p.dim0, S) * p.row * p.orig);
+      state.push_back(shard_of(p).first * p.orig);
     }
     const OptimizerImpl impl = settings_.optimizer_impl.value_or(OptimizerImpl::ForLoop);
     live_.optimizer_temp = adam_step_temp_bytes(state, impl);
@@ -582,17 +623,18 @@ void Fsdp2Memory::Estimate::peak_categories() {
 
 namespace {
 
-void check_fsdp2_settings(const FsdpSettings& settings) {
-  if (std::string why = device_mesh_error(settings); !why.empty()) throw std::invalid_argument(why);
+void check_fsdp2_settings(const FsdpSettings& settings, const std::optional<ExpertParallel>& ep) {
+  if (std::string why = device_mesh_error(settings, nullptr, ep ? &*ep : nullptr); !why.empty())
+    throw std::invalid_argument(why);
   if (settings.strategy == ShardingStrategy::ShardGradOp || settings.strategy == ShardingStrategy::NoShard)
     throw std::invalid_argument("FSDP2 has no sharding strategy " + std::string(strategy_name(settings.strategy)));
 }
 
 // fully_shard's mesh: the TP plan's (its dp sub-mesh), or the settings'
 // (dp_shard) or (dp_replicate, dp_shard) (mesh/device_mesh.h).
-DeviceMesh fsdp2_group_sizes(const std::optional<DeviceMesh>& tp_mesh, const FsdpSettings& settings,
-                             MemoryPlan& mem) {
-  const DeviceMesh mesh = tp_mesh ? *tp_mesh : device_mesh(settings);
+DeviceMesh fsdp2_group_sizes(const std::optional<DeviceMesh>& tp_mesh, const std::optional<ExpertParallel>& ep,
+                             const FsdpSettings& settings, MemoryPlan& mem) {
+  const DeviceMesh mesh = tp_mesh ? *tp_mesh : device_mesh(settings, nullptr, ep ? &*ep : nullptr);
   mem.shard_group_size = mesh.size(MeshDim::DpShard);
   mem.replicate_size = mesh.size(MeshDim::DpReplicate);
   return mesh;
@@ -605,6 +647,11 @@ void add_fsdp2_notes(const DeviceMesh& mesh, const FsdpSettings& settings, const
                            ? "(" + std::to_string(mesh.size(MeshDim::DpReplicate)) + " replicate, "
                            : std::string("(")) +
                       std::to_string(mesh.size(MeshDim::DpShard)) + " shard), rank 0 (the largest shards)");
+  if (mesh.expert_parallel())
+    mem.notes.push_back("expert parallelism: rank 0 holds its experts (split over ep " +
+                        std::to_string(mesh.size(MeshDim::Ep)) + "), sharded over efsdp " +
+                        std::to_string(mesh.size(MeshDim::Efsdp)) +
+                        " by their own FSDPParamGroup (torchtitan's shard_placement_fn)");
   if (settings.cpu_offload)
     mem.notes.push_back("CPU offload: sharded parameters, gradients and optimizer state on the host (host_bytes)");
   mem.notes.push_back(activation_note(activations));
@@ -614,12 +661,12 @@ void add_fsdp2_notes(const DeviceMesh& mesh, const FsdpSettings& settings, const
 }  // namespace
 
 MemoryPlan Fsdp2Memory::estimate(const FsdpSettings& settings, bool timeline) const {
-  check_fsdp2_settings(settings);
+  check_fsdp2_settings(settings, expert_parallel_);
   MemoryPlan mem;
   mem.settings = settings;
   mem.effective_strategy = settings.strategy;
-  const DeviceMesh mesh = fsdp2_group_sizes(tp_mesh_, settings, mem);
-  Estimate step(*this, settings, mesh.size(MeshDim::DpShard), timeline, mem);
+  const DeviceMesh mesh = fsdp2_group_sizes(tp_mesh_, expert_parallel_, settings, mem);
+  Estimate step(*this, settings, mesh, timeline, mem);
   step.size_groups();
   step.steady_state();
   step.forward();

@@ -12,6 +12,7 @@
 
 #include "mesh/device_mesh.h"
 #include "plan/activations.h"
+#include "plan/expert_parallel.h"
 #include "plan/memory.h"
 #include "policy/settings.h"
 
@@ -44,11 +45,17 @@ class Fsdp2Memory {
   void add_late_gradients(const Plan& plan, const GradParams& grad_params);
   void order_hooks(const Plan& plan);
   void add_unowned_params(const Plan& plan);
+  struct Param;
+  static void expert_param(const ExpertParallelPlan& ep, TensorId t, Param& p);
 
   struct Param {              // one parameter of a unit
     int64_t dim0, row;        // padded shard: ceil(dim0 / S) * row elements (row 0 when dim0 is)
     int32_t orig, pe, rd;     // itemsize: own dtype, gathered (param_dtype), reduced (reduce_dtype)
     bool trainable;
+    // A routed expert's (plan/expert_parallel.h): sharded over efsdp, not dp_shard,
+    // and when fused, on dim 1 (dim1, row1) where efsdp x ep > `experts`.
+    bool expert = false;
+    int64_t experts = 0, dim1 = 0, row1 = 0;
   };
   struct UnitParams {
     size_t begin = 0, end = 0;  // into params_
@@ -68,6 +75,8 @@ class Fsdp2Memory {
   int64_t buffers_bytes_ = 0;
   // With tensor parallelism: the plan's mesh, whatever the settings say.
   std::optional<DeviceMesh> tp_mesh_;
+  // With expert parallelism: its degree, for the sparse mesh at each setting's world size.
+  std::optional<ExpertParallel> expert_parallel_;
   // The plan's activations (plan/activations.h) and the units' parents, for activations/schedule.h.
   ActivationPlan activations_;
   std::vector<int> parents_;

@@ -9,9 +9,20 @@
 namespace fsdp_plan {
 namespace {
 
-constexpr std::array<const char*, kNumMeshDims> kMeshDimNames = {"dp_replicate", "dp_shard", "tp"};
+constexpr std::array<const char*, kNumMeshDims> kMeshDimNames = {"dp_replicate", "dp_shard", "tp", "efsdp", "ep"};
+// The two layouts, outermost first (torchtitan's dense and sparse meshes).
+constexpr std::array<MeshDim, 3> kDense = {MeshDim::DpReplicate, MeshDim::DpShard, MeshDim::Tp};
+constexpr std::array<MeshDim, 3> kSparse = {MeshDim::DpReplicate, MeshDim::Efsdp, MeshDim::Ep};
 
 unsigned mesh_bit(MeshDim dim) { return 1u << static_cast<unsigned>(dim); }
+
+// The layout a group's first dimension belongs to: dp_replicate's is the dense
+// one unless an expert dimension follows it.
+const std::array<MeshDim, 3>& layout_of(std::initializer_list<MeshDim> dims) {
+  for (MeshDim d : dims)
+    if (d == MeshDim::Efsdp || d == MeshDim::Ep) return kSparse;
+  return kDense;
+}
 
 // The world size's check and HYBRID_SHARD's (FSDP1: dist.new_subgroups needs
 // the node's device count to divide the world size; FSDP2: init_device_mesh's
@@ -40,7 +51,7 @@ std::string tp_mesh_error(const DeviceMesh& mesh, const FsdpSettings& fsdp) {
   if (fsdp.strategy == ShardingStrategy::HybridShard)
     return "with \"tensor_parallel\", the mesh says how FSDP2 replicates: give "
            "\"tensor_parallel.mesh.dp_replicate\" instead of HYBRID_SHARD";
-  for (size_t d = 0; d < kNumMeshDims; ++d) {
+  for (size_t d = 0; d < 3; ++d) {
     const int64_t size = mesh.size(static_cast<MeshDim>(d));
     if (size < 1 || size > kMaxWorldSize)
       return "the mesh's " + std::string(kMeshDimNames[d]) + " size (" + std::to_string(size) + ") must be from 1 to " +
@@ -94,22 +105,38 @@ int64_t RankGroup::ranks_per_node(int64_t gpus_per_node) const {
   return std::min(size, (gpus_per_node + stride - 1) / stride);
 }
 
-DeviceMesh::DeviceMesh(std::array<int64_t, kNumMeshDims> sizes, std::initializer_list<MeshDim> named)
-    : sizes_(sizes), named_(0) {
+DeviceMesh::DeviceMesh(std::array<int64_t, 3> dense, std::initializer_list<MeshDim> named)
+    : sizes_{dense[0], dense[1], dense[2], 1, 1}, named_(0) {
   for (MeshDim d : named) named_ = static_cast<uint8_t>(named_ | mesh_bit(d));
+}
+
+DeviceMesh DeviceMesh::with_experts(int64_t efsdp, int64_t ep) const {
+  DeviceMesh out = *this;
+  out.sizes_[static_cast<size_t>(MeshDim::Efsdp)] = efsdp;
+  out.sizes_[static_cast<size_t>(MeshDim::Ep)] = ep;
+  out.named_ = static_cast<uint8_t>(out.named_ | mesh_bit(MeshDim::Efsdp) | mesh_bit(MeshDim::Ep));
+  return out;
 }
 
 int64_t DeviceMesh::world_size() const {
   // Held at INT64_MAX rather than wrapped (device_mesh_error refuses such a mesh first).
   int64_t n = 1;
-  for (int64_t s : sizes_) n = saturating_mul(n, s);
+  for (MeshDim d : kDense) n = saturating_mul(n, size(d));
   return n;
 }
 
 std::vector<MeshDim> DeviceMesh::dim_names() const {
   std::vector<MeshDim> out;
-  for (size_t d = 0; d < kNumMeshDims; ++d)
-    if (named(static_cast<MeshDim>(d))) out.push_back(static_cast<MeshDim>(d));
+  for (MeshDim d : kDense)
+    if (named(d)) out.push_back(d);
+  return out;
+}
+
+std::vector<MeshDim> DeviceMesh::expert_dim_names() const {
+  std::vector<MeshDim> out;
+  if (!expert_parallel()) return out;
+  for (MeshDim d : kSparse)
+    if (d != MeshDim::DpReplicate || named(d)) out.push_back(d);
   return out;
 }
 
@@ -119,15 +146,15 @@ RankGroup DeviceMesh::group(std::initializer_list<MeshDim> dims) const {
   // Row-major: a dimension's stride is the product of the sizes after it; adjacent
   // dimensions flatten to one group whose stride is the innermost one's.
   if (dims.size() == 0) throw std::logic_error("DeviceMesh::group: no dimension");
-  const size_t first = static_cast<size_t>(*dims.begin());
-  size_t expect = first;
+  const std::array<MeshDim, 3>& layout = layout_of(dims);
+  size_t expect = static_cast<size_t>(std::find(layout.begin(), layout.end(), *dims.begin()) - layout.begin());
   RankGroup g{1, 1};
   for (MeshDim d : dims) {
-    if (static_cast<size_t>(d) != expect++)
+    if (expect >= layout.size() || layout[expect++] != d)
       throw std::logic_error("DeviceMesh::group: dimensions must be adjacent, outermost first");
     g.size *= size(d);
   }
-  for (size_t d = expect; d < kNumMeshDims; ++d) g.stride *= sizes_[d];
+  for (size_t k = expect; k < layout.size(); ++k) g.stride *= size(layout[k]);
   return g;
 }
 
@@ -137,6 +164,8 @@ std::string DeviceMesh::text() const {
     if (out.size() > 1) out += ", ";
     out += std::string(mesh_dim_name(d)) + " " + std::to_string(size(d));
   }
+  if (expert_parallel())
+    out += "; experts: efsdp " + std::to_string(size(MeshDim::Efsdp)) + ", ep " + std::to_string(size(MeshDim::Ep));
   return out + ")";
 }
 
@@ -150,7 +179,9 @@ int64_t hybrid_group_size(const FsdpSettings& settings) {
   return 1;
 }
 
-DeviceMesh device_mesh(const FsdpSettings& settings, const TensorParallel* tp) {
+namespace {
+
+DeviceMesh dense_mesh(const FsdpSettings& settings, const TensorParallel* tp) {
   const int64_t world = settings.world_size;
   if (tp) {
     const int64_t r = tp->replicate_size(), s = tp->shard_size(world);
@@ -167,10 +198,29 @@ DeviceMesh device_mesh(const FsdpSettings& settings, const TensorParallel* tp) {
   }
 }
 
-std::string device_mesh_error(const FsdpSettings& settings, const TensorParallel* tp) {
+}  // namespace
+
+DeviceMesh device_mesh(const FsdpSettings& settings, const TensorParallel* tp, const ExpertParallel* ep) {
+  const DeviceMesh dense = dense_mesh(settings, tp);
+  if (!ep) return dense;
+  // torchtitan: efsdp = dp_shard * cp * tp // ep, on (dp_replicate, efsdp, ep).
+  const int64_t s = dense.size(MeshDim::DpShard), t = dense.size(MeshDim::Tp);
+  const int64_t efsdp = std::max<int64_t>(1, saturating_mul(s, t) / std::max<int64_t>(1, ep->degree));
+  return dense.with_experts(efsdp, ep->degree);
+}
+
+std::string device_mesh_error(const FsdpSettings& settings, const TensorParallel* tp, const ExpertParallel* ep) {
   if (std::string why = fsdp_mesh_error(settings); !why.empty()) return why;
-  if (!tp) return "";
-  return tp_mesh_error(device_mesh(settings, tp), settings);
+  if (tp)
+    if (std::string why = tp_mesh_error(dense_mesh(settings, tp), settings); !why.empty()) return why;
+  if (!ep) return "";
+  const DeviceMesh dense = dense_mesh(settings, tp);
+  const int64_t sparse = saturating_mul(dense.size(MeshDim::DpShard), dense.size(MeshDim::Tp));
+  if (ep->degree < 1 || sparse % ep->degree != 0)
+    return "expert_parallel_degree (" + std::to_string(ep->degree) + ") must divide dp_shard * cp * tp (" +
+           std::to_string(sparse) + ") (torchtitan's ParallelDims); the experts' ranks come from the mesh " +
+           dense.text();
+  return "";
 }
 
 std::string exact_product_text(std::initializer_list<int64_t> sizes) {

@@ -15,11 +15,11 @@
 //   device_mesh() and checked in device_mesh_error() (the product already
 //   multiplies every dimension); FSDP then shards over group({DpShard, Cp}),
 //   which is adjacent, so one stride still describes it.
-// - ep with its efsdp: torchtitan's second factorization of the same ranks,
-//   (dp_replicate, efsdp, ep) with efsdp x ep == dp_shard x cp x tp. Add
-//   MeshDim::Efsdp and MeshDim::Ep, a second layout `expert_sizes_` that
-//   size() and group() read for those two dimensions (the same row-major rule
-//   over it), and the equality check in device_mesh_error().
+// - ep with its efsdp (here): torchtitan's second factorization of the same
+//   ranks, the sparse mesh (dp_replicate, efsdp, ep) with efsdp x ep ==
+//   dp_shard x cp x tp. MeshDim::Efsdp and MeshDim::Ep are a second layout
+//   that size() and group() read with the same row-major rule; the world is
+//   the dense layout's product.
 #pragma once
 
 #include <array>
@@ -28,16 +28,20 @@
 #include <string>
 #include <vector>
 
+#include "policy/expert_parallel.h"
 #include "policy/settings.h"
 #include "policy/tensor_parallel.h"
 
 namespace fsdp_plan {
 
 // The dimensions, outermost first: a rank's coordinate on the last one
-// changes fastest (init_device_mesh's row-major layout).
-enum class MeshDim : uint8_t { DpReplicate, DpShard, Tp };
-constexpr size_t kNumMeshDims = 3;
-// "dp_replicate", "dp_shard", "tp": torchtitan's and Accelerate's mesh_dim_names.
+// changes fastest (init_device_mesh's row-major layout). Two layouts of the
+// same ranks: the dense one (dp_replicate, dp_shard, tp) every parameter but
+// the routed experts' lives on, and with expert parallelism the sparse one
+// (dp_replicate, efsdp, ep) (torchtitan's ParallelDims.build_mesh).
+enum class MeshDim : uint8_t { DpReplicate, DpShard, Tp, Efsdp, Ep };
+constexpr size_t kNumMeshDims = 5;
+// "dp_replicate", "dp_shard", "tp", "efsdp", "ep": torchtitan's (and Accelerate's) mesh_dim_names.
 const char* mesh_dim_name(MeshDim dim);
 
 // A process group as rank 0 sees it: `size` ranks, rank 0 first, `stride`
@@ -61,28 +65,36 @@ struct RankGroup {
 class DeviceMesh {
  public:
   DeviceMesh() = default;  // one rank, FSDP's (dp_shard) mesh
-  // Sizes in MeshDim order; `named`: the dimensions init_device_mesh gets
-  // (mesh_dim_names), others are size 1 and left out of dim_names().
-  DeviceMesh(std::array<int64_t, kNumMeshDims> sizes, std::initializer_list<MeshDim> named);
+  // The dense layout's sizes (dp_replicate, dp_shard, tp); `named`: the
+  // dimensions init_device_mesh gets (mesh_dim_names), others are size 1 and
+  // left out of dim_names(). No expert dimensions (efsdp and ep of size 1).
+  DeviceMesh(std::array<int64_t, 3> dense, std::initializer_list<MeshDim> named);
+  // This mesh with the sparse layout (dp_replicate, efsdp, ep) named too.
+  DeviceMesh with_experts(int64_t efsdp, int64_t ep) const;
 
   int64_t size(MeshDim dim) const { return sizes_[static_cast<size_t>(dim)]; }
-  int64_t world_size() const;  // the product of the sizes, saturated (util/checked.h), never wrapped
+  // The dense layout's product, saturated (util/checked.h), never wrapped.
+  int64_t world_size() const;
   bool named(MeshDim dim) const { return (named_ >> static_cast<unsigned>(dim)) & 1u; }
-  // The named dimensions, outermost first: init_device_mesh's mesh_dim_names.
+  // The dense layout's named dimensions, outermost first: init_device_mesh's mesh_dim_names.
   std::vector<MeshDim> dim_names() const;
+  // With expert parallelism: the sparse layout, (dp_replicate,) efsdp, ep.
+  bool expert_parallel() const { return named(MeshDim::Ep); }
+  std::vector<MeshDim> expert_dim_names() const;
   // Rank 0's group along one dimension: mesh[dim].get_group(). Its stride is
   // the product of the sizes inside it.
   RankGroup group(MeshDim dim) const;
-  // Rank 0's group over adjacent dimensions flattened, outermost first
-  // (mesh["dp_replicate", "dp_shard"]._flatten()); std::logic_error if the
-  // dimensions are not adjacent and in order (no one stride describes them).
+  // Rank 0's group over adjacent dimensions of one layout flattened, outermost
+  // first (mesh["dp_replicate", "dp_shard"]._flatten()); std::logic_error if
+  // the dimensions are not adjacent and in order (no one stride describes them).
   RankGroup group(std::initializer_list<MeshDim> dims) const;
-  // "(dp_replicate 2, dp_shard 4, tp 2)": the named dimensions and sizes.
+  // "(dp_replicate 2, dp_shard 4, tp 2)": the named dimensions and sizes; with
+  // expert parallelism "(dp_shard 8; experts: efsdp 2, ep 4)".
   std::string text() const;
   bool operator==(const DeviceMesh& o) const { return sizes_ == o.sizes_ && named_ == o.named_; }
 
  private:
-  std::array<int64_t, kNumMeshDims> sizes_{1, 1, 1};
+  std::array<int64_t, kNumMeshDims> sizes_{1, 1, 1, 1, 1};
   uint8_t named_ = 1u << static_cast<unsigned>(MeshDim::DpShard);
 };
 
@@ -97,15 +109,21 @@ int64_t hybrid_group_size(const FsdpSettings& settings);
 // torch/distributed/fsdp/_init_utils.py _init_intra_and_inter_node_groups),
 // (dp_replicate world) for NO_SHARD (one all-reduce over every rank). With
 // `tp`, its (dp_replicate, dp_shard, tp), dp_shard the rest when not given.
+// With `ep`, the sparse layout too: ep its degree, efsdp the rest of
+// dp_shard x tp (dp_shard x tp / ep, rounded down where ep does not divide it:
+// device_mesh_error refuses that).
 // Cheap (a few integer operations): suggest builds one per estimate.
-DeviceMesh device_mesh(const FsdpSettings& settings, const TensorParallel* tp = nullptr);
+DeviceMesh device_mesh(const FsdpSettings& settings, const TensorParallel* tp = nullptr,
+                       const ExpertParallel* ep = nullptr);
 
 // Why the engines would not build that mesh, in their words, or "": the world
 // size out of range, a hybrid shard group that does not divide it, then with
 // `tp`: FSDP1, HYBRID_SHARD, a size out of range, sizes whose product
 // (exact: past 2^63 it is refused, never wrapped) is not the world size, no
-// dimension left for FSDP.
-std::string device_mesh_error(const FsdpSettings& settings, const TensorParallel* tp = nullptr);
+// dimension left for FSDP; with `ep`, a degree that does not divide
+// dp_shard x tp (torchtitan's ParallelDims._validate).
+std::string device_mesh_error(const FsdpSettings& settings, const TensorParallel* tp = nullptr,
+                              const ExpertParallel* ep = nullptr);
 
 // The exact product of mesh sizes in decimal however large: Python's int, as
 // Accelerate and torch compute a mesh's size (util/checked.h's

@@ -128,6 +128,12 @@ class ModuleTree {
   // path(m) joined with a local name: "layers.0" + "weight" -> "layers.0.weight".
   std::string qualify(ModuleId m, const std::string& local) const;
   int depth(ModuleId m) const;
+  // Whether `m` is `root` or lies inside it (walks m's parents).
+  bool within(ModuleId m, ModuleId root) const {
+    for (; m >= 0; m = modules_[static_cast<size_t>(m)].parent)
+      if (m == root) return true;
+    return false;
+  }
 
   // The torch.export graph the tree was read with (a .pt2), whose nodes name
   // this tree's modules and tensors; nullptr for TorchScript, which records

@@ -156,11 +156,11 @@ class Analysis {
           "float8 training (" + float8 + "): not modelled: its parameters are counted, gathered and reduced in "
               "their stored dtype, not float8 (torchao's float8 all-gather carries half a bf16 one's bytes), and "
               "its matmuls at the bf16 peak");
-    if (!experts.empty())
+    if (!experts.empty() && !plan_.policy.expert_parallel)
       add("not_modelled", Severity::Info,
-          "expert parallelism (MoE experts at " + experts + ", ...): not modelled: FSDP shards the experts like "
-              "every other parameter over the whole FSDP mesh, as without an expert-parallel plan "
-              "(torchtitan's ExpertParallel, transformers' ep_plan would hold 1/ep of them per rank)");
+          "MoE experts at " + experts + ", ...: planned without expert parallelism: FSDP shards the experts "
+              "like every other parameter over the whole FSDP mesh; \"expert_parallel\": {\"degree\": N} plans "
+              "torchtitan's (1/ep of them per rank, all-to-all dispatch; docs/expert-parallel.md)");
   }
 
   void mixed_precision() {

@@ -7,6 +7,7 @@ const char* collective_name(CollectiveKind kind) {
     case CollectiveKind::AllGather: return "all_gather";
     case CollectiveKind::ReduceScatter: return "reduce_scatter";
     case CollectiveKind::AllReduce: return "all_reduce";
+    case CollectiveKind::AllToAll: return "all_to_all";
   }
   return "all_gather";
 }
@@ -36,6 +37,7 @@ void summarize_comm(CommPlan& comm, size_t num_units) {
         u.all_reduce_bytes += c.bytes;
         u.device_to_host_bytes += c.host_copy_bytes;
         break;
+      case CollectiveKind::AllToAll: break;  // expert parallelism's: CommPlan::ep, not FSDP's
     }
   }
 }

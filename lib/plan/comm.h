@@ -13,10 +13,10 @@
 
 namespace fsdp_plan {
 
-enum class CollectiveKind { AllGather, ReduceScatter, AllReduce };
+enum class CollectiveKind { AllGather, ReduceScatter, AllReduce, AllToAll };
 enum class StepPhase { Forward, Backward };
 
-// "all_gather", "reduce_scatter", "all_reduce" (the names nccl-tests and the oracle use).
+// "all_gather", "reduce_scatter", "all_reduce", "all_to_all" (the names nccl-tests and the oracle use).
 const char* collective_name(CollectiveKind kind);
 const char* phase_name(StepPhase phase);
 
@@ -75,12 +75,26 @@ struct TpComm {
   std::vector<std::string> not_modelled;  // styled modules whose activations' collectives are not counted
 };
 
+// Expert parallelism's all-to-alls of one step (ep/comm.h): per MoE layer,
+// the dispatch and combine in forward, their gradients' in backward, and the
+// forward's again where full checkpointing recomputes the layer; on the ep group.
+struct EpComm {
+  bool planned = false;      // the plan has an expert_parallel section
+  bool sizes_known = false;  // every expert module's rows are known (the graph, or top_k)
+  std::string unknown_reason;
+  RankGroup group;                      // the ep group (contiguous ranks)
+  std::vector<Collective> collectives;  // in issue order; cause "dispatch", "combine" (forward and recompute,
+                                        // cause "recompute_dispatch" / "recompute_combine"), "dispatch_grad",
+                                        // "combine_grad"; module: the experts' module
+};
+
 struct CommPlan {
   bool computed = false;
   std::vector<Collective> collectives;  // in issue order
   std::vector<UnitComm> units;          // parallel to Plan::units
   std::vector<std::string> notes;       // what the counts assume
   TpComm tp;
+  EpComm ep;
 };
 
 // Fills `comm.units`' byte counts from `comm.collectives` (their

@@ -98,6 +98,9 @@ struct StepTime {
   // collective's output is the next op's input: nothing overlaps it).
   std::vector<CollectiveTime> tp_collectives;  // parallel to CommPlan::tp.collectives
   double tp_comm_s = 0;
+  // Expert parallelism's all-to-alls (CommPlan::ep), blocking the same way.
+  std::vector<CollectiveTime> ep_collectives;  // parallel to CommPlan::ep.collectives
+  double ep_comm_s = 0;
   std::vector<TimeSpan> timeline;
   std::vector<std::string> assumptions;  // every one, as the outputs print them
 };

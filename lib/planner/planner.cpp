@@ -5,6 +5,9 @@
 #include <string>
 
 #include "activations/activations.h"
+#include "ep/activations.h"
+#include "ep/comm.h"
+#include "ep/experts.h"
 #include "fsdp1/comm.h"
 #include "fsdp1/memory.h"
 #include "fsdp1/select.h"
@@ -49,6 +52,7 @@ void add_comm_and_time(Plan& plan, const FlopProfile* flops) {
   if (skip) return;
   plan.comm = plan.v2() ? fsdp2_comm(plan) : fsdp1_comm(plan);
   plan.comm.tp = tp_comm(plan);  // on the tp group, blocking (time/step_time.h)
+  plan.comm.ep = ep_comm(plan);  // on the ep group, blocking too
   std::optional<FlopProfile> from_graph;
   if (!flops && plan.tree->graph()) flops = &from_graph.emplace(plan_graph_flops(plan, *plan.tree->graph()));
   plan.time = estimate_step_time(plan, resolve_hardware(plan.policy.hardware), flops);
@@ -95,7 +99,8 @@ Plan plan_with(const ModuleTree& loaded, const Policy& policy, const std::string
   plan.policy = policy;
   plan.model.path = model_path;
   // The device mesh, once: FSDP, TP, communication and time ask it for their sizes and groups.
-  plan.mesh = device_mesh(policy.fsdp, policy.tensor_parallel ? &*policy.tensor_parallel : nullptr);
+  plan.mesh = device_mesh(policy.fsdp, policy.tensor_parallel ? &*policy.tensor_parallel : nullptr,
+                          policy.expert_parallel ? &*policy.expert_parallel : nullptr);
   const Replan replan = [&](const Policy& p) { return plan_with(tree, p, model_path, matcher, false, purpose, flops); };
   if (plan.v2()) {
     // FSDP2: Accelerate casts before fully_shard, so every stage sees the cast tree.
@@ -115,7 +120,12 @@ Plan plan_with(const ModuleTree& loaded, const Policy& policy, const std::string
       plan.tensor_parallel =
           plan_tensor_parallel(cast, *plan.policy.tensor_parallel, plan.mesh, plan.warnings);
     }
-    plan.activations = plan_activations(plan, matcher, &plan.warnings, tp_local_graph(plan));  // per tp rank
+    // The routed experts split over ep before fully_shard (torchtitan's parallelize, then apply_fsdp).
+    if (policy.expert_parallel)
+      plan.expert_parallel = plan_expert_parallel(cast, plan.policy, plan.mesh, matcher, model_path);
+    // Per tp rank, or with rank 0's experts (the two are not planned together: Policy::combination_error).
+    const LocalWalkGraph local = plan.expert_parallel ? ep_local_graph(plan) : tp_local_graph(plan);
+    plan.activations = plan_activations(plan, matcher, &plan.warnings, local);
     plan.memory = estimate_memory_fsdp2(plan, memory_settings(policy), report);
     add_gradient_accumulation(plan);
     add_comm_and_time(plan, flops);

@@ -27,7 +27,7 @@ constexpr size_t kMaxPolicyString = 4096;
 const std::vector<std::string> kTopKeys = {"$schema", "module_classes", "min_num_params",
                                            "force_leaf_modules", "exclude_wrap_modules",
                                            "mixed_precision", "ignored_modules", "ignored_params",
-                                           "fsdp", "checks", "groups", "tensor_parallel",
+                                           "fsdp", "checks", "groups", "tensor_parallel", "expert_parallel",
                                            "activation_checkpointing", "hardware"};
 const std::vector<std::string> kActivationCheckpointingKeys = {"module_classes", "modules", "mode", "save_ops",
                                                                 "recompute_mm_fqns"};
@@ -479,6 +479,8 @@ class Parser {
       p.tensor_parallel = parse_tensor_parallel(*it, file_);
       in_written_order(*p.tensor_parallel, text);
     }
+    if (auto it = doc.find("expert_parallel"); it != doc.end() && !it->is_null())
+      p.expert_parallel = parse_expert_parallel(*it, file_);
     if (auto it = doc.find("activation_checkpointing"); it != doc.end() && !it->is_null())
       p.activation_checkpointing = activation_checkpointing(*it);
     return p;
@@ -536,6 +538,12 @@ std::string Policy::combination_error() const {
                  : "FSDP1's MixedPrecision has no " + field + " (FSDP2's MixedPrecisionPolicy has): remove "
                    "\"mixed_precision." + field + "\" or plan FSDP2 (\"fsdp\": {\"version\": 2} or --fsdp-version 2)";
   }
+  if (expert_parallel && !fsdp.v2())
+    return "\"expert_parallel\" shards the routed experts with fully_shard on the (efsdp, ep) mesh: it needs FSDP2 "
+           "(\"fsdp\": {\"version\": 2} or --fsdp-version 2)";
+  if (expert_parallel && tensor_parallel)
+    return "\"expert_parallel\" with \"tensor_parallel\": fsdp-plan plans expert parallelism over the data-parallel "
+           "ranks only (torchtitan's ep borrowing tp ranks is not modelled); drop one of the two";
   if (!groups.empty() && !fsdp.v2())
     return "the policy's \"groups\" are fully_shard calls: they need FSDP2 (\"fsdp\": {\"version\": 2} or "
            "--fsdp-version 2)";
@@ -633,6 +641,7 @@ nlohmann::ordered_json policy_to_json(const Policy& p) {
                                                                           : nlohmann::ordered_json(nullptr)}});
     out["groups"] = std::move(groups);
     if (p.tensor_parallel) out["tensor_parallel"] = tensor_parallel_to_json(*p.tensor_parallel, p.fsdp.world_size);
+    if (p.expert_parallel) out["expert_parallel"] = expert_parallel_json(*p.expert_parallel);
   }
   return out;
 }
@@ -689,6 +698,7 @@ nlohmann::ordered_json policy_file_json(const Policy& p) {
   }
   out["fsdp"] = fsdp;
   if (p.tensor_parallel) out["tensor_parallel"] = tensor_parallel_file_json(*p.tensor_parallel);
+  if (p.expert_parallel) out["expert_parallel"] = expert_parallel_json(*p.expert_parallel);
   if (p.hardware.any_given()) {
     nlohmann::ordered_json hw = nlohmann::ordered_json::object();
     if (p.hardware.preset_given) hw["preset"] = hardware_names().name(p.hardware.preset);

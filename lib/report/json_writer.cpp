@@ -42,6 +42,56 @@ void tensor_list(JsonSink& w, const Plan& plan, const std::vector<Owned>& owned,
 
 // The mesh, the modules the plan's entries apply to, and every parameter's
 // placements after parallelize_module and after fully_shard.
+// expert_parallel: the sparse mesh, the experts' modules and what one
+// all-to-all carries, and each expert parameter's EP-local shape.
+void expert_parallel_json(JsonSink& w, const Plan& plan) {
+  const ExpertParallelPlan& ep = *plan.expert_parallel;
+  const ModuleTree& tree = *plan.tree;
+  w.object([&] {
+    w.object_field("mesh", [&] {
+      w.array_field("dim_names", [&] {
+        for (MeshDim d : plan.mesh.expert_dim_names()) w.value(mesh_dim_name(d));
+      });
+      w.array_field("shape", [&] {
+        for (MeshDim d : plan.mesh.expert_dim_names()) w.value(plan.mesh.size(d));
+      });
+    });
+    w.array_field("modules", [&] {
+      for (const ExpertModule& x : ep.modules)
+        w.object([&] {
+          w.field("path", tree.path(x.module));
+          w.field("class", tree.module(x.module).type_name);
+          w.field("fused", x.fused);
+          w.field("num_experts", x.num_experts);
+          w.field("local_experts", x.local_experts);
+          w.field("fsdp_shard_dim", x.shard_dim);
+          w.field("sizes_known", x.sizes_known);
+          if (x.sizes_known) {
+            w.field("tokens", x.tokens);
+            w.field("top_k", x.top_k);
+            w.field("hidden", x.hidden);
+            w.field("dtype", x.dtype);
+            w.field("all_to_all_bytes", x.dispatch_bytes());
+          } else {
+            w.field("unknown_reason", x.unknown_reason);
+          }
+        });
+    });
+    w.array_field("params", [&] {
+      for (ModuleId m : tree.preorder())
+        for (const auto& slot : tree.module(m).params) {
+          if (!ep.is_expert(slot.tensor)) continue;
+          w.object([&] {
+            w.field("name", tree.qualify(m, slot.name));
+            w.field("shape", tree.tensor(slot.tensor).shape);
+            w.field("ep_local_shape", ep.local_shape[static_cast<size_t>(slot.tensor)]);
+          });
+        }
+    });
+    w.field("notes", ep.notes);
+  });
+}
+
 void tensor_parallel_json(JsonSink& w, const Plan& plan) {
   const TensorParallelPlan& tp = *plan.tensor_parallel;
   const ModuleTree& tree = *plan.tree;
@@ -365,6 +415,10 @@ void plan_json(JsonSink& w, const Plan& plan, const ojson& trailing, const PlanJ
     if (plan.tensor_parallel) {
       w.key("tensor_parallel");
       tensor_parallel_json(w, plan);
+    }
+    if (plan.expert_parallel) {
+      w.key("expert_parallel");
+      expert_parallel_json(w, plan);
     }
     if (plan.comm.computed) {
       w.key("comm");

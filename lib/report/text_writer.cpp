@@ -273,6 +273,7 @@ std::string fsdp2_memory_text(const Plan& plan) {
            " modules planned, " + std::to_string(split) + " parameters split on tp, " + std::to_string(replicated) +
            " replicated";
   }
+  if (plan.expert_parallel) mesh = "mesh " + plan.mesh.text();  // the experts' (efsdp, ep) beside it
   std::string out = wrap("memory  per rank (rank 0), FSDP2, world size " + std::to_string(m.settings.world_size) +
                              ", " + mesh + ", " + optimizer_name(m.settings.optimizer) +
                              (m.settings.cpu_offload ? ", CPU offload" : "") + activations_clause(plan),

@@ -98,30 +98,40 @@ void time_span_json(JsonSink& w, const Plan& plan, size_t i) {
   });
 }
 
-// comm.tensor_parallel: tensor parallelism's collectives (CommPlan::tp), each
-// with the module whose activations it moves; all on the tp group.
-void tp_comm_json(JsonSink& w, const Plan& plan, bool events) {
-  const TpComm& tp = plan.comm.tp;
+// Blocking collectives on one mesh dimension's group, each with the module
+// whose activations it moves: tensor parallelism's (CommPlan::tp) and expert
+// parallelism's all-to-alls (CommPlan::ep).
+struct BlockingComm {
+  const char* mesh_dim;
+  bool sizes_known;
+  const std::string& unknown_reason;
+  const RankGroup& group;
+  const std::vector<Collective>& collectives;
+  const std::vector<CollectiveTime>& times;
+  const std::vector<std::string>* not_modelled;
+};
+
+void blocking_comm_json(JsonSink& w, const Plan& plan, const BlockingComm& b, bool events) {
   const bool timed = plan.time.computed;
   int64_t bytes = 0;
-  for (const Collective& x : tp.collectives) bytes += x.bytes;
+  for (const Collective& x : b.collectives) bytes += x.bytes;
   w.object([&] {
-    w.field("sizes_known", tp.sizes_known);
-    if (!tp.sizes_known) w.field("unknown_reason", tp.unknown_reason);
-    w.field("mesh_dim", "tp");
-    w.field("group_size", tp.group.size);
-    w.field("group_stride", tp.group.stride);
-    if (timed && !tp.collectives.empty()) {
+    w.field("sizes_known", b.sizes_known);
+    if (!b.sizes_known) w.field("unknown_reason", b.unknown_reason);
+    w.field("mesh_dim", b.mesh_dim);
+    w.field("group_size", b.group.size);
+    w.field("group_stride", b.group.stride);
+    if (timed && !b.collectives.empty()) {
       w.key("time");
-      group_time_json(w, groups_of(tp.collectives), 0, plan.time.tp_collectives);
+      group_time_json(w, groups_of(b.collectives), 0, b.times);
     }
-    w.field("calls", tp.sizes_known ? std::optional<size_t>(tp.collectives.size()) : std::nullopt);
-    w.field("bytes", tp.sizes_known ? std::optional<int64_t>(bytes) : std::nullopt);
-    w.field("not_modelled", tp.not_modelled);
+    w.field("calls", b.sizes_known ? std::optional<size_t>(b.collectives.size()) : std::nullopt);
+    w.field("bytes", b.sizes_known ? std::optional<int64_t>(bytes) : std::nullopt);
+    if (b.not_modelled) w.field("not_modelled", *b.not_modelled);
     if (events)
       w.array_field("collectives", [&] {
-        for (size_t i = 0; i < tp.collectives.size(); ++i) {
-          const Collective& x = tp.collectives[i];
+        for (size_t i = 0; i < b.collectives.size(); ++i) {
+          const Collective& x = b.collectives[i];
           w.object([&] {
             w.field("unit", x.unit);
             w.field("module", path_or_root(plan.tree->path(x.module)));
@@ -130,11 +140,23 @@ void tp_comm_json(JsonSink& w, const Plan& plan, bool events) {
             w.field("cause", x.cause);
             w.field("bytes", x.bytes);
             w.field("dtype", x.dtype);
-            if (timed) w.object_field("time", [&] { w.field("seconds", plan.time.tp_collectives[i].seconds); });
+            if (timed) w.object_field("time", [&] { w.field("seconds", b.times[i].seconds); });
           });
         }
       });
   });
+}
+
+void tp_comm_json(JsonSink& w, const Plan& plan, bool events) {
+  const TpComm& tp = plan.comm.tp;
+  blocking_comm_json(w, plan, {"tp", tp.sizes_known, tp.unknown_reason, tp.group, tp.collectives,
+                               plan.time.tp_collectives, &tp.not_modelled}, events);
+}
+
+void ep_comm_json(JsonSink& w, const Plan& plan, bool events) {
+  const EpComm& ep = plan.comm.ep;
+  blocking_comm_json(w, plan, {"ep", ep.sizes_known, ep.unknown_reason, ep.group, ep.collectives,
+                               plan.time.ep_collectives, nullptr}, events);
 }
 
 }  // namespace
@@ -188,6 +210,7 @@ void comm_json(JsonSink& w, const Plan& plan, bool events) {
       case CollectiveKind::AllGather: (x.phase == StepPhase::Forward ? ag_f : ag_b) += x.bytes; h2d += x.host_copy_bytes; break;
       case CollectiveKind::ReduceScatter: rs += x.bytes; d2h += x.host_copy_bytes; break;
       case CollectiveKind::AllReduce: ar += x.bytes; d2h += x.host_copy_bytes; break;
+      case CollectiveKind::AllToAll: break;  // expert parallelism's, in comm.expert_parallel
     }
   }
   const Groups groups = groups_of(c.collectives);
@@ -223,6 +246,10 @@ void comm_json(JsonSink& w, const Plan& plan, bool events) {
     if (c.tp.planned) {
       w.key("tensor_parallel");
       tp_comm_json(w, plan, events);
+    }
+    if (plan.comm.ep.planned) {
+      w.key("expert_parallel");
+      ep_comm_json(w, plan, events);
     }
   });
 }
@@ -274,6 +301,11 @@ void time_json(JsonSink& w, const Plan& plan, bool events) {
       w.object_field("tensor_parallel", [&] {
         w.field("blocking", true);
         w.field("comm_s", t.tp_comm_s);
+      });
+    if (plan.comm.ep.planned)
+      w.object_field("expert_parallel", [&] {
+        w.field("blocking", true);
+        w.field("comm_s", t.ep_comm_s);
       });
   });
 }

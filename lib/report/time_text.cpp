@@ -69,6 +69,27 @@ std::string format_seconds(double s) {
   return buf;
 }
 
+// Expert parallelism: where the experts went, and the all-to-alls (lib/ep/comm.h).
+static std::string ep_comm_line(const Plan& plan) {
+  const ExpertParallelPlan& ep = *plan.expert_parallel;
+  const EpComm& c = plan.comm.ep;
+  const ExpertModule& x = ep.modules.front();
+  std::string line = "ep      " + std::to_string(ep.modules.size()) + " expert module(s) such as " +
+                     plan.tree->path(x.module) + ": " + std::to_string(x.local_experts) + " of " +
+                     std::to_string(x.num_experts) + " experts per rank, sharded over efsdp " +
+                     std::to_string(plan.mesh.size(MeshDim::Efsdp)) + " (Shard(" + std::to_string(x.shard_dim) +
+                     ")); all-to-all on the ep group (" + std::to_string(c.group.size) + " ranks): ";
+  if (!c.sizes_known) return line + "unknown: " + c.unknown_reason;
+  int64_t fwd = 0, bwd = 0;
+  for (const Collective& a : c.collectives) (a.phase == StepPhase::Forward ? fwd : bwd) += a.bytes;
+  line += "exact bytes per rank per step " + bytes(fwd + bwd) + " (forward " + bytes(fwd) + ", backward " +
+          bytes(bwd) + "), " + std::to_string(c.collectives.size()) + " calls, " + std::to_string(x.tokens) +
+          " tokens x top " + std::to_string(x.top_k) + " per layer, routing assumed uniform";
+  if (plan.time.computed && !c.collectives.empty())
+    line += ", ESTIMATE " + secs(plan.time.ep_comm_s) + " blocking";
+  return line;
+}
+
 // Tensor parallelism's collectives (lib/tp/comm.h): exact bytes where the
 // graph gives the activations' shapes, else unknown; their time is blocking.
 static std::string tp_comm_line(const Plan& plan) {
@@ -106,6 +127,7 @@ std::string comm_time_text(const Plan& plan) {
           break;
         case CollectiveKind::ReduceScatter: rs += c.bytes; d2h += c.host_copy_bytes; break;
         case CollectiveKind::AllReduce: ar += c.bytes; d2h += c.host_copy_bytes; break;
+        case CollectiveKind::AllToAll: break;  // expert parallelism's, in comm.expert_parallel
       }
     }
     // Bytes as nccl-tests sizes a message (the unsharded buffer): counted
@@ -127,6 +149,7 @@ std::string comm_time_text(const Plan& plan) {
               (one_rank ? ", each in a one-rank group (it moves nothing)" : "");
     out += wrap_line(line);
     if (plan.comm.tp.planned) out += wrap_line(tp_comm_line(plan));
+    if (plan.comm.ep.planned && plan.expert_parallel) out += wrap_line(ep_comm_line(plan));
   }
   if (plan.time.computed) {
     const StepTime& t = plan.time;
@@ -137,6 +160,7 @@ std::string comm_time_text(const Plan& plan) {
               secs(t.exposed_comm_s) + " + optimizer " +
               (t.optimizer_modelled ? secs(t.optimizer_s) : "not modelled (CPU offload steps it on the CPU; left out)");
       if (t.tp_comm_s > 0) line += " + tensor-parallel communication " + secs(t.tp_comm_s) + " (blocking)";
+      if (t.ep_comm_s > 0) line += " + expert-parallel all-to-all " + secs(t.ep_comm_s) + " (blocking)";
     } else {
       // docs/time-model.md section 6: without FLOPs only what no compute can hide.
       line += "exposed communication " + secs(t.exposed_comm_s) + " of " + secs(t.comm_s) +

@@ -97,6 +97,13 @@ CollectiveTime collective_time(CollectiveKind kind, int64_t bytes, const RankGro
     factor = static_cast<double>(2 * (n - 1)) / static_cast<double>(n);
     steps = 2 * (n - 1);
     inter_steps = 2 * (t.nodes - 1);
+  } else if (kind == CollectiveKind::AllToAll) {
+    // nccl-tests' alltoall: (n-1)/n of the buffer leaves each rank, every
+    // peer's message sent at once: one step of latency, a network hop if any
+    // peer is on another node.
+    factor = static_cast<double>(n - 1) / static_cast<double>(n);
+    steps = 1;
+    inter_steps = t.nodes > 1 ? 1 : 0;
   } else {
     factor = static_cast<double>(n - 1) / static_cast<double>(n);
     steps = n - 1;

@@ -328,6 +328,16 @@ std::vector<std::string> assumptions(const Plan& plan, const StepTime& t) {
                                                    std::to_string(tp.not_modelled.size()) + " module(s) such as " +
                                                    tp.not_modelled.front()));
   }
+  const EpComm& ep = plan.comm.ep;
+  if (ep.planned) {
+    if (!ep.sizes_known)
+      out.push_back("expert parallelism's all-to-alls not counted: " + ep.unknown_reason);
+    else if (!ep.collectives.empty())
+      out.push_back("expert parallelism: " + std::to_string(ep.collectives.size()) + " all-to-alls on the ep group (" +
+                    std::to_string(ep.group.size) + " ranks, " + fmt("%.3g", t.ep_comm_s * 1e3) +
+                    " ms), blocking (the splits need a device-to-host sync), routing assumed uniform" +
+                    (t.flops_known ? "" : " (no step to add them to without FLOPs)"));
+  }
   out.push_back("not modelled: activation memory traffic, elementwise kernels, kernel launch and CPU overhead, NCCL "
                 "algorithms other than ring, contention between process groups on shared links, stragglers, the "
                 "data loader");
@@ -389,17 +399,23 @@ class StepTimeModel {
   // Tensor parallelism's collectives, per module and phase: they join the
   // compute of the segment their module runs in (style.py's redistributions
   // run inside the module's forward, and their backward inside its backward).
+  // Expert parallelism's all-to-alls join their experts module's segments the same way.
   void time_tp_collectives() {
-    const std::vector<Collective>& tpc = comm_.tp.collectives;
-    t_.tp_collectives.resize(tpc.size());
     tp_fwd_.assign(tree_.num_modules(), 0.0);
     tp_bwd_.assign(tree_.num_modules(), 0.0);
-    for (size_t i = 0; i < tpc.size(); ++i) {
-      t_.tp_collectives[i] = collective_time(tpc[i].kind, tpc[i].bytes, tpc[i].group, hw_);
-      t_.tp_comm_s += t_.tp_collectives[i].seconds;
-      (tpc[i].phase == StepPhase::Forward ? tp_fwd_ : tp_bwd_)[static_cast<size_t>(tpc[i].module)] +=
-          t_.tp_collectives[i].seconds;
+    t_.tp_comm_s = time_blocking(comm_.tp.collectives, t_.tp_collectives);
+    t_.ep_comm_s = time_blocking(comm_.ep.collectives, t_.ep_collectives);
+  }
+
+  double time_blocking(const std::vector<Collective>& cs, std::vector<CollectiveTime>& times) {
+    double total = 0;
+    times.resize(cs.size());
+    for (size_t i = 0; i < cs.size(); ++i) {
+      times[i] = collective_time(cs[i].kind, cs[i].bytes, cs[i].group, hw_);
+      total += times[i].seconds;
+      (cs[i].phase == StepPhase::Forward ? tp_fwd_ : tp_bwd_)[static_cast<size_t>(cs[i].module)] += times[i].seconds;
     }
+    return total;
   }
 
   // The forward's compute segments, in execution order. The root's

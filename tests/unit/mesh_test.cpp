@@ -139,3 +139,33 @@ TEST_CASE("sizes whose product wraps to the world size are refused, never wrappe
         "784637716923335095224261902710254454442933591094742482943");
   CHECK(exact_product_text({1000000000, 1000000000, 1000000000}) == "1000000000000000000000000000");
 }
+
+// torchtitan's sparse mesh, (dp_replicate, efsdp, ep) with efsdp x ep = dp_shard x tp, row-major like the dense
+// one (parallel_dims.py build_mesh: init_device_mesh's layout, ep innermost).
+TEST_CASE("expert parallelism: the sparse layout beside the dense one") {
+  ExpertParallel ep;
+  ep.degree = 4;
+  const DeviceMesh m = device_mesh(fsdp(16), nullptr, &ep);
+  CHECK(m.text() == "(dp_shard 16; experts: efsdp 4, ep 4)");
+  CHECK(m.world_size() == 16);
+  CHECK(m.dim_names() == std::vector<MeshDim>{MeshDim::DpShard});
+  CHECK(m.expert_dim_names() == std::vector<MeshDim>{MeshDim::Efsdp, MeshDim::Ep});
+  CHECK(m.group(MeshDim::Ep) == RankGroup{4, 1});     // ranks 0-3
+  CHECK(m.group(MeshDim::Efsdp) == RankGroup{4, 4});  // ranks 0, 4, 8, 12
+  CHECK(m.group({MeshDim::Efsdp, MeshDim::Ep}) == RankGroup{16, 1});
+  CHECK(m.group(MeshDim::DpShard) == RankGroup{16, 1});
+  CHECK_THROWS_AS(m.group({MeshDim::DpShard, MeshDim::Ep}), std::logic_error);
+  // HSDP: the replicate dimension is both layouts' outermost.
+  const DeviceMesh h = device_mesh(fsdp(16, ShardingStrategy::HybridShard), nullptr, &ep);
+  CHECK(h.text() == "(dp_replicate 2, dp_shard 8; experts: efsdp 2, ep 4)");
+  CHECK(h.group(MeshDim::DpReplicate) == RankGroup{2, 8});
+  CHECK(h.group(MeshDim::Efsdp) == RankGroup{2, 4});
+  CHECK(h.expert_dim_names() == std::vector<MeshDim>{MeshDim::DpReplicate, MeshDim::Efsdp, MeshDim::Ep});
+  CHECK(device_mesh_error(fsdp(16), nullptr, &ep).empty());
+  ep.degree = 3;
+  CHECK(device_mesh_error(fsdp(16), nullptr, &ep) ==
+        "expert_parallel_degree (3) must divide dp_shard * cp * tp (16) (torchtitan's ParallelDims); the experts' "
+        "ranks come from the mesh (dp_shard 16)");
+  ep.degree = 32;
+  CHECK(device_mesh_error(fsdp(16), nullptr, &ep).find("must divide") != std::string::npos);
+}
