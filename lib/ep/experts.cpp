@@ -95,7 +95,7 @@ void place_experts(const ModuleTree& tree, const DeviceMesh& mesh, ExpertParalle
         std::vector<int64_t> shape = tree.tensor(slot.tensor).shape;
         if (x.fused) {
           shape[0] = x.local_experts;
-        } else {
+        } else if (d != x.module) {  // the container's own parameters (none in a ModuleList) stay whole
           ModuleId k = d;
           while (tree.module(k).parent != x.module) k = tree.module(k).parent;
           const auto pos = static_cast<int64_t>(std::find(kids.begin(), kids.end(), k) - kids.begin());

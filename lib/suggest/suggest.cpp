@@ -409,7 +409,9 @@ std::optional<FitAdvice> world_size_advice(const std::vector<const Candidate*>& 
     if (it != known.end()) return it->second;
     FsdpSettings s = memory_settings(c.policy);
     s.world_size = w;
-    const int64_t need = device_mesh_error(s).empty()
+    // With expert parallelism a world size ep does not divide is no mesh (device_mesh_error says so).
+    const ExpertParallel* ep = c.policy.expert_parallel ? &*c.policy.expert_parallel : nullptr;
+    const int64_t need = device_mesh_error(s, nullptr, ep).empty()
                              ? peak_for(*c.plan, s) + opt.activation_bytes
                              : INT64_MAX;
     known.emplace(std::make_pair(&c, w), need);

@@ -116,6 +116,23 @@ class ExpertParallel(unittest.TestCase):
             self.assertIn(words, r.stderr)
             self.assertEqual(r.stdout, "")
 
+    def test_suggest_and_emit(self):
+        policy = os.path.join(self.tmp.name, "suggest.json")
+        with open(policy, "w") as f:
+            json.dump({"module_classes": ["DecoderLayer"], "expert_parallel": {"degree": 4},
+                       "fsdp": {"version": 2, "world_size": 8}}, f)
+        # suggest keeps ep; its world-size advice skips the sizes ep does not divide (it crashed on 14 ranks).
+        r = subprocess.run([BINARY, "suggest", self.models["fused"], "--policy", policy, "--budget", "1MiB"],
+                           capture_output=True, text=True)
+        self.assertIn(r.returncode, (0, 1), r.stderr)
+        self.assertIn("ranked", r.stdout)
+        for emit, words in (("torch", "does not write expert parallelism"), ("accelerate", "no expert parallelism")):
+            r = subprocess.run([BINARY, self.models["fused"], "--policy", policy, "--emit", emit],
+                               capture_output=True, text=True)
+            self.assertNotEqual(r.returncode, 0)
+            self.assertIn(words, r.stderr)
+            self.assertEqual(r.stdout, "")
+
 
 if __name__ == "__main__":
     BINARY = sys.argv.pop(1)
