@@ -40,22 +40,25 @@ void tensor_list(JsonSink& w, const Plan& plan, const std::vector<Owned>& owned,
   });
 }
 
-// The mesh, the modules the plan's entries apply to, and every parameter's
-// placements after parallelize_module and after fully_shard.
+// init_device_mesh's mesh_dim_names and mesh_shape for `dims` (one layout of plan.mesh).
+void mesh_json(JsonSink& w, const DeviceMesh& mesh, const std::vector<MeshDim>& dims) {
+  w.object_field("mesh", [&] {
+    w.array_field("dim_names", [&] {
+      for (MeshDim d : dims) w.value(mesh_dim_name(d));
+    });
+    w.array_field("shape", [&] {
+      for (MeshDim d : dims) w.value(mesh.size(d));
+    });
+  });
+}
+
 // expert_parallel: the sparse mesh, the experts' modules and what one
 // all-to-all carries, and each expert parameter's EP-local shape.
 void expert_parallel_json(JsonSink& w, const Plan& plan) {
   const ExpertParallelPlan& ep = *plan.expert_parallel;
   const ModuleTree& tree = *plan.tree;
   w.object([&] {
-    w.object_field("mesh", [&] {
-      w.array_field("dim_names", [&] {
-        for (MeshDim d : plan.mesh.expert_dim_names()) w.value(mesh_dim_name(d));
-      });
-      w.array_field("shape", [&] {
-        for (MeshDim d : plan.mesh.expert_dim_names()) w.value(plan.mesh.size(d));
-      });
-    });
+    mesh_json(w, plan.mesh, plan.mesh.expert_dim_names());
     w.array_field("modules", [&] {
       for (const ExpertModule& x : ep.modules)
         w.object([&] {
@@ -92,18 +95,13 @@ void expert_parallel_json(JsonSink& w, const Plan& plan) {
   });
 }
 
+// The mesh, the modules the plan's entries apply to, and every parameter's
+// placements after parallelize_module and after fully_shard.
 void tensor_parallel_json(JsonSink& w, const Plan& plan) {
   const TensorParallelPlan& tp = *plan.tensor_parallel;
   const ModuleTree& tree = *plan.tree;
   w.object([&] {
-    w.object_field("mesh", [&] {
-      w.array_field("dim_names", [&] {
-        for (MeshDim d : plan.mesh.dim_names()) w.value(mesh_dim_name(d));
-      });
-      w.array_field("shape", [&] {
-        for (MeshDim d : plan.mesh.dim_names()) w.value(plan.mesh.size(d));
-      });
-    });
+    mesh_json(w, plan.mesh, plan.mesh.dim_names());
     w.array_field("modules", [&] {
       for (const auto& m : tp.modules) {
         const auto& entry = plan.policy.tensor_parallel->plan[static_cast<size_t>(m.entry)];
