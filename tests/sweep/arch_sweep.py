@@ -55,13 +55,15 @@ TOLERANCE = 0.05
 ONE_TIMEOUT_S = 600  # per architecture
 ONE_MEMORY_GB = 8    # address space per architecture (RLIMIT_AS)
 BATCH, SEQ = 2, 128
-# The subset CI runs (ctest arch_sweep): dense, GQA, MLA, MoE and older families, 30 that were all
-# `ok` in the full sweep of 2026-12-05 (docs/fidelity.md).
+# The subset CI runs (ctest arch_sweep): 16 of the 30 that were all `ok` in the full sweep of 2026-12-05
+# (docs/fidelity.md), one per pattern a fix covered: dense (llama), GQA (qwen3), Gemma 3's 0-dim buffer and
+# type_as norms (gemma3_text), fused QKV (phi3), Conv1D (gpt2), parallel residual (gpt_neox), post-norm
+# (olmo2), LayerNorm with bias (starcoder2), logit scale (cohere), NoPE layers (smollm3), MoE (mixtral,
+# qwen3_moe, granitemoe), MLA (deepseek_v3), attention sinks (gpt_oss), complex rotary (llama4_text).
+# 461 s for 30 at ctest's -j2 (2026-12-06); the other 14 run in the full sweep.
 CI_SUBSET = [
-    "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text",
-    "phi3", "olmo", "olmo2", "olmoe", "gpt2", "gpt_neox", "stablelm", "starcoder2", "granite", "granitemoe",
-    "cohere", "glm", "glm4_moe", "helium", "smollm3", "ernie4_5", "exaone4", "deepseek_v3", "gpt_oss",
-    "llama4_text",
+    "llama", "qwen3", "gemma3_text", "phi3", "gpt2", "gpt_neox", "olmo2", "starcoder2", "cohere", "smollm3",
+    "mixtral", "qwen3_moe", "granitemoe", "deepseek_v3", "gpt_oss", "llama4_text",
 ]
 
 # Attribute names transformers' configs use for one quantity, and the tiny value.
