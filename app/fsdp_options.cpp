@@ -201,7 +201,8 @@ PolicyFile load_policy(const FsdpOptions& opt) {
   if (std::string why = file.policy.combination_error(); !why.empty()) throw UsageError(why);
   const TensorParallel* tp = file.policy.tensor_parallel ? &*file.policy.tensor_parallel : nullptr;
   const ExpertParallel* ep = file.policy.expert_parallel ? &*file.policy.expert_parallel : nullptr;
-  if (std::string why = device_mesh_error(fsdp, tp, ep); !why.empty()) throw UsageError(why);
+  const ContextParallel* cp = file.policy.context_parallel ? &*file.policy.context_parallel : nullptr;
+  if (std::string why = device_mesh_error(fsdp, tp, ep, cp); !why.empty()) throw UsageError(why);
   return file;
 }
 

@@ -551,8 +551,9 @@ class Reader {
     const PyValue& pc = top_["parallelism_config"];
     if (pc.kind != PyValue::Dict) fail("parallelism_config must be a mapping");
     if (pc.entries.empty()) return;  // _validate_launch_command: parallelism_config != {}
-    int64_t replicate = 1, shard = 1, tp = 1;
+    int64_t replicate = 1, shard = 1, tp = 1, cp = 1;
     bool shard_given = false;
+    std::string cp_comm = "allgather";  // ParallelismConfig's cp_handler default (utils/dataclasses.py)
     for (const auto& [k, v] : pc.entries) {
       if (k == "parallelism_config_dp_replicate_size") replicate = parse_int(v, k);
       else if (k == "parallelism_config_dp_shard_size") {
@@ -560,11 +561,14 @@ class Reader {
         shard_given = true;
       }
       else if (k == "parallelism_config_tp_size") tp = parse_int(v, k);
-      else if ((k == "parallelism_config_cp_size" || k == "parallelism_config_sp_size") && parse_int(v, k) != 1)
-        fail(k + " is " + py_str(v) + ": fsdp-plan plans data and tensor parallelism only (context and "
-                                      "sequence parallel sizes must be 1)");
+      else if (k == "parallelism_config_cp_size") cp = parse_int(v, k);
+      else if (k == "parallelism_config_cp_comm_strategy" && v.kind != PyValue::None) cp_comm = py_str(v);
+      else if (k == "parallelism_config_sp_size" && parse_int(v, k) != 1)
+        fail(k + " is " + py_str(v) + ": fsdp-plan plans data, tensor and context parallelism (the sequence "
+                                      "parallel size must be 1)");
     }
-    check_parallelism(replicate, shard, tp, shard_given);
+    check_parallelism(replicate, shard, tp, cp, shard_given);
+    if (cp != 1) read_context_parallel(cp, cp_comm);
     if (tp != 1) return read_tensor_parallel(replicate, shard, tp);
     FsdpSettings& fsdp = out_.policy.fsdp;
     if (!fsdp.v2()) {  // every size 1, else check_parallelism refused
@@ -574,35 +578,51 @@ class Reader {
       return;
     }
     if (replicate > 1) {
+      // FSDP2 shards over dp_shard x cp (Accelerate's flattened "dp_shard_cp").
       fsdp.strategy = ShardingStrategy::HybridShard;
-      fsdp.shard_group_size = shard;
+      fsdp.shard_group_size = shard * cp;
       note("parallelism_config", "dp_replicate " + std::to_string(replicate) + " x dp_shard " + std::to_string(shard),
            true);
     }
   }
 
+  // parallelism_config_cp_size: Accelerator.maybe_context_parallel runs the
+  // step in torch's context_parallel on the "cp" mesh dimension, with the
+  // head-tail load balancer and cp_handler's rotate method (accelerator.py:
+  // set_rotate_method(cp_comm_strategy)).
+  void read_context_parallel(int64_t cp, const std::string& comm) {
+    if (comm != "allgather" && comm != "alltoall")
+      fail("parallelism_config_cp_comm_strategy is " + comm + ": torch's set_rotate_method takes allgather or "
+                                                                "alltoall");
+    ContextParallel c;
+    c.degree = cp;
+    c.rotate = comm == "alltoall" ? ContextParallel::Rotate::AllToAll : ContextParallel::Rotate::AllGather;
+    out_.policy.context_parallel = c;
+    note("parallelism_config", "cp " + std::to_string(cp) + " (context_parallel, " + comm + ")", true);
+  }
+
   // What Accelerator.__init__ raises for these sizes, in its order: ParallelismConfig() (__post_init__),
   // get_device_mesh (torch's init_device_mesh), _validate_accelerator (accelerate/parallelism_config.py).
-  void check_parallelism(int64_t replicate, int64_t shard, int64_t tp, bool shard_given) {
+  void check_parallelism(int64_t replicate, int64_t shard, int64_t tp, int64_t cp, bool shard_given) {
     for (const auto& [name, size] : {std::pair<const char*, int64_t>{"dp_replicate_size", replicate},
-                                     {"dp_shard_size", shard}, {"tp_size", tp}})
+                                     {"dp_shard_size", shard}, {"tp_size", tp}, {"cp_size", cp}})
       if (size < 1)
         refuse("ValueError: " + std::string(name) + " must be at least 1, but got " + std::to_string(size));
-    if (tp > 1 && replicate > 1 && shard == 1)
+    if ((tp > 1 || cp > 1) && replicate > 1 && shard == 1)
       refuse("ValueError: Tensor/Context parallelism (tp/cp_size > 1) cannot be used with pure data parallelism "
              "(dp_replicate_size > 1 and dp_shard_size == 1). Please set dp_shard_size > 1 and dp_replicate_size "
              "== 1 to compose FSDP + TP/CP for 2D parallel, or set dp_replicate_size == 1 and dp_shard_size > 1 to "
              "compose HSDP + TP/CP for 3D parallel.");
     const FsdpSettings& fsdp = out_.policy.fsdp;
     // Python's int: a product past int64 is bigger than any world, never wrapped to it (util/checked.h).
-    const std::optional<int64_t> exact = checked_product({replicate, shard, tp});
+    const std::optional<int64_t> exact = checked_product({replicate, shard, tp, cp});
     const int64_t total = exact ? *exact : INT64_MAX, world = fsdp.world_size;
-    const std::string total_text = exact_product_text({replicate, shard, tp});
+    const std::string total_text = exact_product_text({replicate, shard, tp, cp});
     if (total == 1) return;  // no mesh; _validate_accelerator returns at once (not multi_device under FSDP)
     // The fixes, after Accelerate's words.
     std::vector<std::string> fix;
     if (!shard_given) {
-      const int64_t others = checked_product({replicate, tp}).value_or(INT64_MAX);
+      const int64_t others = checked_product({replicate, tp, cp}).value_or(INT64_MAX);
       const int64_t fits = world % others == 0 ? world / others : 0;
       fix.push_back("parallelism_config_dp_shard_size is 1, the launcher's default, when the file leaves it out" +
                     (fits > 1 ? ": set it to " + std::to_string(fits) : std::string()));
@@ -621,7 +641,7 @@ class Reader {
       refuse("ValueError: ParallelismConfig total_size (" + std::to_string(total) + ") does not match num_processes (" +
              std::to_string(world) + "). Please adjust dp_replicate_size/ dp_shard_size/tp_size/cp_size/"
              "sp_size." + why);
-    if (fsdp.v2() && shard == 1)
+    if (fsdp.v2() && shard == 1 && cp == 1)
       refuse("ValueError: FSDP is enabled but the parallelism config has no dimension for FSDP to shard across (both "
              "`dp_shard_size` and `cp_size` are 1). This usually means a model that is already parallelized another "
              "way -- e.g. loaded with `DistributedConfig(tp_size=N)` or `enable_expert_parallel=True`, which makes the "

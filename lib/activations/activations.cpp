@@ -128,8 +128,9 @@ void walk_plan(const Plan& plan, const std::shared_ptr<const Graph>& shared, Act
                std::vector<Warning>* warnings, const LocalWalkGraph& local) {
   const Graph& graph = *shared;
   const ActivationSettings& settings = plan.policy.activations;
-  const DimValues dims = DimValues::hints(graph, settings.dims);
-  const std::shared_ptr<const WalkGraph> walked = shared_walk_input(shared, settings.dims, dims);
+  const std::vector<std::pair<std::string, int64_t>> given = rank_walk_dims(plan, graph);
+  const DimValues dims = DimValues::hints(graph, given);
+  const std::shared_ptr<const WalkGraph> walked = shared_walk_input(shared, given, dims);
   std::optional<WalkGraph> rewritten;
   const WalkGraph& input = local ? rewritten.emplace(local(*walked)) : *walked;
   WalkOptions opt;
@@ -156,6 +157,15 @@ void walk_plan(const Plan& plan, const std::shared_ptr<const Graph>& shared, Act
           break;
         }
   }
+  // Context parallelism: SDPA runs as torch's ring (its buffers beside each call).
+  if (const auto& cp = plan.policy.context_parallel; cp && plan.mesh.size(MeshDim::Cp) > 1) {
+    opt.ring.cp = plan.mesh.size(MeshDim::Cp);
+    opt.ring.all_gather = cp->rotate == ContextParallel::Rotate::AllGather;
+    // torch balances only where 2 x cp divides the sequence (cp/attention.cpp says so).
+    opt.ring.head_tail = cp->head_tail;
+    for (const DimSetting& d : dims.settings())
+      if (d.name == "seq") opt.ring.head_tail = cp->head_tail && (d.value * opt.ring.cp) % (2 * opt.ring.cp) == 0;  // whole seq
+  }
   const std::optional<SacPolicy> sac = sac_policy(plan, acts.checkpointed);
   if (sac) opt.sac = &*sac;
   // The walk fills in what each checkpointed module keeps and recomputes.
@@ -167,6 +177,33 @@ void walk_plan(const Plan& plan, const std::shared_ptr<const Graph>& shared, Act
 }  // namespace
 
 std::vector<bool> plan_trainable_params(const Plan& plan) { return fsdp1_trainable(plan); }
+
+std::vector<std::pair<std::string, int64_t>> rank_walk_dims(const Plan& plan, const Graph& graph) {
+  std::vector<std::pair<std::string, int64_t>> given = plan.policy.activations.dims;
+  const int64_t cp = plan.mesh.size(MeshDim::Cp);
+  if (!plan.mesh.context_parallel() || cp <= 1) return given;
+  const std::optional<SymbolId> seq = graph.find_symbol("seq");
+  if (!seq)
+    throw InputError(graph.file(), "context_parallel splits the sequence over cp " + std::to_string(cp) +
+                                       " ranks, and this program has no dynamic seq dimension to split; export it "
+                                       "with one (fsdp-plan-export --dynamic seq, or torch.export.Dim(\"seq\"))");
+  const std::optional<int64_t> whole = DimValues::hints(graph, given).value(*seq);
+  if (!whole) throw InputError(graph.file(), "context_parallel: give the sequence to split with --dim seq=N");
+  // torch checks nothing here: DTensor shards the buffers like torch.chunk,
+  // and the ring's K/V exchange assumes every rank's shard the same size.
+  if (*whole % cp != 0)
+    throw InputError(graph.file(), "context_parallel: the sequence (" + std::to_string(*whole) +
+                                       ") must be divisible by cp (" + std::to_string(cp) +
+                                       "): the ring exchanges equal K/V shards, and torch does not check it; set "
+                                       "--dim seq to a multiple of " + std::to_string(cp) + " (of " +
+                                       std::to_string(2 * cp) + " for head-tail load balancing)");
+  const std::string name = graph.symbol(*seq).dim;
+  given.erase(std::remove_if(given.begin(), given.end(),
+                             [&](const auto& d) { return graph.find_symbol(d.first) == seq; }),
+              given.end());
+  given.emplace_back(name, *whole / cp);
+  return given;
+}
 
 ActivationPlan plan_activations(const Plan& plan, const ClassMatcher& matcher, std::vector<Warning>* warnings,
                                 const LocalWalkGraph& local) {

@@ -33,6 +33,14 @@ std::vector<bool> plan_trainable_params(const Plan& plan);
 // (tp/activations.h). Empty: the graph as exported.
 using LocalWalkGraph = std::function<WalkGraph(const WalkGraph&)>;
 
+// The dimensions one rank's graph runs at: the policy's --dim values, and
+// with context parallelism the sequence split over cp (torch's
+// context_parallel shards the inputs, labels and positions along it, so every
+// op but attention's ring sees seq / cp tokens). Throws InputError naming the
+// model where the graph has no dynamic seq or cp does not split it as torch's
+// load balancer needs. The FLOP count walks the same dimensions.
+std::vector<std::pair<std::string, int64_t>> rank_walk_dims(const Plan& plan, const Graph& graph);
+
 // Warnings (operators the table lacks, paths that match nothing) go to `warnings`.
 ActivationPlan plan_activations(const Plan& plan, const ClassMatcher& matcher, std::vector<Warning>* warnings,
                                 const LocalWalkGraph& local = {});

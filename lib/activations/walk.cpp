@@ -50,7 +50,7 @@ class Walker {
     const int32_t n = static_cast<int32_t>(g_.nodes.size());
     recorded_.assign(static_cast<size_t>(n), false);
     node_saves_.assign(static_cast<size_t>(n), {});
-    node_extra_.assign(static_cast<size_t>(n), 0);
+    node_extra_.assign(static_cast<size_t>(n), NodeExtra{});
     node_diff_.assign(static_cast<size_t>(n), {});
     node_view_.assign(static_cast<size_t>(n), false);
     node_case_.assign(static_cast<size_t>(n), nullptr);
@@ -447,7 +447,7 @@ class Walker {
       }
       save(sid, i, node.module);
     }
-    node_extra_[static_cast<size_t>(i)] = backward_extra(node.op, op_case_name(c), args);
+    node_extra_[static_cast<size_t>(i)] = node_extra(node.op, op_case_name(c), args, opt_.ring);
     for (const std::string_view name : op_differentiable(row)) {
       const WalkArg* a = nullptr;
       for (const WalkArg& x : node.args)
@@ -462,7 +462,7 @@ class Walker {
   // export records the math path's); views after them are derived again.
   void restride(const WalkNode& node, std::string_view base, const OpCase& c, const CallArgs& args,
                 const std::vector<const OpTensor*>& outs) {
-    if (std::optional<std::vector<int64_t>> st = op_output_strides(c, args, outs, opt_.env)) {
+    if (std::optional<std::vector<int64_t>> st = kernel_output_strides(node.op, c, args, outs, opt_.env, opt_.ring)) {
       if (!node.outputs.empty() && valid(node.outputs[0]) && st->size() == meta_[static_cast<size_t>(node.outputs[0])].sizes.size()) {
         meta_[static_cast<size_t>(node.outputs[0])].strides = *st;
         restrided_[static_cast<size_t>(node.outputs[0])] = true;
@@ -759,7 +759,7 @@ class Walker {
     int64_t level = level0;
     for (int32_t i = 0; i < n; ++i) {
       level += born[static_cast<size_t>(i)];
-      during[static_cast<size_t>(i)] = level;
+      during[static_cast<size_t>(i)] = level + node_extra_[static_cast<size_t>(i)].forward;
       level -= dies_after[static_cast<size_t>(i)];
       after[static_cast<size_t>(i)] = level;
     }
@@ -947,7 +947,7 @@ class Walker {
       made += bytes;
     }
     b.run_grads += made_params;
-    run.backward_peak = std::max(run.backward_peak, b.live + b.run_grads + made + node_extra_[static_cast<size_t>(i)]);
+    run.backward_peak = std::max(run.backward_peak, b.live + b.run_grads + made + node_extra_[static_cast<size_t>(i)].backward);
     b.live += made;
     for (int32_t o : node.outputs)
       if (o >= 0 && static_cast<size_t>(o) < b.grad_of.size()) release(b, o);
@@ -971,7 +971,7 @@ class Walker {
   std::vector<Region> regions_;
   std::vector<bool> recorded_;
   std::vector<std::vector<int32_t>> node_saves_;
-  std::vector<int64_t> node_extra_;
+  std::vector<NodeExtra> node_extra_;
   std::vector<std::vector<int32_t>> node_diff_;  // tensors a gradient may flow to
   std::vector<bool> node_view_;
   std::vector<const char*> node_case_;  // the op table's case each node took (nullptr: none)

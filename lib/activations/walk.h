@@ -40,6 +40,7 @@
 
 #include "activations/saved_ops.h"
 #include "activations/selective.h"
+#include "activations/walk_rules.h"
 #include "model/module_tree.h"
 #include "plan/activations.h"
 #include "util/warnings.h"
@@ -100,6 +101,9 @@ struct WalkOptions {
   const DtypeInfo* export_dtype = nullptr;
   // Selective checkpointing: every checkpointed call runs under this policy; nullptr: full AC.
   const SacPolicy* sac = nullptr;
+  // Context parallelism: every SDPA call runs as torch's ring over `cp` ranks,
+  // whose buffers live beside the call (walk_rules.h: ring_attention_extra).
+  RingAttention ring;
 };
 
 // Walks `graph`; fills everything of `out` the graph decides (saved bytes per

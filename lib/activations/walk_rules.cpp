@@ -2,7 +2,10 @@
 
 #include <algorithm>
 
+#include "activations/ring_attention.h"
+
 namespace fsdp_plan {
+namespace {
 
 // Backward temporaries beyond the input gradients, for composite operators
 // whose backward runs several kernels: their intermediate gradient lives
@@ -15,7 +18,7 @@ namespace fsdp_plan {
 // pow's backward makes two temporaries of self's size (below).
 // The math SDPA's backward holds the gradients of the probabilities and of
 // the scores, both [B, H, L, S] (attention.cpp: _scaled_dot_product_attention_math).
-int64_t backward_extra(std::string_view op, const char* case_name, const CallArgs& args) {
+int64_t backward_temporaries(std::string_view op, const char* case_name, const CallArgs& args) {
   auto bytes_of = [&](std::string_view name) -> int64_t {
     const ArgValue* a = args.find(name);
     return a && a->kind == ArgValue::Kind::Tensor && a->tensor ? a->tensor->numel() * a->tensor->dtype->itemsize : 0;
@@ -43,6 +46,64 @@ int64_t backward_extra(std::string_view op, const char* case_name, const CallArg
     return 2 * probs * itemsize;
   }
   return 0;
+}
+
+// Row-major dense (size-1 dimensions have any stride), as torch's is_contiguous.
+bool dense(const OpTensor& t) {
+  int64_t expect = 1;
+  for (size_t d = t.sizes.size(); d-- > 0;) {
+    if (t.sizes[d] == 1) continue;
+    if (d >= t.strides.size() || t.strides[d] != expect) return false;
+    expect *= t.sizes[d];
+  }
+  return true;
+}
+
+constexpr std::string_view kSdpa = "aten.scaled_dot_product_attention.default";
+
+// The SDPA call's ring beyond the plain call's outputs (forward) and input gradients (backward).
+NodeExtra ring_attention_extra(const RingAttention& ring, std::string_view op, const CallArgs& args) {
+  NodeExtra out;
+  if (ring.cp <= 1 || op != kSdpa) return out;
+  const ArgValue* q = args.find("query");
+  const ArgValue* k = args.find("key");
+  const ArgValue* v = args.find("value");
+  if (!q || !k || !v || !q->tensor || !k->tensor || !v->tensor || !k->tensor->dtype || q->tensor->sizes.empty())
+    return out;
+  RingCall call;
+  call.cp = ring.cp;
+  call.head_tail = ring.head_tail;
+  call.all_gather = ring.all_gather;
+  call.q_numel = q->tensor->numel();
+  call.kv_numel = k->tensor->numel();
+  call.head_dim = std::max<int64_t>(1, q->tensor->sizes.back());
+  call.itemsize = k->tensor->dtype->itemsize;
+  call.kv_contiguous = dense(*k->tensor) && dense(*v->tensor);
+  call.q_contiguous = dense(*q->tensor);
+  // Beyond what the walk counts for the call itself: its outputs (forward), its input gradients (backward).
+  const RingMemory f = ring_forward_memory(call), b = ring_backward_memory(call);
+  out.forward = std::max<int64_t>(0, f.peak - f.exit);
+  out.backward = std::max<int64_t>(0, b.peak - b.exit);
+  return out;
+}
+
+}  // namespace
+
+NodeExtra node_extra(std::string_view op, const char* case_name, const CallArgs& args, const RingAttention& ring) {
+  NodeExtra out = ring_attention_extra(ring, op, args);
+  out.backward += backward_temporaries(op, case_name, args);
+  return out;
+}
+
+std::optional<std::vector<int64_t>> kernel_output_strides(std::string_view op, const OpCase& c, const CallArgs& args,
+                                                          const std::vector<const OpTensor*>& outs,
+                                                          const SaveEnv& env, const RingAttention& ring) {
+  if (ring.cp > 1 && ring.head_tail && op == kSdpa && !outs.empty() && outs[0]) {
+    std::vector<int64_t> st(outs[0]->sizes.size(), 1);
+    for (size_t d = st.size(); d-- > 1;) st[d - 1] = st[d] * std::max<int64_t>(1, outs[0]->sizes[d]);
+    return st;
+  }
+  return op_output_strides(c, args, outs, env);
 }
 
 // The view's strides from its input's, where the input's were corrected

@@ -11,8 +11,29 @@
 
 namespace fsdp_plan {
 
-// Backward temporaries beyond the input gradients (walk_rules.cpp).
-int64_t backward_extra(std::string_view op, const char* case_name, const CallArgs& args);
+// Context parallelism (torch's context_parallel): SDPA as a ring over cp ranks.
+struct RingAttention {
+  int64_t cp = 1;          // 1: no ring
+  bool all_gather = true;  // _cp_options.rotate_method ALL_GATHER, else ALL_TO_ALL
+  bool head_tail = true;   // the head-tail load balancer runs (its partial steps and merges)
+};
+
+// What a node holds while it runs beyond its outputs (forward) and beyond the
+// input gradients (backward): composite operators' backward temporaries
+// (walk_rules.cpp), and with context parallelism an SDPA call's ring (the
+// exchanged K/V, the merger's fp32 state; in backward the K/V ring again, the
+// fp32 gradient accumulators and the gradients' ring: activations/ring_attention.h).
+struct NodeExtra {
+  int64_t forward = 0, backward = 0;
+};
+NodeExtra node_extra(std::string_view op, const char* case_name, const CallArgs& args, const RingAttention& ring);
+
+// The op table's kernel output strides (saved_ops.h: op_output_strides), but
+// dense for an SDPA whose ring hands rank 0 a merged output: with head-tail
+// balancing its merges rebuild it with torch.cat (_partial_update).
+std::optional<std::vector<int64_t>> kernel_output_strides(std::string_view op, const OpCase& c, const CallArgs& args,
+                                                          const std::vector<const OpTensor*>& outs,
+                                                          const SaveEnv& env, const RingAttention& ring);
 
 // The view's strides from its input's, where the input's were corrected
 // (graph_walk.py: _view_strides); nullopt when not derivable.

@@ -176,6 +176,9 @@ class Fsdp1TorchWriter {
 }  // namespace
 
 std::string plan_to_torch(const Plan& plan) {
+  if (plan.context_parallel)
+    throw EmitError("--emit torch does not write context parallelism: wrap the step in torch's context_parallel "
+                    "(docs/context-parallel.md), or plan without \"context_parallel\"");
   if (plan.expert_parallel)
     throw EmitError("--emit torch does not write expert parallelism: apply it as torchtitan's parallelize does "
                     "(docs/expert-parallel.md), or plan without \"expert_parallel\"");

@@ -202,7 +202,7 @@ std::vector<Fsdp2GroupComms> unit_groups(const Plan& plan, const Unit& u, int id
 }  // namespace
 
 CommPlan fsdp2_comm(const Plan& plan) {
-  const Fsdp2CommGroups groups{plan.mesh.group(MeshDim::DpShard), plan.mesh.group(MeshDim::DpReplicate)};
+  const Fsdp2CommGroups groups{plan.mesh.fsdp_shard_group(), plan.mesh.group(MeshDim::DpReplicate)};
   // torchtitan's edp mesh: (dp_replicate, efsdp); its replicate group is the dense one's.
   const Fsdp2CommGroups experts = plan.mesh.expert_parallel()
                                       ? Fsdp2CommGroups{plan.mesh.group(MeshDim::Efsdp), groups.replicate}

@@ -37,6 +37,7 @@ Fsdp2Memory::Fsdp2Memory(const Plan& plan) : activations_(plan.activations) {
   // fully_shard's mesh is the (dp_replicate,) dp_shard sub-mesh.
   if (plan.tensor_parallel) tp_mesh_ = plan.mesh;
   if (plan.expert_parallel) expert_parallel_ = plan.policy.expert_parallel;
+  context_parallel_ = plan.policy.context_parallel;
   order_hooks(plan);
   add_unowned_params(plan);
 }
@@ -267,7 +268,7 @@ Fsdp2Memory::Estimate::Estimate(const Fsdp2Memory& model, const FsdpSettings& se
                                 bool timeline, MemoryPlan& mem)
     : m_(model),
       settings_(settings),
-      S(mesh.size(MeshDim::DpShard)),
+      S(mesh.fsdp_shard_size()),
       Se(mesh.size(MeshDim::Efsdp)),
       EP(mesh.size(MeshDim::Ep)),
       timeline_(timeline),
@@ -623,19 +624,22 @@ void Fsdp2Memory::Estimate::peak_categories() {
 
 namespace {
 
-void check_fsdp2_settings(const FsdpSettings& settings, const std::optional<ExpertParallel>& ep) {
-  if (std::string why = device_mesh_error(settings, nullptr, ep ? &*ep : nullptr); !why.empty())
+void check_fsdp2_settings(const FsdpSettings& settings, const std::optional<ExpertParallel>& ep,
+                          const std::optional<ContextParallel>& cp) {
+  if (std::string why = device_mesh_error(settings, nullptr, ep ? &*ep : nullptr, cp ? &*cp : nullptr); !why.empty())
     throw std::invalid_argument(why);
   if (settings.strategy == ShardingStrategy::ShardGradOp || settings.strategy == ShardingStrategy::NoShard)
     throw std::invalid_argument("FSDP2 has no sharding strategy " + std::string(strategy_name(settings.strategy)));
 }
 
 // fully_shard's mesh: the TP plan's (its dp sub-mesh), or the settings'
-// (dp_shard) or (dp_replicate, dp_shard) (mesh/device_mesh.h).
+// (dp_shard) or (dp_replicate, dp_shard), with cp (dp_shard x cp) (mesh/device_mesh.h).
 DeviceMesh fsdp2_group_sizes(const std::optional<DeviceMesh>& tp_mesh, const std::optional<ExpertParallel>& ep,
-                             const FsdpSettings& settings, MemoryPlan& mem) {
-  const DeviceMesh mesh = tp_mesh ? *tp_mesh : device_mesh(settings, nullptr, ep ? &*ep : nullptr);
-  mem.shard_group_size = mesh.size(MeshDim::DpShard);
+                             const std::optional<ContextParallel>& cp, const FsdpSettings& settings,
+                             MemoryPlan& mem) {
+  const DeviceMesh mesh =
+      tp_mesh ? *tp_mesh : device_mesh(settings, nullptr, ep ? &*ep : nullptr, cp ? &*cp : nullptr);
+  mem.shard_group_size = mesh.fsdp_shard_size();
   mem.replicate_size = mesh.size(MeshDim::DpReplicate);
   return mesh;
 }
@@ -646,7 +650,11 @@ void add_fsdp2_notes(const DeviceMesh& mesh, const FsdpSettings& settings, const
                       (mesh.size(MeshDim::DpReplicate) > 1
                            ? "(" + std::to_string(mesh.size(MeshDim::DpReplicate)) + " replicate, "
                            : std::string("(")) +
-                      std::to_string(mesh.size(MeshDim::DpShard)) + " shard), rank 0 (the largest shards)");
+                      std::to_string(mesh.fsdp_shard_size()) +
+                      (mesh.context_parallel() ? " shard: dp_shard " + std::to_string(mesh.size(MeshDim::DpShard)) +
+                                                     " x cp " + std::to_string(mesh.size(MeshDim::Cp))
+                                               : std::string(" shard")) +
+                      "), rank 0 (the largest shards)");
   if (mesh.expert_parallel())
     mem.notes.push_back("expert parallelism: rank 0 holds its experts (split over ep " +
                         std::to_string(mesh.size(MeshDim::Ep)) + "), sharded over efsdp " +
@@ -661,11 +669,11 @@ void add_fsdp2_notes(const DeviceMesh& mesh, const FsdpSettings& settings, const
 }  // namespace
 
 MemoryPlan Fsdp2Memory::estimate(const FsdpSettings& settings, bool timeline) const {
-  check_fsdp2_settings(settings, expert_parallel_);
+  check_fsdp2_settings(settings, expert_parallel_, context_parallel_);
   MemoryPlan mem;
   mem.settings = settings;
   mem.effective_strategy = settings.strategy;
-  const DeviceMesh mesh = fsdp2_group_sizes(tp_mesh_, expert_parallel_, settings, mem);
+  const DeviceMesh mesh = fsdp2_group_sizes(tp_mesh_, expert_parallel_, context_parallel_, settings, mem);
   Estimate step(*this, settings, mesh, timeline, mem);
   step.size_groups();
   step.steady_state();

@@ -75,8 +75,9 @@ class Fsdp2Memory {
   int64_t buffers_bytes_ = 0;
   // With tensor parallelism: the plan's mesh, whatever the settings say.
   std::optional<DeviceMesh> tp_mesh_;
-  // With expert parallelism: its degree, for the sparse mesh at each setting's world size.
+  // With expert or context parallelism: their degrees, for the mesh at each setting's world size.
   std::optional<ExpertParallel> expert_parallel_;
+  std::optional<ContextParallel> context_parallel_;
   // The plan's activations (plan/activations.h) and the units' parents, for activations/schedule.h.
   ActivationPlan activations_;
   std::vector<int> parents_;

@@ -289,7 +289,7 @@ class Refusals {
   }
 
   void reshard_ranks() {
-    const int64_t shard = device_mesh(plan_.policy.fsdp).size(MeshDim::DpShard);
+    const int64_t shard = plan_.mesh.fsdp_shard_size();
     for (const Unit& u : plan_.units) {
       const auto& r = u.reshard_after_forward;
       if (!r || r->kind != ReshardAfterForward::Kind::Ranks || shard % r->ranks == 0) continue;

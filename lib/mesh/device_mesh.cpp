@@ -9,16 +9,18 @@
 namespace fsdp_plan {
 namespace {
 
-constexpr std::array<const char*, kNumMeshDims> kMeshDimNames = {"dp_replicate", "dp_shard", "tp", "efsdp", "ep"};
+constexpr std::array<const char*, kNumMeshDims> kMeshDimNames = {"dp_replicate", "dp_shard", "tp",
+                                                                  "efsdp",        "ep",       "cp"};
 // The two layouts, outermost first (torchtitan's dense and sparse meshes).
-constexpr std::array<MeshDim, 3> kDense = {MeshDim::DpReplicate, MeshDim::DpShard, MeshDim::Tp};
-constexpr std::array<MeshDim, 3> kSparse = {MeshDim::DpReplicate, MeshDim::Efsdp, MeshDim::Ep};
+using Layout = std::vector<MeshDim>;
+const Layout kDense = {MeshDim::DpReplicate, MeshDim::DpShard, MeshDim::Cp, MeshDim::Tp};
+const Layout kSparse = {MeshDim::DpReplicate, MeshDim::Efsdp, MeshDim::Ep};
 
 unsigned mesh_bit(MeshDim dim) { return 1u << static_cast<unsigned>(dim); }
 
 // The layout a group's first dimension belongs to: dp_replicate's is the dense
 // one unless an expert dimension follows it.
-const std::array<MeshDim, 3>& layout_of(std::initializer_list<MeshDim> dims) {
+const Layout& layout_of(std::initializer_list<MeshDim> dims) {
   for (MeshDim d : dims)
     if (d == MeshDim::Efsdp || d == MeshDim::Ep) return kSparse;
   return kDense;
@@ -51,26 +53,28 @@ std::string tp_mesh_error(const DeviceMesh& mesh, const FsdpSettings& fsdp) {
   if (fsdp.strategy == ShardingStrategy::HybridShard)
     return "with \"tensor_parallel\", the mesh says how FSDP2 replicates: give "
            "\"tensor_parallel.mesh.dp_replicate\" instead of HYBRID_SHARD";
-  for (size_t d = 0; d < 3; ++d) {
-    const int64_t size = mesh.size(static_cast<MeshDim>(d));
+  for (MeshDim d : kDense) {
+    const int64_t size = mesh.size(d);
     if (size < 1 || size > kMaxWorldSize)
-      return "the mesh's " + std::string(kMeshDimNames[d]) + " size (" + std::to_string(size) + ") must be from 1 to " +
-             std::to_string(kMaxWorldSize);
+      return "the mesh's " + std::string(mesh_dim_name(d)) + " size (" + std::to_string(size) +
+             ") must be from 1 to " + std::to_string(kMaxWorldSize);
   }
   const int64_t r = mesh.size(MeshDim::DpReplicate), s = mesh.size(MeshDim::DpShard), t = mesh.size(MeshDim::Tp);
+  const int64_t c = mesh.size(MeshDim::Cp);
   // Exact, as Python's int: sizes whose product wraps to the world size are no mesh of it.
-  const std::optional<int64_t> product = checked_product({r, s, t});
+  const std::optional<int64_t> product = checked_product({r, s, c, t});
   if (!product || *product != fsdp.world_size) {
-    const std::string ranks = exact_product_text({r, s, t});
+    const std::string ranks = exact_product_text({r, s, c, t});
     const bool bigger = !product || *product > fsdp.world_size;
     return "the mesh " + mesh.text() + " has " + ranks + " ranks, the world size is " +
            std::to_string(fsdp.world_size) +
            (bigger ? " (init_device_mesh: \"Mesh should not be bigger than default world size " +
                          std::to_string(fsdp.world_size) + ", but found " + ranks + " ranks!\")"
                    : " (ranks outside the mesh would train nothing)") +
-           "; make dp_replicate x dp_shard x tp the world size";
+           (mesh.context_parallel() ? "; make dp_replicate x dp_shard x cp x tp the world size"
+                                    : "; make dp_replicate x dp_shard x tp the world size");
   }
-  if (r * s == 1)
+  if (r * s * c == 1)
     return "tp " + std::to_string(t) + " takes every rank: FSDP has no dimension left to shard across "
            "(Accelerate fails with KeyError: \"Invalid mesh_dim_names ('dp_shard_cp',) specified. Valid "
            "mesh_dim_names are ['tp'].\", huggingface/accelerate issue 3798); lower tp or plan without FSDP";
@@ -105,9 +109,18 @@ int64_t RankGroup::ranks_per_node(int64_t gpus_per_node) const {
   return std::min(size, (gpus_per_node + stride - 1) / stride);
 }
 
+static_assert(kNumMeshDims == 6, "DeviceMesh: one size per dimension below, and in sizes_'s initializer");
+
 DeviceMesh::DeviceMesh(std::array<int64_t, 3> dense, std::initializer_list<MeshDim> named)
-    : sizes_{dense[0], dense[1], dense[2], 1, 1}, named_(0) {
+    : sizes_{dense[0], dense[1], dense[2], 1, 1, 1}, named_(0) {
   for (MeshDim d : named) named_ = static_cast<uint8_t>(named_ | mesh_bit(d));
+}
+
+DeviceMesh DeviceMesh::with_context(int64_t cp) const {
+  DeviceMesh out = *this;
+  out.sizes_[static_cast<size_t>(MeshDim::Cp)] = cp;
+  out.named_ = static_cast<uint8_t>(out.named_ | mesh_bit(MeshDim::Cp));
+  return out;
 }
 
 DeviceMesh DeviceMesh::with_experts(int64_t efsdp, int64_t ep) const {
@@ -146,10 +159,13 @@ RankGroup DeviceMesh::group(std::initializer_list<MeshDim> dims) const {
   // Row-major: a dimension's stride is the product of the sizes after it; adjacent
   // dimensions flatten to one group whose stride is the innermost one's.
   if (dims.size() == 0) throw std::logic_error("DeviceMesh::group: no dimension");
-  const std::array<MeshDim, 3>& layout = layout_of(dims);
+  const Layout& layout = layout_of(dims);
   size_t expect = static_cast<size_t>(std::find(layout.begin(), layout.end(), *dims.begin()) - layout.begin());
   RankGroup g{1, 1};
   for (MeshDim d : dims) {
+    // A dimension the mesh does not name (size 1: cp without context parallelism) is no gap.
+    while (expect < layout.size() && layout[expect] != d && !named(layout[expect]) && size(layout[expect]) == 1)
+      ++expect;
     if (expect >= layout.size() || layout[expect++] != d)
       throw std::logic_error("DeviceMesh::group: dimensions must be adjacent, outermost first");
     g.size *= size(d);
@@ -181,41 +197,68 @@ int64_t hybrid_group_size(const FsdpSettings& settings) {
 
 namespace {
 
-DeviceMesh dense_mesh(const FsdpSettings& settings, const TensorParallel* tp) {
+// (dp_replicate, dp_shard, tp) without cp: the ranks dp_shard and cp share.
+DeviceMesh data_mesh(const FsdpSettings& settings, const TensorParallel* tp, int64_t c) {
   const int64_t world = settings.world_size;
   if (tp) {
-    const int64_t r = tp->replicate_size(), s = tp->shard_size(world);
+    const int64_t r = tp->replicate_size();
+    const int64_t s =
+        tp->dp_shard > 0 ? tp->dp_shard : std::max<int64_t>(1, world / saturating_mul(tp->degree, saturating_mul(r, c)));
     if (r > 1) return DeviceMesh({r, s, tp->degree}, {MeshDim::DpReplicate, MeshDim::DpShard, MeshDim::Tp});
     return DeviceMesh({r, s, tp->degree}, {MeshDim::DpShard, MeshDim::Tp});
   }
   switch (settings.strategy) {
     case ShardingStrategy::HybridShard: {
       const int64_t g = std::max<int64_t>(1, hybrid_group_size(settings));
-      return DeviceMesh({world / g, g, 1}, {MeshDim::DpReplicate, MeshDim::DpShard});
+      return DeviceMesh({world / g, std::max<int64_t>(1, g / c), 1}, {MeshDim::DpReplicate, MeshDim::DpShard});
     }
     case ShardingStrategy::NoShard: return DeviceMesh({world, 1, 1}, {MeshDim::DpReplicate, MeshDim::DpShard});
-    default: return DeviceMesh({1, world, 1}, {MeshDim::DpShard});
+    default: return DeviceMesh({1, std::max<int64_t>(1, world / c), 1}, {MeshDim::DpShard});
   }
+}
+
+DeviceMesh dense_mesh(const FsdpSettings& settings, const TensorParallel* tp, const ContextParallel* cp) {
+  if (!cp) return data_mesh(settings, tp, 1);
+  const int64_t c = std::max<int64_t>(1, cp->degree);
+  return data_mesh(settings, tp, c).with_context(c);
+}
+
+// context_parallel's degree against the ranks tp and dp_replicate (or
+// HYBRID_SHARD's group) leave: torchtitan's ParallelDims._validate.
+std::string cp_mesh_error(const FsdpSettings& settings, const TensorParallel* tp, const ContextParallel& cp) {
+  if (tp) return "";  // tp_mesh_error checks the whole product
+  const int64_t ranks = settings.strategy == ShardingStrategy::HybridShard ? hybrid_group_size(settings)
+                                                                           : settings.world_size;
+  if (ranks % cp.degree == 0) return "";
+  const std::string where = settings.strategy == ShardingStrategy::HybridShard
+                                ? "the hybrid shard group (" + std::to_string(ranks) + " ranks, dp_shard x cp)"
+                                : "the world size (" + std::to_string(ranks) + ")";
+  return "context_parallel.degree (" + std::to_string(cp.degree) + ") must divide " + where +
+         " (torchtitan's ParallelDims: dp_replicate * dp_shard * cp * tp == WORLD_SIZE)";
 }
 
 }  // namespace
 
-DeviceMesh device_mesh(const FsdpSettings& settings, const TensorParallel* tp, const ExpertParallel* ep) {
-  const DeviceMesh dense = dense_mesh(settings, tp);
+DeviceMesh device_mesh(const FsdpSettings& settings, const TensorParallel* tp, const ExpertParallel* ep,
+                       const ContextParallel* cp) {
+  const DeviceMesh dense = dense_mesh(settings, tp, cp);
   if (!ep) return dense;
   // torchtitan: efsdp = dp_shard * cp * tp // ep, on (dp_replicate, efsdp, ep).
-  const int64_t s = dense.size(MeshDim::DpShard), t = dense.size(MeshDim::Tp);
-  const int64_t efsdp = std::max<int64_t>(1, saturating_mul(s, t) / std::max<int64_t>(1, ep->degree));
+  const int64_t sparse = saturating_mul(dense.fsdp_shard_size(), dense.size(MeshDim::Tp));
+  const int64_t efsdp = std::max<int64_t>(1, sparse / std::max<int64_t>(1, ep->degree));
   return dense.with_experts(efsdp, ep->degree);
 }
 
-std::string device_mesh_error(const FsdpSettings& settings, const TensorParallel* tp, const ExpertParallel* ep) {
+std::string device_mesh_error(const FsdpSettings& settings, const TensorParallel* tp, const ExpertParallel* ep,
+                              const ContextParallel* cp) {
   if (std::string why = fsdp_mesh_error(settings); !why.empty()) return why;
+  if (cp)
+    if (std::string why = cp_mesh_error(settings, tp, *cp); !why.empty()) return why;
   if (tp)
-    if (std::string why = tp_mesh_error(dense_mesh(settings, tp), settings); !why.empty()) return why;
+    if (std::string why = tp_mesh_error(dense_mesh(settings, tp, cp), settings); !why.empty()) return why;
   if (!ep) return "";
-  const DeviceMesh dense = dense_mesh(settings, tp);
-  const int64_t sparse = saturating_mul(dense.size(MeshDim::DpShard), dense.size(MeshDim::Tp));
+  const DeviceMesh dense = dense_mesh(settings, tp, cp);
+  const int64_t sparse = saturating_mul(dense.fsdp_shard_size(), dense.size(MeshDim::Tp));
   if (ep->degree < 1 || sparse % ep->degree != 0)
     return "expert_parallel_degree (" + std::to_string(ep->degree) + ") must divide dp_shard * cp * tp (" +
            std::to_string(sparse) + ") (torchtitan's ParallelDims); the experts' ranks come from the mesh " +

@@ -9,13 +9,12 @@
 // parallel_dims.py: one object names every dimension, (dp_replicate,
 // dp_shard, cp, tp) outermost first).
 //
-// Adding a dimension happens here and in the stages that use it:
-// - cp (context parallelism): a MeshDim::Cp between DpShard and Tp in
-//   MeshDim and kMeshDimNames (torchtitan's order), its size read in
-//   device_mesh() and checked in device_mesh_error() (the product already
-//   multiplies every dimension); FSDP then shards over group({DpShard, Cp}),
-//   which is adjacent, so one stride still describes it.
-// - ep with its efsdp (here): torchtitan's second factorization of the same
+// The dimensions and where they come from:
+// - dp_replicate, dp_shard, tp: FSDP's strategy and the tensor_parallel section.
+// - cp (context parallelism): between dp_shard and tp (torchtitan's order);
+//   FSDP shards over dp_shard x cp (torchtitan's flattened "dp_shard_cp"),
+//   which is adjacent, so one stride still describes it: fsdp_shard_group().
+// - ep with its efsdp: torchtitan's second factorization of the same
 //   ranks, the sparse mesh (dp_replicate, efsdp, ep) with efsdp x ep ==
 //   dp_shard x cp x tp. MeshDim::Efsdp and MeshDim::Ep are a second layout
 //   that size() and group() read with the same row-major rule; the world is
@@ -28,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "policy/context_parallel.h"
 #include "policy/expert_parallel.h"
 #include "policy/settings.h"
 #include "policy/tensor_parallel.h"
@@ -37,11 +37,12 @@ namespace fsdp_plan {
 // The dimensions, outermost first: a rank's coordinate on the last one
 // changes fastest (init_device_mesh's row-major layout). Two layouts of the
 // same ranks: the dense one (dp_replicate, dp_shard, tp) every parameter but
-// the routed experts' lives on, and with expert parallelism the sparse one
-// (dp_replicate, efsdp, ep) (torchtitan's ParallelDims.build_mesh).
-enum class MeshDim : uint8_t { DpReplicate, DpShard, Tp, Efsdp, Ep };
-constexpr size_t kNumMeshDims = 5;
-// "dp_replicate", "dp_shard", "tp", "efsdp", "ep": torchtitan's (and Accelerate's) mesh_dim_names.
+// the routed experts' lives on, (dp_replicate, dp_shard, cp, tp), and with
+// expert parallelism the sparse one (dp_replicate, efsdp, ep) (torchtitan's
+// ParallelDims.build_mesh). The enum's order is not the layout's.
+enum class MeshDim : uint8_t { DpReplicate, DpShard, Tp, Efsdp, Ep, Cp };
+constexpr size_t kNumMeshDims = 6;
+// "dp_replicate", "dp_shard", "tp", "efsdp", "ep", "cp": torchtitan's (and Accelerate's) mesh_dim_names.
 const char* mesh_dim_name(MeshDim dim);
 
 // A process group as rank 0 sees it: `size` ranks, rank 0 first, `stride`
@@ -71,6 +72,8 @@ class DeviceMesh {
   DeviceMesh(std::array<int64_t, 3> dense, std::initializer_list<MeshDim> named);
   // This mesh with the sparse layout (dp_replicate, efsdp, ep) named too.
   DeviceMesh with_experts(int64_t efsdp, int64_t ep) const;
+  // This mesh with a cp dimension of `cp` ranks named between dp_shard and tp.
+  DeviceMesh with_context(int64_t cp) const;
 
   int64_t size(MeshDim dim) const { return sizes_[static_cast<size_t>(dim)]; }
   // The dense layout's product, saturated (util/checked.h), never wrapped.
@@ -80,21 +83,27 @@ class DeviceMesh {
   std::vector<MeshDim> dim_names() const;
   // With expert parallelism: the sparse layout, (dp_replicate,) efsdp, ep.
   bool expert_parallel() const { return named(MeshDim::Ep); }
+  bool context_parallel() const { return named(MeshDim::Cp); }
+  // The ranks fully_shard shards a dense parameter over: dp_shard x cp
+  // (torchtitan's "dp_shard_cp"; dp_shard alone without cp).
+  RankGroup fsdp_shard_group() const { return group({MeshDim::DpShard, MeshDim::Cp}); }
+  int64_t fsdp_shard_size() const { return fsdp_shard_group().size; }
   std::vector<MeshDim> expert_dim_names() const;
   // Rank 0's group along one dimension: mesh[dim].get_group(). Its stride is
   // the product of the sizes inside it.
   RankGroup group(MeshDim dim) const;
   // Rank 0's group over adjacent dimensions of one layout flattened, outermost
   // first (mesh["dp_replicate", "dp_shard"]._flatten()); std::logic_error if
-  // the dimensions are not adjacent and in order (no one stride describes them).
+  // the dimensions are not adjacent and in order (no one stride describes them); an unnamed dimension of
+  // size 1 between two is no gap.
   RankGroup group(std::initializer_list<MeshDim> dims) const;
-  // "(dp_replicate 2, dp_shard 4, tp 2)": the named dimensions and sizes; with
+  // "(dp_replicate 2, dp_shard 4, cp 2, tp 2)": the named dimensions and sizes; with
   // expert parallelism "(dp_shard 8; experts: efsdp 2, ep 4)".
   std::string text() const;
   bool operator==(const DeviceMesh& o) const { return sizes_ == o.sizes_ && named_ == o.named_; }
 
  private:
-  std::array<int64_t, kNumMeshDims> sizes_{1, 1, 1, 1, 1};
+  std::array<int64_t, kNumMeshDims> sizes_{1, 1, 1, 1, 1, 1};  // every dimension: kNumMeshDims ones
   uint8_t named_ = 1u << static_cast<unsigned>(MeshDim::DpShard);
 };
 
@@ -109,21 +118,23 @@ int64_t hybrid_group_size(const FsdpSettings& settings);
 // torch/distributed/fsdp/_init_utils.py _init_intra_and_inter_node_groups),
 // (dp_replicate world) for NO_SHARD (one all-reduce over every rank). With
 // `tp`, its (dp_replicate, dp_shard, tp), dp_shard the rest when not given.
-// With `ep`, the sparse layout too: ep its degree, efsdp the rest of
-// dp_shard x tp (dp_shard x tp / ep, rounded down where ep does not divide it:
-// device_mesh_error refuses that).
+// With `cp`, a cp dimension of its degree, dp_shard what is left. With `ep`,
+// the sparse layout too: ep its degree, efsdp the rest of dp_shard x cp x tp
+// (rounded down where ep does not divide it: device_mesh_error refuses that).
 // Cheap (a few integer operations): suggest builds one per estimate.
 DeviceMesh device_mesh(const FsdpSettings& settings, const TensorParallel* tp = nullptr,
-                       const ExpertParallel* ep = nullptr);
+                       const ExpertParallel* ep = nullptr, const ContextParallel* cp = nullptr);
 
 // Why the engines would not build that mesh, in their words, or "": the world
 // size out of range, a hybrid shard group that does not divide it, then with
 // `tp`: FSDP1, HYBRID_SHARD, a size out of range, sizes whose product
 // (exact: past 2^63 it is refused, never wrapped) is not the world size, no
-// dimension left for FSDP; with `ep`, a degree that does not divide
-// dp_shard x tp (torchtitan's ParallelDims._validate).
+// dimension left for FSDP; with `cp`, a degree that does not divide the
+// ranks left by tp and dp_replicate (or HYBRID_SHARD's group); with `ep`, a
+// degree that does not divide dp_shard x cp x tp (torchtitan's
+// ParallelDims._validate).
 std::string device_mesh_error(const FsdpSettings& settings, const TensorParallel* tp = nullptr,
-                              const ExpertParallel* ep = nullptr);
+                              const ExpertParallel* ep = nullptr, const ContextParallel* cp = nullptr);
 
 // The exact product of mesh sizes in decimal however large: Python's int, as
 // Accelerate and torch compute a mesh's size (util/checked.h's

@@ -37,6 +37,9 @@ struct Collective {
   // all-gather, the device-to-host copy of the sharded gradient after the
   // reduction; bytes in the parameters' own dtype.
   int64_t host_copy_bytes = 0;
+  // An all-to-all whose whole buffer goes to one peer (functional
+  // collectives' permute_tensor: context parallelism's ring), not (n-1)/n of it.
+  bool permute = false;
   // Tensor parallelism's collectives only (CommPlan::tp): the module whose
   // input or output DTensor redistributes (for "param_grad", the module
   // backward entered last in the unit); -1 for FSDP's.
@@ -88,6 +91,17 @@ struct EpComm {
                                         // "combine_grad"; module: the experts' module
 };
 
+// Context parallelism's collectives of one step (cp/comm.h): per attention
+// call, the ring's K/V exchange in forward, again in backward with the
+// gradients' ring, and the forward's again where full checkpointing
+// recomputes the call; on the cp group.
+struct CpComm {
+  bool planned = false;  // the plan has a context_parallel section
+  RankGroup group;       // the cp group
+  std::vector<Collective> collectives;  // in issue order; cause "kv" (forward), "recompute_kv", "backward_kv",
+                                        // "dkv" (the gradients' ring); module: the attention call's
+};
+
 struct CommPlan {
   bool computed = false;
   std::vector<Collective> collectives;  // in issue order
@@ -95,6 +109,7 @@ struct CommPlan {
   std::vector<std::string> notes;       // what the counts assume
   TpComm tp;
   EpComm ep;
+  CpComm cp;
 };
 
 // Fills `comm.units`' byte counts from `comm.collectives` (their

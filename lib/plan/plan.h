@@ -18,6 +18,7 @@
 #include "plan/memory.h"
 #include "plan/memory_fit.h"
 #include "plan/step_time.h"
+#include "plan/context_parallel.h"
 #include "plan/expert_parallel.h"
 #include "plan/tensor_parallel.h"
 #include "policy/policy.h"
@@ -89,6 +90,7 @@ struct Plan {
   MemoryPlan memory;
   std::optional<TensorParallelPlan> tensor_parallel;  // policy.tensor_parallel's placements
   std::optional<ExpertParallelPlan> expert_parallel;  // policy.expert_parallel's experts and placements
+  std::optional<ContextParallelPlan> context_parallel;  // policy.context_parallel's sequence and attention calls
   CommPlan comm;   // per step, what each unit's collectives carry (fsdp1/comm.h, fsdp2/comm.h)
   StepTime time;   // the step-time ESTIMATE built on it (time/step_time.h)
   MemoryFit fit;   // the peak against the --hardware GPU's memory, with an assumed headroom

@@ -101,6 +101,9 @@ struct StepTime {
   // Expert parallelism's all-to-alls (CommPlan::ep), blocking the same way.
   std::vector<CollectiveTime> ep_collectives;  // parallel to CommPlan::ep.collectives
   double ep_comm_s = 0;
+  // Context parallelism's ring (CommPlan::cp), blocking the same way.
+  std::vector<CollectiveTime> cp_collectives;  // parallel to CommPlan::cp.collectives
+  double cp_comm_s = 0;
   std::vector<TimeSpan> timeline;
   std::vector<std::string> assumptions;  // every one, as the outputs print them
 };

@@ -5,6 +5,8 @@
 #include <string>
 
 #include "activations/activations.h"
+#include "cp/attention.h"
+#include "cp/comm.h"
 #include "ep/activations.h"
 #include "ep/comm.h"
 #include "ep/experts.h"
@@ -53,6 +55,7 @@ void add_comm_and_time(Plan& plan, const FlopProfile* flops) {
   plan.comm = plan.v2() ? fsdp2_comm(plan) : fsdp1_comm(plan);
   plan.comm.tp = tp_comm(plan);  // on the tp group, blocking (time/step_time.h)
   plan.comm.ep = ep_comm(plan);  // on the ep group, blocking too
+  plan.comm.cp = cp_comm(plan);  // attention's ring on the cp group, blocking too
   std::optional<FlopProfile> from_graph;
   if (!flops && plan.tree->graph()) flops = &from_graph.emplace(plan_graph_flops(plan, *plan.tree->graph()));
   plan.time = estimate_step_time(plan, resolve_hardware(plan.policy.hardware), flops);
@@ -100,7 +103,8 @@ Plan plan_with(const ModuleTree& loaded, const Policy& policy, const std::string
   plan.model.path = model_path;
   // The device mesh, once: FSDP, TP, communication and time ask it for their sizes and groups.
   plan.mesh = device_mesh(policy.fsdp, policy.tensor_parallel ? &*policy.tensor_parallel : nullptr,
-                          policy.expert_parallel ? &*policy.expert_parallel : nullptr);
+                          policy.expert_parallel ? &*policy.expert_parallel : nullptr,
+                          policy.context_parallel ? &*policy.context_parallel : nullptr);
   const Replan replan = [&](const Policy& p) { return plan_with(tree, p, model_path, matcher, false, purpose, flops); };
   if (plan.v2()) {
     // FSDP2: Accelerate casts before fully_shard, so every stage sees the cast tree.
@@ -126,6 +130,11 @@ Plan plan_with(const ModuleTree& loaded, const Policy& policy, const std::string
     // Per tp rank, or with rank 0's experts (the two are not planned together: Policy::combination_error).
     const LocalWalkGraph local = plan.expert_parallel ? ep_local_graph(plan) : tp_local_graph(plan);
     plan.activations = plan_activations(plan, matcher, &plan.warnings, local);
+    // The sequence split over cp (the walk ran at one rank's share): the attention calls' ring.
+    if (policy.context_parallel) {
+      plan.context_parallel = plan_context_parallel(plan);
+      if (auto w = load_balance_warning(*plan.context_parallel)) plan.warnings.push_back(*w);
+    }
     plan.memory = estimate_memory_fsdp2(plan, memory_settings(policy), report);
     add_gradient_accumulation(plan);
     add_comm_and_time(plan, flops);

@@ -28,6 +28,7 @@ const std::vector<std::string> kTopKeys = {"$schema", "module_classes", "min_num
                                            "force_leaf_modules", "exclude_wrap_modules",
                                            "mixed_precision", "ignored_modules", "ignored_params",
                                            "fsdp", "checks", "groups", "tensor_parallel", "expert_parallel",
+                                           "context_parallel",
                                            "activation_checkpointing", "hardware"};
 const std::vector<std::string> kActivationCheckpointingKeys = {"module_classes", "modules", "mode", "save_ops",
                                                                 "recompute_mm_fqns"};
@@ -481,6 +482,8 @@ class Parser {
     }
     if (auto it = doc.find("expert_parallel"); it != doc.end() && !it->is_null())
       p.expert_parallel = parse_expert_parallel(*it, file_);
+    if (auto it = doc.find("context_parallel"); it != doc.end() && !it->is_null())
+      p.context_parallel = parse_context_parallel(*it, file_);
     if (auto it = doc.find("activation_checkpointing"); it != doc.end() && !it->is_null())
       p.activation_checkpointing = activation_checkpointing(*it);
     return p;
@@ -541,6 +544,12 @@ std::string Policy::combination_error() const {
   if (expert_parallel && !fsdp.v2())
     return "\"expert_parallel\" shards the routed experts with fully_shard on the (efsdp, ep) mesh: it needs FSDP2 "
            "(\"fsdp\": {\"version\": 2} or --fsdp-version 2)";
+  if (context_parallel && !fsdp.v2())
+    return "\"context_parallel\" shards parameters with fully_shard over the (dp_shard, cp) ranks: it needs FSDP2 "
+           "(\"fsdp\": {\"version\": 2} or --fsdp-version 2)";
+  if (expert_parallel && context_parallel)
+    return "\"expert_parallel\" with \"context_parallel\": fsdp-plan plans the two apart (the experts' tokens "
+           "per cp rank are not modelled); drop one of the two";
   if (expert_parallel && tensor_parallel)
     return "\"expert_parallel\" with \"tensor_parallel\": fsdp-plan plans expert parallelism over the data-parallel "
            "ranks only (torchtitan's ep borrowing tp ranks is not modelled); drop one of the two";
@@ -640,8 +649,12 @@ nlohmann::ordered_json policy_to_json(const Policy& p) {
                         {"reshard_after_forward", g.reshard_after_forward ? reshard_to_json(*g.reshard_after_forward)
                                                                           : nlohmann::ordered_json(nullptr)}});
     out["groups"] = std::move(groups);
-    if (p.tensor_parallel) out["tensor_parallel"] = tensor_parallel_to_json(*p.tensor_parallel, p.fsdp.world_size);
+    // dp_shard is what tp, dp_replicate and cp leave of the world.
+    if (p.tensor_parallel)
+      out["tensor_parallel"] = tensor_parallel_to_json(
+          *p.tensor_parallel, p.fsdp.world_size / (p.context_parallel ? std::max<int64_t>(1, p.context_parallel->degree) : 1));
     if (p.expert_parallel) out["expert_parallel"] = expert_parallel_json(*p.expert_parallel);
+    if (p.context_parallel) out["context_parallel"] = context_parallel_json(*p.context_parallel);
   }
   return out;
 }
@@ -699,6 +712,7 @@ nlohmann::ordered_json policy_file_json(const Policy& p) {
   out["fsdp"] = fsdp;
   if (p.tensor_parallel) out["tensor_parallel"] = tensor_parallel_file_json(*p.tensor_parallel);
   if (p.expert_parallel) out["expert_parallel"] = expert_parallel_json(*p.expert_parallel);
+  if (p.context_parallel) out["context_parallel"] = context_parallel_json(*p.context_parallel);
   if (p.hardware.any_given()) {
     nlohmann::ordered_json hw = nlohmann::ordered_json::object();
     if (p.hardware.preset_given) hw["preset"] = hardware_names().name(p.hardware.preset);

@@ -12,6 +12,7 @@
 
 #include "policy/budgets.h"
 #include "policy/settings.h"
+#include "policy/context_parallel.h"
 #include "policy/expert_parallel.h"
 #include "policy/tensor_parallel.h"
 
@@ -104,6 +105,7 @@ struct Policy {
   std::vector<Fsdp2Group> groups;            // FSDP2 only: explicit fully_shard calls
   std::optional<TensorParallel> tensor_parallel;  // FSDP2 only: a (dp_shard, tp) mesh
   std::optional<ExpertParallel> expert_parallel;  // FSDP2 only: routed experts on (efsdp, ep)
+  std::optional<ContextParallel> context_parallel;  // FSDP2 only: the sequence split over cp
   std::optional<ActivationCheckpointing> activation_checkpointing;
   ActivationSettings activations;            // not in the policy file
 

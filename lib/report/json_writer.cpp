@@ -95,6 +95,33 @@ void expert_parallel_json(JsonSink& w, const Plan& plan) {
   });
 }
 
+// context_parallel: the dense mesh, the sequence each rank holds, and the
+// attention calls the ring runs with what their K/V carry on one rank.
+void context_parallel_json(JsonSink& w, const Plan& plan) {
+  const ContextParallelPlan& cp = *plan.context_parallel;
+  w.object([&] {
+    mesh_json(w, plan.mesh, plan.mesh.dim_names());
+    w.field("degree", cp.degree);
+    w.field("seq_dim", cp.seq_dim);
+    w.field("seq", cp.seq);
+    w.field("local_seq", cp.local_seq);
+    w.field("load_balancer", cp.head_tail ? std::optional<std::string>("headtail") : std::nullopt);
+    w.field("rotate_method", rotate_name(cp.settings.rotate));
+    w.array_field("attention", [&] {
+      for (const CpAttention& a : cp.attention)
+        w.object([&] {
+          w.field("module", plan.tree->path(a.module));
+          w.field("unit", a.unit);
+          w.field("kv_numel", a.kv_numel);
+          w.field("dtype", a.dtype);
+          w.field("kv_bytes", a.kv_bytes());
+          w.field("recomputed", a.recomputed);
+        });
+    });
+    w.field("notes", cp.notes);
+  });
+}
+
 // The mesh, the modules the plan's entries apply to, and every parameter's
 // placements after parallelize_module and after fully_shard.
 void tensor_parallel_json(JsonSink& w, const Plan& plan) {
@@ -417,6 +444,10 @@ void plan_json(JsonSink& w, const Plan& plan, const ojson& trailing, const PlanJ
     if (plan.expert_parallel) {
       w.key("expert_parallel");
       expert_parallel_json(w, plan);
+    }
+    if (plan.context_parallel) {
+      w.key("context_parallel");
+      context_parallel_json(w, plan);
     }
     if (plan.comm.computed) {
       w.key("comm");

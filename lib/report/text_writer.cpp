@@ -191,7 +191,12 @@ std::string activations_text(const Plan& plan) {
       break;
     case ActivationSource::Graph: {
       std::vector<std::string> dims;
-      for (const auto& [name, value] : a.dims) dims.push_back(name + "=" + std::to_string(value));
+      for (const auto& [name, value] : a.dims) {
+        dims.push_back(name + "=" + std::to_string(value));
+        // Context parallelism: the walk ran at one rank's share of the sequence.
+        if (plan.context_parallel && name == plan.context_parallel->seq_dim)
+          dims.back() += " of " + std::to_string(plan.context_parallel->seq) + " per cp rank";
+      }
       line = "activations " + format_bytes(a.saved_bytes) + " saved in forward";
       if (!a.checkpointed.empty())
         line += ", " + format_bytes(a.held_bytes) + " held with " + std::to_string(a.checkpointed.size()) +
@@ -274,6 +279,10 @@ std::string fsdp2_memory_text(const Plan& plan) {
            " replicated";
   }
   if (plan.expert_parallel) mesh = "mesh " + plan.mesh.text();  // the experts' (efsdp, ep) beside it
+  if (plan.context_parallel && !plan.tensor_parallel)  // FSDP over dp_shard x cp, activations per cp rank
+    mesh = "mesh " + plan.mesh.text() + ", FSDP over dp_shard x cp (" + std::to_string(m.shard_group_size) +
+           "), activations of " + std::to_string(plan.context_parallel->local_seq) + " of " +
+           std::to_string(plan.context_parallel->seq) + " tokens";
   std::string out = wrap("memory  per rank (rank 0), FSDP2, world size " + std::to_string(m.settings.world_size) +
                              ", " + mesh + ", " + optimizer_name(m.settings.optimizer) +
                              (m.settings.cpu_offload ? ", CPU offload" : "") + activations_clause(plan),

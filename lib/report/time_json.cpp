@@ -140,6 +140,7 @@ void blocking_comm_json(JsonSink& w, const Plan& plan, const BlockingComm& b, bo
             w.field("cause", x.cause);
             w.field("bytes", x.bytes);
             w.field("dtype", x.dtype);
+            if (x.permute) w.field("permute", true);  // the whole buffer to one peer (context parallelism's ring)
             if (timed) w.object_field("time", [&] { w.field("seconds", b.times[i].seconds); });
           });
         }
@@ -157,6 +158,11 @@ void ep_comm_json(JsonSink& w, const Plan& plan, bool events) {
   const EpComm& ep = plan.comm.ep;
   blocking_comm_json(w, plan, {"ep", ep.sizes_known, ep.unknown_reason, ep.group, ep.collectives,
                                plan.time.ep_collectives, nullptr}, events);
+}
+
+void cp_comm_json(JsonSink& w, const Plan& plan, bool events) {
+  const CpComm& cp = plan.comm.cp;
+  blocking_comm_json(w, plan, {"cp", true, "", cp.group, cp.collectives, plan.time.cp_collectives, nullptr}, events);
 }
 
 }  // namespace
@@ -251,6 +257,10 @@ void comm_json(JsonSink& w, const Plan& plan, bool events) {
       w.key("expert_parallel");
       ep_comm_json(w, plan, events);
     }
+    if (plan.comm.cp.planned) {
+      w.key("context_parallel");
+      cp_comm_json(w, plan, events);
+    }
   });
 }
 
@@ -306,6 +316,11 @@ void time_json(JsonSink& w, const Plan& plan, bool events) {
       w.object_field("expert_parallel", [&] {
         w.field("blocking", true);
         w.field("comm_s", t.ep_comm_s);
+      });
+    if (plan.comm.cp.planned)
+      w.object_field("context_parallel", [&] {
+        w.field("blocking", true);
+        w.field("comm_s", t.cp_comm_s);
       });
   });
 }

@@ -90,6 +90,23 @@ static std::string ep_comm_line(const Plan& plan) {
   return line;
 }
 
+// Context parallelism: the sequence each rank holds, and attention's ring (lib/cp/comm.h).
+static std::string cp_comm_line(const Plan& plan) {
+  const ContextParallelPlan& cp = *plan.context_parallel;
+  const CpComm& c = plan.comm.cp;
+  int64_t ag = 0, ring = 0;
+  for (const Collective& x : c.collectives) (x.kind == CollectiveKind::AllGather ? ag : ring) += x.bytes;
+  std::string line = "cp      " + std::to_string(cp.local_seq) + " of " + std::to_string(cp.seq) +
+                     " tokens per rank (" + (cp.head_tail ? "head-tail" : "contiguous") + "), " +
+                     std::to_string(cp.attention.size()) + " attention call(s) ringed over the cp group (" +
+                     std::to_string(c.group.size) + " ranks, " + rotate_name(cp.settings.rotate) +
+                     "): exact bytes per rank per step ";
+  line += bytes(ag + ring) + " (all-gather " + bytes(ag) + ", permutes " + bytes(ring) + "), " +
+          std::to_string(c.collectives.size()) + " calls";
+  if (plan.time.computed && !c.collectives.empty()) line += ", ESTIMATE " + secs(plan.time.cp_comm_s) + " blocking";
+  return line;
+}
+
 // Tensor parallelism's collectives (lib/tp/comm.h): exact bytes where the
 // graph gives the activations' shapes, else unknown; their time is blocking.
 static std::string tp_comm_line(const Plan& plan) {
@@ -150,6 +167,7 @@ std::string comm_time_text(const Plan& plan) {
     out += wrap_line(line);
     if (plan.comm.tp.planned) out += wrap_line(tp_comm_line(plan));
     if (plan.comm.ep.planned && plan.expert_parallel) out += wrap_line(ep_comm_line(plan));
+    if (plan.comm.cp.planned && plan.context_parallel) out += wrap_line(cp_comm_line(plan));
   }
   if (plan.time.computed) {
     const StepTime& t = plan.time;
@@ -161,6 +179,7 @@ std::string comm_time_text(const Plan& plan) {
               (t.optimizer_modelled ? secs(t.optimizer_s) : "not modelled (CPU offload steps it on the CPU; left out)");
       if (t.tp_comm_s > 0) line += " + tensor-parallel communication " + secs(t.tp_comm_s) + " (blocking)";
       if (t.ep_comm_s > 0) line += " + expert-parallel all-to-all " + secs(t.ep_comm_s) + " (blocking)";
+      if (t.cp_comm_s > 0) line += " + context-parallel ring " + secs(t.cp_comm_s) + " (blocking)";
     } else {
       // docs/time-model.md section 6: without FLOPs only what no compute can hide.
       line += "exposed communication " + secs(t.exposed_comm_s) + " of " + secs(t.comm_s) +

@@ -143,7 +143,8 @@ std::vector<Candidate> with_tp_degrees(std::vector<Candidate> wrappings, const P
     TensorParallel tp = *base.tensor_parallel;
     tp.degree = d;
     tp.dp_shard = 0;  // the rest of the ranks
-    if (device_mesh_error(base.fsdp, &tp).empty()) degrees.push_back(d);
+    const ContextParallel* cp = base.context_parallel ? &*base.context_parallel : nullptr;
+    if (device_mesh_error(base.fsdp, &tp, nullptr, cp).empty()) degrees.push_back(d);
   }
   std::vector<Candidate> out;
   for (const Candidate& w : wrappings)
@@ -411,7 +412,8 @@ std::optional<FitAdvice> world_size_advice(const std::vector<const Candidate*>& 
     s.world_size = w;
     // With expert parallelism a world size ep does not divide is no mesh (device_mesh_error says so).
     const ExpertParallel* ep = c.policy.expert_parallel ? &*c.policy.expert_parallel : nullptr;
-    const int64_t need = device_mesh_error(s, nullptr, ep).empty()
+    const ContextParallel* cp = c.policy.context_parallel ? &*c.policy.context_parallel : nullptr;
+    const int64_t need = device_mesh_error(s, nullptr, ep, cp).empty()
                              ? peak_for(*c.plan, s) + opt.activation_bytes
                              : INT64_MAX;
     known.emplace(std::make_pair(&c, w), need);

@@ -311,6 +311,8 @@ FlopProfile count_graph_flops(const WalkGraph& g, const ModuleTree& tree, const 
             share = true;
       if (share) f.forward /= opt.tp, f.backward /= opt.tp;
     }
+    if (opt.cp > 1 && f.counted && n.op == "aten.scaled_dot_product_attention.default")
+      f.forward = mul(f.forward, opt.cp), f.backward = mul(f.backward, opt.cp);
     if (!f.counted && looks_like_matmul(n.op)) ++unknown[n.op];
     ModuleFlops& m = out.own[static_cast<size_t>(module_of(n))];
     m.forward = add(m.forward, f.forward);
@@ -342,13 +344,14 @@ FlopProfile count_graph_flops(const WalkGraph& g, const ModuleTree& tree, const 
 }
 
 FlopProfile plan_graph_flops(const Plan& plan, const Graph& graph) {
-  const ActivationSettings& settings = plan.policy.activations;
-  const DimValues dims = DimValues::hints(graph, settings.dims);
+  // One rank's dimensions (context parallelism splits the sequence), as the activations' walk.
+  const std::vector<std::pair<std::string, int64_t>> given = rank_walk_dims(plan, graph);
+  const DimValues dims = DimValues::hints(graph, given);
   // The activations' walk input, when the plan's graph is this one (planner.cpp: after plan_activations).
   const std::shared_ptr<const Graph>& shared = plan.tree->graph();
   std::optional<WalkGraph> own;
   std::shared_ptr<const WalkGraph> walked;
-  if (shared.get() == &graph) walked = shared_walk_input(shared, settings.dims, dims);
+  if (shared.get() == &graph) walked = shared_walk_input(shared, given, dims);
   else own.emplace(walk_input(graph, dims));
   const WalkGraph& input = walked ? *walked : *own;
   GraphFlopOptions opt;
@@ -360,6 +363,7 @@ FlopProfile plan_graph_flops(const Plan& plan, const Graph& graph) {
   opt.trainable_params = plan_trainable_params(plan);
   opt.tp_local = tp_local_tensors(input, plan);
   if (!opt.tp_local.empty()) opt.tp = plan.mesh.size(MeshDim::Tp);
+  opt.cp = plan.mesh.size(MeshDim::Cp);
   FlopProfile out;
   try {
     out = count_graph_flops(input, *plan.tree, opt);

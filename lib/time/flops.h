@@ -53,6 +53,9 @@ struct GraphFlopOptions {
   // 1/tp share; an op with such an argument counts 1/tp of its FLOPs.
   std::vector<bool> tp_local;
   int64_t tp = 1;
+  // Context parallelism: the graph runs at seq / cp, and attention's queries
+  // meet every rank's keys (the ring), cp times the local ones.
+  int64_t cp = 1;
 };
 
 // Per module its own FLOPs (not its submodules'), the forward's execution

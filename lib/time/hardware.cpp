@@ -81,7 +81,8 @@ HardwareFigures resolve_hardware(const HardwareSettings& s) {
   return hw;
 }
 
-CollectiveTime collective_time(CollectiveKind kind, int64_t bytes, const RankGroup& group, const HardwareFigures& hw) {
+CollectiveTime collective_time(CollectiveKind kind, int64_t bytes, const RankGroup& group, const HardwareFigures& hw,
+                               bool permute) {
   CollectiveTime t;
   const int64_t n = group.size;
   if (n <= 1) return t;
@@ -97,6 +98,11 @@ CollectiveTime collective_time(CollectiveKind kind, int64_t bytes, const RankGro
     factor = static_cast<double>(2 * (n - 1)) / static_cast<double>(n);
     steps = 2 * (n - 1);
     inter_steps = 2 * (t.nodes - 1);
+  } else if (kind == CollectiveKind::AllToAll && permute) {
+    // permute_tensor: the whole buffer to the next rank of the ring, all at once.
+    factor = 1.0;
+    steps = 1;
+    inter_steps = t.nodes > 1 ? 1 : 0;
   } else if (kind == CollectiveKind::AllToAll) {
     // nccl-tests' alltoall: (n-1)/n of the buffer leaves each rank, every
     // peer's message sent at once: one step of latency, a network hop if any

@@ -18,7 +18,9 @@ HardwareFigures resolve_hardware(const HardwareSettings& settings);
 
 // latency(n, nodes) + bytes x ring factor / (link peak x comm_efficiency) for
 // one collective over `group`; 0 for a one-rank group. `bytes` is the
-// unsharded buffer (Collective::bytes).
-CollectiveTime collective_time(CollectiveKind kind, int64_t bytes, const RankGroup& group, const HardwareFigures& hw);
+// unsharded buffer (Collective::bytes). `permute`: an all-to-all sending the
+// whole buffer to one peer (Collective::permute), at its slowest hop.
+CollectiveTime collective_time(CollectiveKind kind, int64_t bytes, const RankGroup& group, const HardwareFigures& hw,
+                               bool permute = false);
 
 }  // namespace fsdp_plan

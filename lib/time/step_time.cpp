@@ -338,6 +338,15 @@ std::vector<std::string> assumptions(const Plan& plan, const StepTime& t) {
                     " ms), blocking (the splits need a device-to-host sync), routing assumed uniform" +
                     (t.flops_known ? "" : " (no step to add them to without FLOPs)"));
   }
+  const CpComm& cp = plan.comm.cp;
+  if (cp.planned && !cp.collectives.empty())
+    out.push_back("context parallelism: " + std::to_string(cp.collectives.size()) +
+                  " collectives of attention's ring on the cp group (" + std::to_string(cp.group.size) +
+                  " ranks, " + fmt("%.3g", t.cp_comm_s * 1e3) +
+                  " ms), blocking: the ring waits for each exchange (its overlap with the local chunk's attention "
+                  "not modelled); attention's FLOPs with every rank's keys, causal skipping not counted "
+                  "(FlopCounterMode's sdpa formula)" +
+                  (t.flops_known ? "" : " (no step to add them to without FLOPs)"));
   out.push_back("not modelled: activation memory traffic, elementwise kernels, kernel launch and CPU overhead, NCCL "
                 "algorithms other than ring, contention between process groups on shared links, stragglers, the "
                 "data loader");
@@ -405,13 +414,14 @@ class StepTimeModel {
     tp_bwd_.assign(tree_.num_modules(), 0.0);
     t_.tp_comm_s = time_blocking(comm_.tp.collectives, t_.tp_collectives);
     t_.ep_comm_s = time_blocking(comm_.ep.collectives, t_.ep_collectives);
+    t_.cp_comm_s = time_blocking(comm_.cp.collectives, t_.cp_collectives);
   }
 
   double time_blocking(const std::vector<Collective>& cs, std::vector<CollectiveTime>& times) {
     double total = 0;
     times.resize(cs.size());
     for (size_t i = 0; i < cs.size(); ++i) {
-      times[i] = collective_time(cs[i].kind, cs[i].bytes, cs[i].group, hw_);
+      times[i] = collective_time(cs[i].kind, cs[i].bytes, cs[i].group, hw_, cs[i].permute);
       total += times[i].seconds;
       (cs[i].phase == StepPhase::Forward ? tp_fwd_ : tp_bwd_)[static_cast<size_t>(cs[i].module)] += times[i].seconds;
     }

@@ -356,7 +356,7 @@ Fsdp2TpParam fsdp2_tp_param(const TensorParallelPlan& plan, const ModuleTree& tr
   }
   const auto& local = plan.local_shape[static_cast<size_t>(t)];
   out.local_shape = local.empty() ? std::vector<int64_t>{1} : local;
-  if (!local.empty()) out.local_shape[0] = ceil_div(local[0], plan.mesh.size(MeshDim::DpShard));
+  if (!local.empty()) out.local_shape[0] = ceil_div(local[0], plan.mesh.fsdp_shard_size());
   return out;
 }
 

@@ -60,6 +60,8 @@ const std::vector<WarningKind>& warning_table() {
       {"tp_applied_twice", S::Error, std::nullopt, W::Fsdp2},
       {"tp_uneven_split", S::Error, std::nullopt, W::Fsdp2},
       {"tp_sequence_rotary", S::Error, std::nullopt, W::Fsdp2},
+      // Context parallelism (cp/attention.cpp).
+      {"cp_load_balance_dropped", S::Warning, std::nullopt, W::Fsdp2},
       // Activations from the .pt2 graph (activations/walk.cpp).
       {"activation_op_unknown", S::Warning, std::nullopt, W::Any},
       {"unmatched_checkpoint", S::Warning, std::nullopt, W::Any},  // activation_checkpointing.modules

@@ -13,7 +13,8 @@ ROOT = sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.dirname(os.
 # mesh/: the device mesh, built from the policy's settings; below plan (a collective carries its RankGroup).
 # activations/: the graph walk and the activation schedule; after plan (it fills plan/activations.h
 # from the units and the policy), before fsdp1 | fsdp2 (their memory models read its results).
-LAYERS = [["util"], ["model"], ["policy"], ["mesh"], ["plan"], ["activations"], ["fsdp1", "fsdp2", "tp", "ep"], ["time"], ["accelerate"], ["planner"],
+# cp/: context parallelism's ring, after tp/ (it reads which K/V are tp-local).
+LAYERS = [["util"], ["model"], ["policy"], ["mesh"], ["plan"], ["activations"], ["fsdp1", "fsdp2", "tp", "ep"], ["cp"], ["time"], ["accelerate"], ["planner"],
           ["report", "emit"], ["suggest"]]
 RANK = {folder: i for i, layer in enumerate(LAYERS) for folder in layer}
 INCLUDE = re.compile(r'^#include "([a-z0-9_]+)/[^"]+"', re.M)

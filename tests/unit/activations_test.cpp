@@ -249,13 +249,13 @@ TEST_CASE("backward temporaries: pow's two self-sized tensors, none for exponent
   CallArgs args;
   args.items.push_back({"self", ArgValue::of_tensor(&x)});
   args.items.push_back({"exponent", ArgValue::of_int(2)});
-  CHECK(backward_extra("aten.pow.Tensor_Scalar", nullptr, args) == 2 * 2 * 128 * 128 * 4);
+  CHECK(node_extra("aten.pow.Tensor_Scalar", nullptr, args, RingAttention{}).backward == 2 * 2 * 128 * 128 * 4);
   CallArgs square;
   square.items.push_back({"self", ArgValue::of_tensor(&x)});
-  CHECK(backward_extra("aten.square.default", nullptr, square) == 2 * 2 * 128 * 128 * 4);
+  CHECK(node_extra("aten.square.default", nullptr, square, RingAttention{}).backward == 2 * 2 * 128 * 128 * 4);
   args.items[1].second = ArgValue::of_float(0.0);
-  CHECK(backward_extra("aten.pow.Tensor_Scalar", nullptr, args) == 0);
-  CHECK(backward_extra("aten.relu.default", nullptr, square) == 0);
+  CHECK(node_extra("aten.pow.Tensor_Scalar", nullptr, args, RingAttention{}).backward == 0);
+  CHECK(node_extra("aten.relu.default", nullptr, square, RingAttention{}).backward == 0);
 }
 
 TEST_CASE("op table: views by torch's computeStride") {

@@ -169,3 +169,48 @@ TEST_CASE("expert parallelism: the sparse layout beside the dense one") {
   ep.degree = 32;
   CHECK(device_mesh_error(fsdp(16), nullptr, &ep).find("must divide") != std::string::npos);
 }
+
+// torchtitan's dense mesh with cp between dp_shard and tp (parallel_dims.py: (dp_replicate, dp_shard, cp, tp)),
+// FSDP over dp_shard x cp flattened ("dp_shard_cp"), the cp group strided by tp.
+TEST_CASE("context parallelism: cp between dp_shard and tp, FSDP over both") {
+  ContextParallel cp;
+  cp.degree = 4;
+  const DeviceMesh m = device_mesh(fsdp(16), nullptr, nullptr, &cp);
+  CHECK(m.text() == "(dp_shard 4, cp 4)");
+  CHECK(m.world_size() == 16);
+  CHECK(m.context_parallel());
+  CHECK(m.dim_names() == std::vector<MeshDim>{MeshDim::DpShard, MeshDim::Cp});
+  CHECK(m.group(MeshDim::Cp) == RankGroup{4, 1});        // ranks 0-3: one node
+  CHECK(m.group(MeshDim::DpShard) == RankGroup{4, 4});   // ranks 0, 4, 8, 12
+  CHECK(m.fsdp_shard_group() == RankGroup{16, 1});
+  CHECK(m.fsdp_shard_size() == 16);
+  // With tp inside: cp strides over it; FSDP's group skips the tp ranks.
+  TensorParallel tp;
+  tp.degree = 2;
+  const DeviceMesh t = device_mesh(fsdp(16), &tp, nullptr, &cp);
+  CHECK(t.text() == "(dp_shard 2, cp 4, tp 2)");
+  CHECK(t.group(MeshDim::Cp) == RankGroup{4, 2});
+  CHECK(t.fsdp_shard_group() == RankGroup{8, 2});
+  CHECK(device_mesh_error(fsdp(16), &tp, nullptr, &cp).empty());
+  // HSDP: the hybrid group holds dp_shard x cp.
+  const DeviceMesh h = device_mesh(fsdp(16, ShardingStrategy::HybridShard), nullptr, nullptr, &cp);
+  CHECK(h.text() == "(dp_replicate 2, dp_shard 2, cp 4)");
+  CHECK(h.fsdp_shard_group() == RankGroup{8, 1});
+  // Without cp, FSDP's group is dp_shard's.
+  CHECK(device_mesh(fsdp(16)).fsdp_shard_group() == RankGroup{16, 1});
+  // EP's ranks come from dp_shard x cp.
+  ExpertParallel ep;
+  ep.degree = 8;
+  const DeviceMesh e = device_mesh(fsdp(16), nullptr, &ep, &cp);
+  CHECK(e.size(MeshDim::Efsdp) == 2);
+  cp.degree = 3;
+  CHECK(device_mesh_error(fsdp(16), nullptr, nullptr, &cp) ==
+        "context_parallel.degree (3) must divide the world size (16) (torchtitan's ParallelDims: dp_replicate * "
+        "dp_shard * cp * tp == WORLD_SIZE)");
+  CHECK(device_mesh_error(fsdp(16, ShardingStrategy::HybridShard), nullptr, nullptr, &cp) ==
+        "context_parallel.degree (3) must divide the hybrid shard group (8 ranks, dp_shard x cp) (torchtitan's "
+        "ParallelDims: dp_replicate * dp_shard * cp * tp == WORLD_SIZE)");
+  cp.degree = 8;
+  tp.degree = 4;
+  CHECK(device_mesh_error(fsdp(16), &tp, nullptr, &cp).find("cp 8, tp 4") != std::string::npos);
+}
