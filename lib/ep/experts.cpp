@@ -122,6 +122,12 @@ void check_split(const ModuleTree& tree, const ExpertParallelPlan& plan, const s
 
 }  // namespace
 
+std::vector<int64_t> routed_expert_counts(const ModuleTree& tree, const ExpertParallel& ep, const ClassMatcher& matcher) {
+  std::vector<int64_t> out;
+  for (const ExpertModule& x : find_experts(tree, ep, matcher)) out.push_back(x.num_experts);
+  return out;
+}
+
 ExpertParallelPlan plan_expert_parallel(const ModuleTree& tree, const Policy& policy, const DeviceMesh& mesh,
                                         const ClassMatcher& matcher, const std::string& model_path) {
   const ExpertParallel& ep = *policy.expert_parallel;

@@ -21,6 +21,10 @@ namespace fsdp_plan {
 // layout). Throws InputError naming `model_path` when the model has no
 // routed experts to split, or when the engines would refuse the split (a
 // number of experts ep does not divide).
+// How many experts each routed-expert module holds (find_experts' modules, in
+// pre-order): what an ep degree must divide. Empty when the model has none.
+std::vector<int64_t> routed_expert_counts(const ModuleTree& tree, const ExpertParallel& ep, const ClassMatcher& matcher);
+
 ExpertParallelPlan plan_expert_parallel(const ModuleTree& tree, const Policy& policy, const DeviceMesh& mesh,
                                         const ClassMatcher& matcher, const std::string& model_path);
 

@@ -9,10 +9,12 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "ep/experts.h"
 #include "fsdp1/memory.h"
 #include "fsdp2/memory.h"
 #include "mesh/device_mesh.h"
 #include "model/class_names.h"
+#include "model/graph.h"
 #include "model/module_tree.h"
 #include "planner/planner.h"
 #include "policy/ignored.h"
@@ -163,10 +165,78 @@ std::vector<Candidate> with_tp_degrees(std::vector<Candidate> wrappings, const P
   return out;
 }
 
+// The sequence a plan splits over cp: the graph's seq at the policy's --dim
+// values (0 where the export has no dynamic seq: planning it says why).
+int64_t whole_sequence(const ModuleTree& tree, const Policy& base) {
+  const std::shared_ptr<const Graph>& g = tree.graph();
+  if (!g) return 0;
+  const std::optional<SymbolId> seq = g->find_symbol("seq");
+  if (!seq) return 0;
+  return DimValues::hints(*g, base.activations.dims).value(*seq).value_or(0);
+}
+
+// Context parallelism's degrees, where the base policy has a context_parallel
+// section: 1 (no section) and the powers of two whose mesh the world builds
+// beside each candidate's tp (device_mesh_error) and that split the sequence
+// into equal shards (the ring needs them: cp must divide it).
+std::vector<Candidate> with_cp_degrees(std::vector<Candidate> in, const ModuleTree& tree, const Policy& base) {
+  if (!base.context_parallel || base.context_parallel->degree < 1) return in;
+  const int64_t seq = whole_sequence(tree, base);
+  std::vector<Candidate> out;
+  for (const Candidate& w : in)
+    for (int64_t d = 1; d <= base.fsdp.world_size; d *= 2) {
+      Candidate c = w;
+      c.cp = d;
+      if (d == 1) {
+        c.policy.context_parallel.reset();
+        out.push_back(std::move(c));
+        continue;
+      }
+      c.policy.context_parallel->degree = d;
+      const TensorParallel* tp = c.policy.tensor_parallel ? &*c.policy.tensor_parallel : nullptr;
+      const ContextParallel* cp = &*c.policy.context_parallel;
+      if (seq <= 0 || seq % d != 0 || !device_mesh_error(c.policy.fsdp, tp, nullptr, cp).empty()) continue;
+      c.label = "cp " + std::to_string(d) + ", " + w.label;
+      out.push_back(std::move(c));
+    }
+  return out;
+}
+
+// Expert parallelism's degrees, where the base policy has an expert_parallel
+// section: 1 (no section) and the powers of two whose sparse mesh the world
+// builds (ep divides dp_shard x cp x tp: device_mesh_error) and that divide
+// every expert module's experts (torchtitan's dispatcher; plan_expert_parallel
+// refuses the others). A degree leaves the samples a step trains as they are.
+std::vector<Candidate> with_ep_degrees(std::vector<Candidate> in, const ModuleTree& tree, const Policy& base) {
+  if (!base.expert_parallel || base.expert_parallel->degree < 1) return in;
+  const std::vector<int64_t> experts = routed_expert_counts(tree, *base.expert_parallel, ClassMatcher(tree));
+  std::vector<Candidate> out;
+  for (const Candidate& w : in)
+    for (int64_t d = 1; d <= base.fsdp.world_size; d *= 2) {
+      Candidate c = w;
+      c.ep = d;
+      if (d == 1) {
+        c.policy.expert_parallel.reset();
+        out.push_back(std::move(c));
+        continue;
+      }
+      c.policy.expert_parallel->degree = d;
+      const TensorParallel* tp = c.policy.tensor_parallel ? &*c.policy.tensor_parallel : nullptr;
+      const ContextParallel* cp = c.policy.context_parallel ? &*c.policy.context_parallel : nullptr;
+      if (experts.empty() || std::any_of(experts.begin(), experts.end(), [&](int64_t e) { return e % d != 0; }) ||
+          !device_mesh_error(c.policy.fsdp, tp, &*c.policy.expert_parallel, cp).empty())
+        continue;
+      c.label = "ep " + std::to_string(d) + ", " + w.label;
+      out.push_back(std::move(c));
+    }
+  return out;
+}
+
 }  // namespace
 
 double rank_seconds(const Candidate& c) {
-  return (c.step_known ? c.step_s : c.exposed_comm_s) * static_cast<double>(std::max<int64_t>(1, c.tp));
+  return (c.step_known ? c.step_s : c.exposed_comm_s) *
+         static_cast<double>(std::max<int64_t>(1, c.tp) * std::max<int64_t>(1, c.cp));
 }
 
 std::vector<Candidate> suggest_candidates(const ModuleTree& tree, const Policy& base, const SuggestOptions& opt) {
@@ -176,6 +246,8 @@ std::vector<Candidate> suggest_candidates(const ModuleTree& tree, const Policy& 
     c.origin = "base";
     c.policy = base;
     c.tp = base.tensor_parallel ? base.tensor_parallel->degree : 1;
+    c.cp = base.context_parallel ? base.context_parallel->degree : 1;
+    c.ep = base.expert_parallel ? base.expert_parallel->degree : 1;
     return {std::move(c)};
   }
   Ignored ignored = resolve_ignored(tree, base);
@@ -223,7 +295,7 @@ std::vector<Candidate> suggest_candidates(const ModuleTree& tree, const Policy& 
     Policy p = with_threshold(base, t);
     push("min_num_params " + std::to_string(*p.min_num_params), "size", std::move(p));
   }
-  return with_tp_degrees(std::move(out), base, opt);
+  return with_ep_degrees(with_cp_degrees(with_tp_degrees(std::move(out), base, opt), tree, base), tree, base);
 }
 
 namespace {
@@ -425,7 +497,7 @@ std::optional<FitAdvice> world_size_advice(const std::vector<const Candidate*>& 
     if (c.policy.fsdp.strategy == ShardingStrategy::NoShard) continue;
     // A 2-D plan's mesh was sized at its world size (its dp_shard): another
     // world size is another mesh, which this estimate on its plan does not redo.
-    if (c.tp > 1) continue;
+    if (c.tp > 1 || c.cp > 1) continue;
     int64_t lo = c.policy.fsdp.world_size, hi = lo;
     while (hi < std::min(kMaxRanks, pick_hi) && at(c, hi) > opt.budget_bytes) {
       lo = hi;
@@ -538,14 +610,14 @@ Suggestion suggest(const ModuleTree& tree, const Policy& base, const SuggestOpti
   std::set<std::string> labels;
   for (const auto& c : candidates) labels.insert(c.label);
   // The units, how the blocks are checkpointed, and the tp degree (candidates vary tp: with_tp_degrees).
-  std::set<std::tuple<UnitSet, int, int64_t>> seen;
+  std::set<std::tuple<UnitSet, int, int64_t, int64_t, int64_t>> seen;
   const ClassMatcher matcher(tree);  // one tree, many plans: its classes are worked out once
   const std::vector<bool> block = block_instances(tree, base);
   const std::string block_class = block_class_name(tree, base);
   for (size_t i = 0; i < candidates.size(); ++i) {
     Candidate c = std::move(candidates[i]);  // fixes below append to `candidates`
     auto plan = std::make_shared<Plan>(make_plan(tree, c.policy, "", matcher, PlanPurpose::Ranking, opt.flops));
-    if (!seen.insert({unit_set(*plan), c.checkpointed + c.selective, c.tp}).second) {
+    if (!seen.insert({unit_set(*plan), c.checkpointed + c.selective, c.tp, c.cp, c.ep}).second) {
       ++s.duplicates;
       continue;
     }
@@ -567,6 +639,8 @@ Suggestion suggest(const ModuleTree& tree, const Policy& base, const SuggestOpti
         ac.checkpointed = true;
         ac.selective = selective;
         ac.tp = c.tp;
+        ac.cp = c.cp;
+        ac.ep = c.ep;
         if (labels.insert(ac.label).second) candidates.push_back(std::move(ac));
       }
     }
@@ -580,6 +654,8 @@ Suggestion suggest(const ModuleTree& tree, const Policy& base, const SuggestOpti
         fixed.policy = std::move(f->policy);
         fixed.fixes = c.fixes + 1;
         fixed.tp = c.tp;
+        fixed.cp = c.cp;
+        fixed.ep = c.ep;
         candidates.push_back(std::move(fixed));
       }
     }

@@ -73,19 +73,23 @@ struct Candidate {
   // the matmul and attention outputs saved, so it recomputes less than full
   // checkpointing and ranks ahead of it when both fit.
   bool selective = false;
-  // The tensor-parallel degree (1: none). Candidates vary it when the base
-  // policy has a tensor_parallel section (suggest_candidates).
+  // The tensor- and context-parallel degrees (1: none). Candidates vary them
+  // when the base policy has a tensor_parallel or context_parallel section
+  // (suggest_candidates).
   int64_t tp = 1;
+  int64_t cp = 1;
+  int64_t ep = 1;  // the expert-parallel degree, varied the same way (expert_parallel)
   // The plan, kept for ranked candidates: advice re-estimates memory on it.
   // A ranking plan (PlanPurpose::Ranking): for a report, plan the policy again.
   std::shared_ptr<const Plan> plan;
 };
 
 // The time a candidate ranks by: its step estimate with FLOPs, its exposed
-// communication without, times its tp degree. Every rank runs the export's
-// micro-batch, so a step at tp t trains world / t of them (the tp group
-// shares one): the same samples take t times the steps a tp 1 plan's step
-// trains, and plans of different tp are compared per those samples.
+// communication without, times its tp and cp degrees. Every rank runs the
+// export's micro-batch, so a step at tp t trains world / t of them (the tp
+// group shares one; a cp group shares one sequence the same way): the same
+// samples take t x c times the steps a plain plan's step trains, and plans of
+// different degrees are compared per those samples.
 double rank_seconds(const Candidate& c);
 
 // A single setting that, changed on a candidate, would make it fit.

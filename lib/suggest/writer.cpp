@@ -64,10 +64,16 @@ std::string why_best(const Candidate& best, const Candidate& next) {
     return "fits with selective checkpointing, which keeps the matmul and attention outputs and recomputes "
            "the rest; " + next.label + " checkpoints fully and recomputes every op of each block";
   const double a = rank_seconds(best), b = rank_seconds(next);
+  if (best.step_known == next.step_known && std::abs(a - b) > 1e-9 && best.cp != next.cp)
+    return std::string(best.step_known ? "estimated step " : "estimated exposed communication ") +
+           ms(true, a / static_cast<double>(best.tp * best.cp)) + " at cp " + std::to_string(best.cp) + ", " +
+           ms(true, b / static_cast<double>(next.tp * next.cp)) + " at cp " + std::to_string(next.cp) +
+           " (for the same samples, step x cp: a cp group of c ranks trains one sequence: " + ms(true, a) +
+           " against " + ms(true, b) + ")" + vs;
   if (best.step_known == next.step_known && std::abs(a - b) > 1e-9 && best.tp != next.tp)
     return std::string(best.step_known ? "estimated step " : "estimated exposed communication ") +
-           ms(true, a / static_cast<double>(best.tp)) + " at tp " + std::to_string(best.tp) + ", " +
-           ms(true, b / static_cast<double>(next.tp)) + " at tp " + std::to_string(next.tp) +
+           ms(true, a / static_cast<double>(best.tp * best.cp)) + " at tp " + std::to_string(best.tp) + ", " +
+           ms(true, b / static_cast<double>(next.tp * next.cp)) + " at tp " + std::to_string(next.tp) +
            " (for the same samples, step x tp: a step at tp t trains world / t micro-batches: " + ms(true, a) +
            " against " + ms(true, b) + ")" + vs;
   if (best.step_known == next.step_known && std::abs(a - b) > 1e-9)
