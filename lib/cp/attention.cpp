@@ -45,7 +45,7 @@ void check_call(const Plan& plan, const WalkGraph& g, const WalkNode& n, bool he
   if (tensor_arg(n, "attn_mask") >= 0)
     throw InputError(plan.model.path, "context_parallel: " + where +
                                           " takes an attn_mask, and torch's ring attention refuses one "
-                                          "(\"attn_bias is not supported yet\"); it runs causal SDPA "
+                                          "(NotImplementedError for an attn_bias); it runs causal SDPA "
                                           "(is_causal=True) without a mask");
   const bool causal = bool_arg(n, "is_causal");
   if (!causal && head_tail)

@@ -55,9 +55,11 @@ std::string unit_difference(const Plan& want, const Plan& got) {
 }  // namespace
 
 std::string plan_to_accelerate(const Plan& plan) {
-  if (plan.context_parallel)
-    throw EmitError("--emit accelerate does not write context parallelism (parallelism_config_cp_size and "
-                    "cp_handler): set them by hand (docs/context-parallel.md), or plan without \"context_parallel\"");
+  // Accelerator.maybe_context_parallel: torch's context_parallel with its default head-tail balancer.
+  if (plan.context_parallel && !plan.context_parallel->settings.head_tail)
+    throw EmitError("Accelerate runs context parallelism with torch's head-tail load balancer and has no setting "
+                    "to turn it off: plan \"context_parallel.load_balancer\": \"headtail\" to emit an Accelerate "
+                    "config");
   if (plan.expert_parallel)
     throw EmitError("Accelerate 1.15's config has no expert parallelism (its ParallelismConfig names dp, cp and tp "
                     "only): plan without \"expert_parallel\" to emit an Accelerate config");

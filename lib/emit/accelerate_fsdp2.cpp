@@ -72,11 +72,18 @@ std::string yaml_for(const Plan& plan, const Wrap& wrap, const std::string& mixe
   y += accelerate_yaml_classes(wrap.classes);
   y += "  fsdp_version: 2\n";
   y += accelerate_yaml_launch(mixed_precision, accelerate_machines(plan), s.world_size);
-  if (s.strategy == ShardingStrategy::HybridShard) {
+  const ContextParallelPlan* cp = plan.context_parallel ? &*plan.context_parallel : nullptr;
+  if (s.strategy == ShardingStrategy::HybridShard || cp) {
+    // FSDP2 shards over dp_shard x cp (Accelerate's "dp_shard_cp"): the plan's shard group is both.
+    const int64_t c = cp ? std::max<int64_t>(1, cp->degree) : 1;
+    if (cp)
+      y += "# context parallelism: run each step inside accelerator.maybe_context_parallel(buffers=[input_ids, "
+           "labels, position_ids], buffer_seq_dims=[1, 1, 1]); it shards them along the sequence\n";
     y += "parallelism_config:\n";
-    y += "  parallelism_config_cp_size: 1\n";
+    if (cp) y += std::string("  parallelism_config_cp_comm_strategy: ") + rotate_name(cp->settings.rotate) + "\n";
+    y += "  parallelism_config_cp_size: " + std::to_string(c) + "\n";
     y += "  parallelism_config_dp_replicate_size: " + std::to_string(plan.memory.replicate_size) + "\n";
-    y += "  parallelism_config_dp_shard_size: " + std::to_string(plan.memory.shard_group_size) + "\n";
+    y += "  parallelism_config_dp_shard_size: " + std::to_string(plan.memory.shard_group_size / c) + "\n";
     y += "  parallelism_config_tp_size: 1\n";
   }
   y += accelerate_yaml_tail();

@@ -86,6 +86,15 @@ def real_fsdp_bytes_by_group(real):
     return out
 
 
+def accelerate_builds(config):
+    """Accelerate's own Accelerator() on an Accelerate config (tests/accelerate: on a fake process group of
+    its own, so the reference's is put down first)."""
+    from tests.accelerate.test_accelerate import accelerator_parallelism
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return accelerator_parallelism(config)
+
+
 class ContextParallel(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -182,18 +191,101 @@ class ContextParallel(unittest.TestCase):
         self.assertEqual(r.returncode, 2, r.stderr)
         self.assertIn("no dynamic seq dimension", r.stderr)
 
-    def test_emit_refused(self):
+    def accelerate_config(self, sizes, comm=None):
+        path = os.path.join(self.tmp.name, "accelerate.yaml")
+        with open(path, "w") as f:
+            f.write("compute_environment: LOCAL_MACHINE\ndistributed_type: FSDP\nfsdp_config:\n"
+                    "  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n"
+                    "  fsdp_transformer_layer_cls_to_wrap: DecoderLayer\n"
+                    "  fsdp_version: 2\nmixed_precision: 'no'\nnum_processes: 8\nparallelism_config:\n" +
+                    "".join(f"  parallelism_config_{k}: {v}\n" for k, v in sizes.items()) +
+                    (f"  parallelism_config_cp_comm_strategy: {comm}\n" if comm else ""))
+        return path
+
+    def test_accelerate_cp_size(self):
+        # Accelerate's own Accelerator() on the config (tests/accelerate): its mesh is the plan's, and the
+        # ring is the one the JSON policy plans.
+        path = self.accelerate_config({"dp_shard_size": 4, "cp_size": 2}, comm="alltoall")
+        want = accelerate_builds(path)
+        self.assertEqual(want[0], "built", want)
+        r = subprocess.run([BINARY, self.model, "--policy", path, "-f", "json", "--collectives", "--device", "cpu"],
+                           capture_output=True, text=True)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        plan = json.loads(r.stdout)
+        mesh = plan["context_parallel"]["mesh"]
+        self.assertEqual((tuple(mesh["dim_names"]), tuple(mesh["shape"])), want[2])
+        self.assertEqual(plan["context_parallel"]["rotate_method"], "alltoall")
+        self.assertEqual(plan_ring(plan), plan_ring(self.plan(8, 2, None, False, "alltoall", True)))
+        # A cp_size that leaves no integer dp_shard: Accelerate's error, word for word, and nothing planned.
+        path = self.accelerate_config({"dp_shard_size": 4, "cp_size": 3})
+        want = accelerate_builds(path)
+        self.assertEqual(want[0], "raised", want)
+        r = subprocess.run([BINARY, self.model, "--policy", path], capture_output=True, text=True)
+        self.assertEqual((r.returncode, r.stdout), (2, ""), r.stderr)
+        self.assertIn(want[1], r.stderr)
+
+    def test_suggest_searches_cp(self):
+        # suggest varies cp over the powers of two the world and the sequence allow, and ranks per sample
+        # (step x cp); the best policy it prints plans again.
+        policy = os.path.join(self.tmp.name, "suggest.json")
+        with open(policy, "w") as f:
+            json.dump({"module_classes": ["DecoderLayer"], "context_parallel": {"degree": 2},
+                       "fsdp": {"version": 2, "world_size": 8}}, f)
+        suggest = [BINARY, "suggest", self.model, "--policy", policy, "--budget", "64MiB", "-f", "json", "--top", "500",
+                   "--device", "cpu"]
+        r = subprocess.run(suggest, capture_output=True, text=True)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        out = json.loads(r.stdout)
+        labels = [c["label"] for c in out["candidates"]]
+        for d in (2, 4, 8):
+            self.assertTrue(any(x.startswith(f"cp {d}, ") for x in labels), labels[:10])
+        self.assertTrue(any(not x.startswith("cp ") for x in labels), labels[:10])
+        # seq 250: 4 and 8 do not divide it, so no such candidate.
+        r = subprocess.run(suggest + ["--dim", "seq=250"], capture_output=True, text=True)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        labels = [c["label"] for c in json.loads(r.stdout)["candidates"]]
+        self.assertTrue(any(x.startswith("cp 2, ") for x in labels))
+        self.assertFalse(any(x.startswith(("cp 4, ", "cp 8, ")) for x in labels))
+
+    def test_emit(self):
         policy = os.path.join(self.tmp.name, "emit.json")
         with open(policy, "w") as f:
             json.dump({"module_classes": ["DecoderLayer"], "context_parallel": {"degree": 2},
                        "fsdp": {"version": 2, "world_size": 8}}, f)
-        for emit in ("torch", "accelerate"):
-            r = subprocess.run([BINARY, self.model, "--policy", policy, "--emit", emit], capture_output=True,
+        r = subprocess.run([BINARY, self.model, "--policy", policy, "--emit", "torch"], capture_output=True, text=True)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("context parallelism", r.stderr)
+        self.assertEqual(r.stdout, "")
+        # Accelerate carries it: parallelism_config_cp_size; its own Accelerator() builds the plan's mesh, and
+        # the config plans the same ring. (Accelerate's FSDP2 wrap also makes the final norm a group, kept
+        # after forward: the policy says so, or the emitter refuses.)
+        with open(policy, "w") as f:
+            json.dump({"module_classes": ["DecoderLayer"], "groups": [{"modules": ["norm"],
+                                                                      "reshard_after_forward": False}],
+                       "context_parallel": {"degree": 2}, "fsdp": {"version": 2, "world_size": 8}}, f)
+        config = os.path.join(self.tmp.name, "emitted.yaml")
+        r = subprocess.run([BINARY, self.model, "--policy", policy, "--emit", "accelerate", "-o", config],
+                           capture_output=True, text=True)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        with open(config) as f:
+            self.assertIn("parallelism_config_cp_size: 2", f.read())
+        want = accelerate_builds(config)
+        self.assertEqual(want, ("built", 2, (("dp_shard", "cp"), (4, 2))))
+        plans = []
+        for p in (policy, config):
+            r = subprocess.run([BINARY, self.model, "--policy", p, "-f", "json", "--collectives"], capture_output=True,
                                text=True)
-            self.assertNotEqual(r.returncode, 0)
-            self.assertIn("context parallelism", r.stderr)
-            self.assertEqual(r.stdout, "")
-
+            self.assertEqual(r.returncode, 0, r.stderr)
+            plans.append(json.loads(r.stdout))
+        self.assertEqual(plan_ring(plans[0]), plan_ring(plans[1]))
+        self.assertEqual(plans[0]["memory"]["per_rank"]["peak_bytes"], plans[1]["memory"]["per_rank"]["peak_bytes"])
+        with open(policy, "w") as f:
+            json.dump({"module_classes": ["DecoderLayer"], "context_parallel": {"degree": 2, "load_balancer": None},
+                       "fsdp": {"version": 2, "world_size": 8}}, f)
+        r = subprocess.run([BINARY, self.model, "--policy", policy, "--emit", "accelerate"], capture_output=True,
+                           text=True)
+        self.assertEqual((r.returncode, r.stdout), (2, ""), r.stderr)
+        self.assertIn("head-tail load balancer", r.stderr)
 
 if __name__ == "__main__":
     BINARY = sys.argv.pop(1)
