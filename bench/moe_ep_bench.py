@@ -5,10 +5,12 @@ issue 43's target (the EP plan under 150 ms; suggest at 256 ranks under 2 s).
     .venv/bin/python bench/moe_ep_bench.py [--binary build/app/fsdp-plan] [--file DSV3.pt2] [--reps 9]
 
 The file is DeepSeek-V3's config.json (below, as published with the model) exported by
-fsdp-plan-export on the meta device at batch 1 x sequence 4096 in bf16 (made once and kept at
---file; about a minute and 12 MB). The plans, each with its output thrown away:
+fsdp-plan-export on the meta device at batch 1 x sequence 4096 in fp32 (torchtitan builds its model
+in fp32; made once and kept at --file; about a minute and 12 MB). The plans, each with its output
+thrown away:
 
-    plain:  fsdp-plan FILE --policy {FSDP2 per DeepseekV3DecoderLayer, 256 ranks, bf16} -f json
+    plain:  fsdp-plan FILE --policy {FSDP2 per DeepseekV3DecoderLayer, 256 ranks, bf16 mixed
+            precision, full activation checkpointing per layer} -f json
     ep 64:  the same policy with "expert_parallel": {"degree": 64}
     suggest: fsdp-plan suggest FILE --policy (the ep 64 policy) --budget 80GiB -f json
 
@@ -50,8 +52,9 @@ def export(path):
         with open(os.path.join(tmp, "config.json"), "w") as f:
             json.dump(CONFIG, f)
         t = time.perf_counter()
+        env = {**os.environ, "PYTHONPATH": os.path.join(ROOT, "python")}
         subprocess.run([sys.executable, "-m", "fsdp_plan.export", tmp, "-o", path, "--seq", "4096",
-                        "--dtype", "bfloat16"], check=True, env={**os.environ, "PYTHONPATH": os.path.join(ROOT, "python")})
+                        "--dtype", "float32"], check=True, env=env)
         print(f"exported {path} in {time.perf_counter() - t:.0f} s ({os.path.getsize(path) / 1e6:.1f} MB)")
 
 
@@ -67,12 +70,14 @@ def timed(argv):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--binary", default=os.path.join(ROOT, "build", "app", "fsdp-plan"))
-    ap.add_argument("--file", default=os.path.join(tempfile.gettempdir(), "deepseek_v3_671b.pt2"))
+    ap.add_argument("--file", default=os.path.join(tempfile.gettempdir(), "deepseek_v3_671b_fp32.pt2"))
     ap.add_argument("--reps", type=int, default=9)
     a = ap.parse_args()
     if not os.path.exists(a.file):
         export(a.file)
-    base = {"module_classes": ["DeepseekV3DecoderLayer"], "fsdp": {"version": 2, "world_size": 256}}
+    base = {"module_classes": ["DeepseekV3DecoderLayer"], "fsdp": {"version": 2, "world_size": 256},
+            "mixed_precision": {"param_dtype": "bfloat16", "reduce_dtype": "float32"},
+            "activation_checkpointing": {"module_classes": ["DeepseekV3DecoderLayer"]}}
     with tempfile.TemporaryDirectory() as tmp:
         plain, ep = os.path.join(tmp, "plain.json"), os.path.join(tmp, "ep.json")
         with open(plain, "w") as f:

@@ -185,8 +185,10 @@ std::vector<Candidate> with_cp_degrees(std::vector<Candidate> in, const ModuleTr
   std::vector<Candidate> out;
   for (const Candidate& w : in)
     for (int64_t d = 1; d <= base.fsdp.world_size; d *= 2) {
+      if (d == w.cp) continue;  // the candidate itself
       Candidate c = w;
       c.cp = d;
+      c.label = "cp " + std::to_string(d) + ", " + w.label;
       if (d == 1) {
         c.policy.context_parallel.reset();
         out.push_back(std::move(c));
@@ -196,7 +198,6 @@ std::vector<Candidate> with_cp_degrees(std::vector<Candidate> in, const ModuleTr
       const TensorParallel* tp = c.policy.tensor_parallel ? &*c.policy.tensor_parallel : nullptr;
       const ContextParallel* cp = &*c.policy.context_parallel;
       if (seq <= 0 || seq % d != 0 || !device_mesh_error(c.policy.fsdp, tp, nullptr, cp).empty()) continue;
-      c.label = "cp " + std::to_string(d) + ", " + w.label;
       out.push_back(std::move(c));
     }
   return out;
@@ -213,8 +214,10 @@ std::vector<Candidate> with_ep_degrees(std::vector<Candidate> in, const ModuleTr
   std::vector<Candidate> out;
   for (const Candidate& w : in)
     for (int64_t d = 1; d <= base.fsdp.world_size; d *= 2) {
+      if (d == w.ep) continue;  // the candidate itself
       Candidate c = w;
       c.ep = d;
+      c.label = "ep " + std::to_string(d) + ", " + w.label;
       if (d == 1) {
         c.policy.expert_parallel.reset();
         out.push_back(std::move(c));
@@ -226,7 +229,6 @@ std::vector<Candidate> with_ep_degrees(std::vector<Candidate> in, const ModuleTr
       if (experts.empty() || std::any_of(experts.begin(), experts.end(), [&](int64_t e) { return e % d != 0; }) ||
           !device_mesh_error(c.policy.fsdp, tp, &*c.policy.expert_parallel, cp).empty())
         continue;
-      c.label = "ep " + std::to_string(d) + ", " + w.label;
       out.push_back(std::move(c));
     }
   return out;
@@ -295,7 +297,12 @@ std::vector<Candidate> suggest_candidates(const ModuleTree& tree, const Policy& 
     Policy p = with_threshold(base, t);
     push("min_num_params " + std::to_string(*p.min_num_params), "size", std::move(p));
   }
-  return with_ep_degrees(with_cp_degrees(with_tp_degrees(std::move(out), base, opt), tree, base), tree, base);
+  out = with_tp_degrees(std::move(out), base, opt);
+  for (Candidate& c : out) {  // the policy's own degrees; suggest varies them around the best wrappings
+    c.cp = c.policy.context_parallel ? c.policy.context_parallel->degree : 1;
+    c.ep = c.policy.expert_parallel ? c.policy.expert_parallel->degree : 1;
+  }
+  return out;
 }
 
 namespace {
@@ -602,6 +609,24 @@ std::vector<FitAdvice> fit_advice(const ModuleTree& tree, const std::vector<Cand
   return out;
 }
 
+// The cp degrees and the ep degrees (with_cp_degrees, with_ep_degrees: one
+// dimension at a time) of the best `wrappings` ranked so far: a degree
+// multiplies the plans (9 ep degrees at 256 ranks), and a wrapping ranks much
+// the same at any of them, so only the leaders are tried at each.
+std::vector<Candidate> mesh_degree_variants(const ModuleTree& tree, const Policy& base,
+                                            const std::vector<Candidate>& ranked, size_t wrappings) {
+  std::vector<Candidate> leaders;
+  for (size_t i = 0; i < ranked.size() && leaders.size() < wrappings; ++i) {
+    leaders.push_back(ranked[i]);
+    leaders.back().plan.reset();
+  }
+  std::vector<Candidate> out = with_cp_degrees(leaders, tree, base);
+  for (Candidate& v : with_ep_degrees(leaders, tree, base)) out.push_back(std::move(v));
+  return out;
+}
+
+constexpr size_t kDegreeWrappings = 2;  // the wrappings mesh_degree_variants tries at every degree
+
 }  // namespace
 
 Suggestion suggest(const ModuleTree& tree, const Policy& base, const SuggestOptions& opt) {
@@ -609,12 +634,21 @@ Suggestion suggest(const ModuleTree& tree, const Policy& base, const SuggestOpti
   std::vector<Candidate> candidates = suggest_candidates(tree, base, opt);
   std::set<std::string> labels;
   for (const auto& c : candidates) labels.insert(c.label);
-  // The units, how the blocks are checkpointed, and the tp degree (candidates vary tp: with_tp_degrees).
+  // The units, how the blocks are checkpointed, and the tp, cp and ep degrees.
   std::set<std::tuple<UnitSet, int, int64_t, int64_t, int64_t>> seen;
   const ClassMatcher matcher(tree);  // one tree, many plans: its classes are worked out once
   const std::vector<bool> block = block_instances(tree, base);
   const std::string block_class = block_class_name(tree, base);
+  bool degrees = opt.pin_wrapping || !(base.context_parallel || base.expert_parallel);  // tried (or none to try)
   for (size_t i = 0; i < candidates.size(); ++i) {
+    // At the first round's last candidate, a second round: the cp and ep degrees around its leaders.
+    if (i + 1 == candidates.size() && !degrees && !s.ranked.empty()) {
+      degrees = true;
+      std::vector<Candidate> ranked = s.ranked;
+      std::stable_sort(ranked.begin(), ranked.end(), better);
+      for (Candidate& v : mesh_degree_variants(tree, base, ranked, kDegreeWrappings))
+        if (labels.insert(v.label).second) candidates.push_back(std::move(v));
+    }
     Candidate c = std::move(candidates[i]);  // fixes below append to `candidates`
     auto plan = std::make_shared<Plan>(make_plan(tree, c.policy, "", matcher, PlanPurpose::Ranking, opt.flops));
     if (!seen.insert({unit_set(*plan), c.checkpointed + c.selective, c.tp, c.cp, c.ep}).second) {
