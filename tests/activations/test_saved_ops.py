@@ -321,6 +321,9 @@ def synthetic_calls() -> List[Tuple[Any, tuple, dict]]:
         (aten.native_layer_norm.default, (r(2, 5, 8), [8], r(8), r(8), 1e-5), {}),
         (aten.layer_norm.default, (r(2, 5, 8), [8]), {}),
         (aten.rms_norm.default, (r(2, 5, 8), [8], r(8), 1e-6), {}),
+        # bf16 on the CPU: the float32 upcast saved in the input's place, rstd and the product float32.
+        (aten.rms_norm.default, (r(2, 5, 8, dt=torch.bfloat16), [8], r(8, dt=torch.bfloat16), 1e-6), {}),
+        (aten.rms_norm.default, (r(2, 5, 8, dt=torch.bfloat16), [8], None, 1e-6), {}),
         (aten.group_norm.default, (r(2, 6, 5, 5), 3, r(6), r(6)), {}),
         (aten.batch_norm.default, (r(4, 6, 5, 5), r(6), r(6), torch.zeros(6), torch.ones(6), True, 0.1, 1e-5,
                                    False), {}),

@@ -130,8 +130,7 @@ class CPDecoder(nn.Module):
         for layer in self.layers:
             h = layer(h, cos, sin)
         logits = self.head(self.norm(h))
-        # torchtitan's loss upcasts; loss_upcast=False keeps the logits' dtype (a bf16 step whose explicit fp32
-        # compute an fp32 export cannot show: issue 40's dtype flow, outside what the CP test checks).
+        # torchtitan's loss upcasts the logits to fp32; loss_upcast=False keeps their dtype.
         if self.loss_upcast:
             logits = logits.float()
         return F.cross_entropy(logits.reshape(-1, self.vocab), labels.reshape(-1))
