@@ -175,6 +175,25 @@ int64_t whole_sequence(const ModuleTree& tree, const Policy& base) {
   return DimValues::hints(*g, base.activations.dims).value(*seq).value_or(0);
 }
 
+// Each candidate at the other power-of-two degrees of one mesh dimension up
+// to the world size, labelled "cp 4, ..." (`name`, `degree` its field in
+// Candidate); `apply` sets the degree on the copy's policy (1: no section)
+// and says whether the engines would build it.
+template <class Apply>
+std::vector<Candidate> with_degrees(const std::vector<Candidate>& in, int64_t world, const char* name,
+                                    int64_t Candidate::*degree, Apply apply) {
+  std::vector<Candidate> out;
+  for (const Candidate& w : in)
+    for (int64_t d = 1; d <= world; d *= 2) {
+      if (d == w.*degree) continue;  // the candidate itself
+      Candidate c = w;
+      c.*degree = d;
+      c.label = std::string(name) + " " + std::to_string(d) + ", " + w.label;
+      if (apply(c.policy, d)) out.push_back(std::move(c));
+    }
+  return out;
+}
+
 // Context parallelism's degrees, where the base policy has a context_parallel
 // section: 1 (no section) and the powers of two whose mesh the world builds
 // beside each candidate's tp (device_mesh_error) and that split the sequence
@@ -182,25 +201,15 @@ int64_t whole_sequence(const ModuleTree& tree, const Policy& base) {
 std::vector<Candidate> with_cp_degrees(std::vector<Candidate> in, const ModuleTree& tree, const Policy& base) {
   if (!base.context_parallel || base.context_parallel->degree < 1) return in;
   const int64_t seq = whole_sequence(tree, base);
-  std::vector<Candidate> out;
-  for (const Candidate& w : in)
-    for (int64_t d = 1; d <= base.fsdp.world_size; d *= 2) {
-      if (d == w.cp) continue;  // the candidate itself
-      Candidate c = w;
-      c.cp = d;
-      c.label = "cp " + std::to_string(d) + ", " + w.label;
-      if (d == 1) {
-        c.policy.context_parallel.reset();
-        out.push_back(std::move(c));
-        continue;
-      }
-      c.policy.context_parallel->degree = d;
-      const TensorParallel* tp = c.policy.tensor_parallel ? &*c.policy.tensor_parallel : nullptr;
-      const ContextParallel* cp = &*c.policy.context_parallel;
-      if (seq <= 0 || seq % d != 0 || !device_mesh_error(c.policy.fsdp, tp, nullptr, cp).empty()) continue;
-      out.push_back(std::move(c));
+  return with_degrees(in, base.fsdp.world_size, "cp", &Candidate::cp, [&](Policy& p, int64_t d) {
+    if (d == 1) {
+      p.context_parallel.reset();
+      return true;
     }
-  return out;
+    p.context_parallel->degree = d;
+    const TensorParallel* tp = p.tensor_parallel ? &*p.tensor_parallel : nullptr;
+    return seq > 0 && seq % d == 0 && device_mesh_error(p.fsdp, tp, nullptr, &*p.context_parallel).empty();
+  });
 }
 
 // Expert parallelism's degrees, where the base policy has an expert_parallel
@@ -211,27 +220,17 @@ std::vector<Candidate> with_cp_degrees(std::vector<Candidate> in, const ModuleTr
 std::vector<Candidate> with_ep_degrees(std::vector<Candidate> in, const ModuleTree& tree, const Policy& base) {
   if (!base.expert_parallel || base.expert_parallel->degree < 1) return in;
   const std::vector<int64_t> experts = routed_expert_counts(tree, *base.expert_parallel, ClassMatcher(tree));
-  std::vector<Candidate> out;
-  for (const Candidate& w : in)
-    for (int64_t d = 1; d <= base.fsdp.world_size; d *= 2) {
-      if (d == w.ep) continue;  // the candidate itself
-      Candidate c = w;
-      c.ep = d;
-      c.label = "ep " + std::to_string(d) + ", " + w.label;
-      if (d == 1) {
-        c.policy.expert_parallel.reset();
-        out.push_back(std::move(c));
-        continue;
-      }
-      c.policy.expert_parallel->degree = d;
-      const TensorParallel* tp = c.policy.tensor_parallel ? &*c.policy.tensor_parallel : nullptr;
-      const ContextParallel* cp = c.policy.context_parallel ? &*c.policy.context_parallel : nullptr;
-      if (experts.empty() || std::any_of(experts.begin(), experts.end(), [&](int64_t e) { return e % d != 0; }) ||
-          !device_mesh_error(c.policy.fsdp, tp, &*c.policy.expert_parallel, cp).empty())
-        continue;
-      out.push_back(std::move(c));
+  return with_degrees(in, base.fsdp.world_size, "ep", &Candidate::ep, [&](Policy& p, int64_t d) {
+    if (d == 1) {
+      p.expert_parallel.reset();
+      return true;
     }
-  return out;
+    p.expert_parallel->degree = d;
+    const TensorParallel* tp = p.tensor_parallel ? &*p.tensor_parallel : nullptr;
+    const ContextParallel* cp = p.context_parallel ? &*p.context_parallel : nullptr;
+    return !experts.empty() && std::all_of(experts.begin(), experts.end(), [&](int64_t e) { return e % d == 0; }) &&
+           device_mesh_error(p.fsdp, tp, &*p.expert_parallel, cp).empty();
+  });
 }
 
 }  // namespace
