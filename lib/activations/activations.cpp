@@ -161,10 +161,10 @@ void walk_plan(const Plan& plan, const std::shared_ptr<const Graph>& shared, Act
   if (const auto& cp = plan.policy.context_parallel; cp && plan.mesh.size(MeshDim::Cp) > 1) {
     opt.ring.cp = plan.mesh.size(MeshDim::Cp);
     opt.ring.all_gather = cp->rotate == ContextParallel::Rotate::AllGather;
-    // torch balances only where 2 x cp divides the sequence (cp/attention.cpp says so).
+    // torch balances only where 2 x cp divides the sequence, cp x the walk's (cp/attention.cpp warns).
     opt.ring.head_tail = cp->head_tail;
     for (const DimSetting& d : dims.settings())
-      if (d.name == "seq") opt.ring.head_tail = cp->head_tail && (d.value * opt.ring.cp) % (2 * opt.ring.cp) == 0;  // whole seq
+      if (d.name == "seq") opt.ring.head_tail = cp->head_tail && d.value % 2 == 0;
   }
   const std::optional<SacPolicy> sac = sac_policy(plan, acts.checkpointed);
   if (sac) opt.sac = &*sac;
