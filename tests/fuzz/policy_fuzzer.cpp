@@ -23,7 +23,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (!p.combination_error().empty() || p.fsdp.world_size > 64) return 0;
     const fsdp_plan::TensorParallel* tp = p.tensor_parallel ? &*p.tensor_parallel : nullptr;
     const fsdp_plan::ExpertParallel* ep = p.expert_parallel ? &*p.expert_parallel : nullptr;
-    if (!fsdp_plan::device_mesh_error(p.fsdp, tp, ep).empty()) return 0;
+    const fsdp_plan::ContextParallel* cp = p.context_parallel ? &*p.context_parallel : nullptr;
+    if (!fsdp_plan::device_mesh_error(p.fsdp, tp, ep, cp).empty()) return 0;
     (void)fsdp_plan::make_plan(fsdp_plan::fuzz::fuzz_tree(), p, "fuzz.tree.json");
   } catch (const fsdp_plan::InputError&) {
   }
