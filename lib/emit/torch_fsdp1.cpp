@@ -176,9 +176,10 @@ class Fsdp1TorchWriter {
 }  // namespace
 
 std::string plan_to_torch(const Plan& plan) {
-  if (plan.context_parallel)
-    throw EmitError("--emit torch does not write context parallelism: wrap the step in torch's context_parallel "
-                    "(docs/context-parallel.md), or plan without \"context_parallel\"");
+  if (plan.context_parallel && plan.tensor_parallel)
+    throw EmitError("--emit torch writes context parallelism with FSDP2 alone, not beside tensor parallelism: "
+                    "apply tensor parallelism on mesh[\"tp\"] as torchtitan's parallelize_llama does, or plan "
+                    "without \"tensor_parallel\" to emit the rest");
   if (plan.expert_parallel)
     throw EmitError("--emit torch does not write expert parallelism: apply it as torchtitan's parallelize does "
                     "(docs/expert-parallel.md), or plan without \"expert_parallel\"");

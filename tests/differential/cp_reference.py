@@ -374,11 +374,26 @@ def _cp_options(rotate: str, load_balance: bool, convert_to_f32: bool):
         opts.rotate_method, opts.enable_load_balance, opts.convert_to_f32 = saved
 
 
+def _apply_fsdp(model: torch.nn.Module, fsdp_mesh: Any, param_dtype: Optional[torch.dtype], ac: bool) -> None:
+    """torchtitan's apply_ac (full, before fully_shard), then fully_shard per decoder layer and the root."""
+    if ac:
+        for i, layer in enumerate(model.layers):
+            model.layers[i] = checkpoint_wrapper(layer, preserve_rng_state=False)
+    mp = (MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32, cast_forward_inputs=False)
+          if param_dtype is not None else MixedPrecisionPolicy())
+    for layer in model.layers:
+        fully_shard(layer, mesh=fsdp_mesh, mp_policy=mp, reshard_after_forward=True)
+    fully_shard(model, mesh=fsdp_mesh, mp_policy=mp)
+
+
 def cp_step(cfg: Optional[Dict[str, Any]] = None, world: int = 8, cp: int = 2,
             param_dtype: Optional[torch.dtype] = None, ac: bool = False, load_balance: bool = True,
-            rotate: str = "allgather", convert_to_f32: bool = True, rank: int = 0) -> Dict[str, Any]:
+            rotate: str = "allgather", convert_to_f32: bool = True, rank: int = 0,
+            applier: Any = None) -> Dict[str, Any]:
     """CP (degree `cp`) and FSDP2 over dp_shard x cp = `world` ranks, two training steps on `rank` (0) of the
-    fake backend; the measurements of the second (see the module docstring). cfg overrides cp_models.DEFAULTS."""
+    fake backend; the measurements of the second (see the module docstring). cfg overrides cp_models.DEFAULTS.
+    `applier`: a module `fsdp-plan --emit torch` wrote; its build_mesh, apply_fsdp and cp_context replace the
+    code here (`ac` and `param_dtype` are then the emitted plan's)."""
     t0 = time.perf_counter()
     cfg = dict(cp_models.DEFAULTS, **(cfg or {}))
     if world % cp:
@@ -389,22 +404,19 @@ def cp_step(cfg: Optional[Dict[str, Any]] = None, world: int = 8, cp: int = 2,
     if dist.is_initialized():
         dist.destroy_process_group()
     dist.init_process_group("fake", rank=rank, world_size=world, store=FakeStore())
-    mesh = init_device_mesh("cpu", (world // cp, cp), mesh_dim_names=("dp_shard", "cp"))
-    fsdp_mesh = mesh["dp_shard", "cp"]._flatten("dp_shard_cp")
+    model = cp_models.build(cfg)
+    if applier is not None:
+        mesh = applier.build_mesh("cpu")
+        model = applier.apply_fsdp(model, mesh=mesh)
+        fsdp_mesh = mesh["dp_shard_cp"]
+    else:
+        mesh = init_device_mesh("cpu", (world // cp, cp), mesh_dim_names=("dp_shard", "cp"))
+        fsdp_mesh = mesh["dp_shard", "cp"]._flatten("dp_shard_cp")
+        _apply_fsdp(model, fsdp_mesh, param_dtype, ac)
     cp_mesh = mesh["cp"]
     mesh_dims: Dict[str, List[str]] = {}
     for name, m in (("dp_shard_cp", fsdp_mesh), ("cp", cp_mesh), ("dp_shard", mesh["dp_shard"])):
         mesh_dims.setdefault(m.get_group().group_name, []).append(name)
-
-    model = cp_models.build(cfg)
-    if ac:  # torchtitan's apply_ac (full): before fully_shard
-        for i, layer in enumerate(model.layers):
-            model.layers[i] = checkpoint_wrapper(layer, preserve_rng_state=False)
-    mp = (MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32, cast_forward_inputs=False)
-          if param_dtype is not None else MixedPrecisionPolicy())
-    for layer in model.layers:
-        fully_shard(layer, mesh=fsdp_mesh, mp_policy=mp, reshard_after_forward=True)
-    fully_shard(model, mesh=fsdp_mesh, mp_policy=mp)
     for m in model.modules():
         if isinstance(m, FSDPModule):
             m.set_gradient_divide_factor(1.0)
@@ -429,7 +441,9 @@ def cp_step(cfg: Optional[Dict[str, Any]] = None, world: int = 8, cp: int = 2,
                     comm.phase = "forward"
                     _RingLog.calls = {"forward": 0, "backward": 0}
                     comm.__enter__()
-                with context_parallel(cp_mesh, buffers=bufs, buffer_seq_dims=[1, 1, 1], no_restore_buffers=set(bufs)):
+                ctx = (applier.cp_context(mesh, bufs) if applier is not None else
+                       context_parallel(cp_mesh, buffers=bufs, buffer_seq_dims=[1, 1, 1], no_restore_buffers=set(bufs)))
+                with ctx:
                     loss = model(**inputs)
                     if it == 1:
                         res["after_forward"] = _snapshot(tracker.get_tracker_snapshot())

@@ -18,6 +18,7 @@ and its activations after forward and whole-step peak must lie within 5% of FSDP
 
 Usage: test_context_parallel.py FSDP_PLAN_BINARY   (the venv's python: torch 2.13)
 """
+import importlib.util
 import json
 import os
 import subprocess
@@ -32,6 +33,7 @@ sys.path.insert(0, ROOT)
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
+from torch.testing._internal.distributed.fake_pg import FakeStore  # noqa: E402
 
 from tests.differential import cp_models, cp_reference  # noqa: E402
 
@@ -129,18 +131,69 @@ class ContextParallel(unittest.TestCase):
                 plan = self.plan(world, cp, param_dtype, ac, rotate, head_tail)
                 real = cp_reference.cp_step(world=world, cp=cp, ac=ac, rotate=rotate, load_balance=head_tail,
                                             param_dtype=getattr(torch, param_dtype) if param_dtype else None)
-                per_rank = plan["memory"]["per_rank"]
-                self.assertEqual(per_rank["params_bytes"], real["params_bytes"])
-                self.assertEqual(per_rank["grads_bytes"], real["grads_bytes"])
-                self.assertEqual(per_rank["optimizer_bytes"], real["optimizer_bytes"])
-                self.assertEqual(plan_ring(plan), real_ring(real))
-                self.assertEqual(fsdp_bytes_by_group(plan), real_fsdp_bytes_by_group(real))
-                self.assertEqual(plan["context_parallel"]["local_seq"], real["seq_local"])
-                ratio = per_rank["peak_bytes"] / real["tracker_peak_bytes"]
-                print(f"w{world} cp{cp} {param_dtype or 'float32'} ac={ac} {rotate} head_tail={head_tail}: peak "
-                      f"{per_rank['peak_bytes']} / {real['tracker_peak_bytes']} = {ratio:.4f}", file=sys.stderr)
-                self.assertLess(abs(ratio - 1), TOLERANCE,
-                                f"peak {per_rank['peak_bytes']} vs {real['tracker_peak_bytes']} ({ratio:.4f})")
+                self.assert_matches(plan, real, f"w{world} cp{cp} {param_dtype or 'float32'} ac={ac} {rotate} "
+                                                f"head_tail={head_tail}")
+
+    def assert_matches(self, plan, real, label):
+        """The plan equals the real step's bytes per rank and collectives; its peak within TOLERANCE."""
+        per_rank = plan["memory"]["per_rank"]
+        self.assertEqual(per_rank["params_bytes"], real["params_bytes"])
+        self.assertEqual(per_rank["grads_bytes"], real["grads_bytes"])
+        self.assertEqual(per_rank["optimizer_bytes"], real["optimizer_bytes"])
+        self.assertEqual(plan_ring(plan), real_ring(real))
+        self.assertEqual(fsdp_bytes_by_group(plan), real_fsdp_bytes_by_group(real))
+        self.assertEqual(plan["context_parallel"]["local_seq"], real["seq_local"])
+        ratio = per_rank["peak_bytes"] / real["tracker_peak_bytes"]
+        print(f"{label}: peak {per_rank['peak_bytes']} / {real['tracker_peak_bytes']} = {ratio:.4f}",
+              file=sys.stderr)
+        self.assertLess(abs(ratio - 1), TOLERANCE,
+                        f"peak {per_rank['peak_bytes']} vs {real['tracker_peak_bytes']} ({ratio:.4f})")
+
+    def emitted(self, policy, name):
+        """The module `--emit torch` writes for `policy`, imported."""
+        path = os.path.join(self.tmp.name, name + ".py")
+        r = subprocess.run([BINARY, self.model, "--policy", policy, "--emit", "torch", "-o", path],
+                           capture_output=True, text=True)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    def test_emit_torch(self):
+        """The emitted build_mesh, apply_fsdp and cp_context run the real step the plan describes."""
+        for world, cp, param_dtype, ac, rotate, head_tail in [(8, 2, None, False, "allgather", True),
+                                                              (8, 4, "bfloat16", True, "alltoall", True),
+                                                              (8, 4, None, False, "allgather", False)]:
+            label = f"emitted w{world} cp{cp} {param_dtype or 'float32'} ac={ac} {rotate} head_tail={head_tail}"
+            with self.subTest(label):
+                plan = self.plan(world, cp, param_dtype, ac, rotate, head_tail)
+                module = self.emitted(os.path.join(self.tmp.name, "policy.json"), f"emitted_cp{cp}_{rotate}")
+                self.assertEqual(module.MESH_DIM_NAMES, ("dp_shard", "cp"))
+                self.assertEqual(module.MESH_SHAPE, (world // cp, cp))
+                real = cp_reference.cp_step(world=world, cp=cp, ac=ac, rotate=rotate, load_balance=head_tail,
+                                            applier=module)
+                self.assertEqual(real["load_balancer"] is not None, head_tail)
+                self.assert_matches(plan, real, label)
+        # HSDP with CP: fully_shard on mesh["dp_replicate", "dp_shard_cp"], a 2-D mesh (2, 4).
+        policy = os.path.join(self.tmp.name, "hsdp.json")
+        with open(policy, "w") as f:
+            json.dump({"module_classes": ["DecoderLayer"], "context_parallel": {"degree": 2},
+                       "fsdp": {"version": 2, "world_size": 16, "sharding_strategy": "HYBRID_SHARD",
+                                "shard_group_size": 8}}, f)
+        module = self.emitted(policy, "emitted_hsdp")
+        emitted = [os.path.join(self.tmp.name, f) for f in os.listdir(self.tmp.name) if f.startswith("emitted_")]
+        r = subprocess.run([sys.executable, "-m", "ruff", "check", "--isolated", "--no-cache", "--extend-select", "I",
+                            "--output-format", "concise", *emitted], capture_output=True, text=True)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertEqual((module.MESH_DIM_NAMES, module.MESH_SHAPE), (("dp_replicate", "dp_shard", "cp"), (2, 4, 2)))
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        dist.init_process_group("fake", rank=0, world_size=16, store=FakeStore())
+        model = module.apply_fsdp(cp_models.build(cp_models.DEFAULTS), device_type="cpu")
+        mesh = next(model.parameters()).device_mesh
+        self.assertEqual((mesh.mesh_dim_names, tuple(mesh.shape)), (("dp_replicate", "dp_shard_cp"), (2, 8)))
+        dist.destroy_process_group()
 
     def test_refusals(self):
         policy = os.path.join(self.tmp.name, "bad.json")
@@ -245,13 +298,6 @@ class ContextParallel(unittest.TestCase):
 
     def test_emit(self):
         policy = os.path.join(self.tmp.name, "emit.json")
-        with open(policy, "w") as f:
-            json.dump({"module_classes": ["DecoderLayer"], "context_parallel": {"degree": 2},
-                       "fsdp": {"version": 2, "world_size": 8}}, f)
-        r = subprocess.run([BINARY, self.model, "--policy", policy, "--emit", "torch"], capture_output=True, text=True)
-        self.assertNotEqual(r.returncode, 0)
-        self.assertIn("context parallelism", r.stderr)
-        self.assertEqual(r.stdout, "")
         # Accelerate carries it: parallelism_config_cp_size; its own Accelerator() builds the plan's mesh, and
         # the config plans the same ring. (Accelerate's FSDP2 wrap also makes the final norm a group, kept
         # after forward: the policy says so, or the emitter refuses.)
