@@ -125,15 +125,16 @@ std::optional<SacPolicy> sac_policy(const Plan& plan, const std::vector<Checkpoi
 }
 
 void walk_plan(const Plan& plan, const std::shared_ptr<const Graph>& shared, ActivationPlan& acts,
-               std::vector<Warning>* warnings, const LocalWalkGraph& local) {
+               std::vector<Warning>* warnings, const RankLocal& local) {
   const Graph& graph = *shared;
   const ActivationSettings& settings = plan.policy.activations;
   const std::vector<std::pair<std::string, int64_t>> given = rank_walk_dims(plan, graph);
   const DimValues dims = DimValues::hints(graph, given);
   const std::shared_ptr<const WalkGraph> walked = shared_walk_input(shared, given, dims);
   std::optional<WalkGraph> rewritten;
-  const WalkGraph& input = local ? rewritten.emplace(local(*walked)) : *walked;
+  const WalkGraph& input = local.graph ? rewritten.emplace(local.graph(*walked)) : *walked;
   WalkOptions opt;
+  if (local.tensors) opt.local_tensors = local.tensors(input);
   opt.env.device = settings.device;
   opt.env.sdpa = settings.sdpa;
   opt.unit_of_module = unit_of_modules(plan);
@@ -206,7 +207,7 @@ std::vector<std::pair<std::string, int64_t>> rank_walk_dims(const Plan& plan, co
 }
 
 ActivationPlan plan_activations(const Plan& plan, const ClassMatcher& matcher, std::vector<Warning>* warnings,
-                                const LocalWalkGraph& local) {
+                                const RankLocal& local) {
   ActivationPlan acts;
   const ActivationSettings& settings = plan.policy.activations;
   acts.device = device_name(settings.device);

@@ -32,6 +32,14 @@ std::vector<bool> plan_trainable_params(const Plan& plan);
 // parallelism rewrites the walk's input to each tensor's local shape
 // (tp/activations.h). Empty: the graph as exported.
 using LocalWalkGraph = std::function<WalkGraph(const WalkGraph&)>;
+// Where only some tensors' sizes differ on one rank (expert parallelism: the
+// experts it holds, ep/activations.h): those tensors' rank-local metadata
+// (walk.h: WalkOptions::local_tensors); the nodes stay the shared graph's.
+using LocalWalkTensors = std::function<LocalTensors(const WalkGraph&)>;
+struct RankLocal {
+  LocalWalkGraph graph;
+  LocalWalkTensors tensors;
+};
 
 // The dimensions one rank's graph runs at: the policy's --dim values, and
 // with context parallelism the sequence split over cp (torch's
@@ -43,6 +51,6 @@ std::vector<std::pair<std::string, int64_t>> rank_walk_dims(const Plan& plan, co
 
 // Warnings (operators the table lacks, paths that match nothing) go to `warnings`.
 ActivationPlan plan_activations(const Plan& plan, const ClassMatcher& matcher, std::vector<Warning>* warnings,
-                                const LocalWalkGraph& local = {});
+                                const RankLocal& local = {});
 
 }  // namespace fsdp_plan

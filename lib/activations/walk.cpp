@@ -42,6 +42,8 @@ class Walker {
          std::vector<Warning>* warnings)
       : g_(g), tree_(tree), num_units_(num_units), opt_(opt), out_(out), warnings_(warnings) {}
 
+  const WalkTensor& tensor(int32_t t) const { return rank_tensor(g_, opt_.local_tensors, t); }
+
   void run() {
     meta_.resize(g_.tensors.size());
     restrided_.assign(g_.tensors.size(), false);
@@ -94,7 +96,7 @@ class Walker {
   }
 
   void fill_meta(int32_t t, int32_t storage, int64_t storage_bytes, bool rg, const DtypeInfo* dtype = nullptr) {
-    const WalkTensor& w = g_.tensors[static_cast<size_t>(t)];
+    const WalkTensor& w = tensor(t);
     OpTensor& m = meta_[static_cast<size_t>(t)];
     m.sizes = w.sizes;
     m.strides = w.strides;
@@ -106,7 +108,7 @@ class Walker {
   }
 
   int64_t span_of(int32_t t, const DtypeInfo* dtype = nullptr) const {
-    const WalkTensor& w = g_.tensors[static_cast<size_t>(t)];
+    const WalkTensor& w = tensor(t);
     if (!dtype) dtype = w.dtype;
     return span_bytes(w.sizes, w.strides, dtype ? dtype->itemsize : 4, w.offset);
   }
@@ -195,7 +197,7 @@ class Walker {
 
   // The dtype an output has in the run (see retype).
   const DtypeInfo* run_dtype(const CallArgs& args, int32_t o) const {
-    const DtypeInfo* recorded = g_.tensors[static_cast<size_t>(o)].dtype;
+    const DtypeInfo* recorded = tensor(o).dtype;
     if (!retype() || recorded != opt_.export_dtype) return recorded;
     if (const ArgValue* d = args.find("dtype"); d && d->kind == ArgValue::Kind::Str) {
       for (const DtypeInfo* x : {opt_.compute_dtype, opt_.export_dtype})
@@ -211,7 +213,7 @@ class Walker {
   void placeholders() {
     for (const WalkPlaceholder& p : g_.placeholders) {
       if (p.tensor < 0 || static_cast<size_t>(p.tensor) >= g_.tensors.size()) continue;
-      const WalkTensor& w = g_.tensors[static_cast<size_t>(p.tensor)];
+      const WalkTensor& w = tensor(p.tensor);
       bool rg = false;
       StorageKind kind = StorageKind::Param;
       if (p.kind == WalkInput::Parameter) {
@@ -390,7 +392,7 @@ class Walker {
       m.storage_bytes = 0;
       m.requires_grad = false;
       if (o >= 0 && static_cast<size_t>(o) < g_.tensors.size()) {
-        const WalkTensor& w = g_.tensors[static_cast<size_t>(o)];
+        const WalkTensor& w = tensor(o);
         m.sizes.assign(w.sizes.begin(), w.sizes.end());
         m.strides.assign(w.strides.begin(), w.strides.end());
         m.dtype = run_dtype(args, o);

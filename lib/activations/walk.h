@@ -34,8 +34,10 @@
 // so the rules are tested on hand-built graphs too.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "activations/saved_ops.h"
@@ -83,6 +85,18 @@ struct WalkGraph {
   std::vector<int32_t> outputs;  // the graph's user outputs (tensor ids, -1 for non-tensors)
 };
 
+// A few tensors' rank-local metadata, by tensor id, ascending.
+using LocalTensors = std::vector<std::pair<int32_t, WalkTensor>>;
+
+// Tensor `t`'s metadata on this rank: `local`'s entry, else the graph's.
+inline const WalkTensor& rank_tensor(const WalkGraph& g, const LocalTensors& local, int32_t t) {
+  if (!local.empty()) {
+    auto it = std::lower_bound(local.begin(), local.end(), t, [](const auto& e, int32_t id) { return e.first < id; });
+    if (it != local.end() && it->first == t) return it->second;
+  }
+  return g.tensors[static_cast<size_t>(t)];
+}
+
 struct WalkOptions {
   SaveEnv env;
   std::vector<int> unit_of_module;      // per ModuleId: the unit its forward runs in
@@ -104,6 +118,8 @@ struct WalkOptions {
   // Context parallelism: every SDPA call runs as torch's ring over `cp` ranks,
   // whose buffers live beside the call (walk_rules.h: ring_attention_extra).
   RingAttention ring;
+  // Tensors whose metadata on this rank is not the graph's (activations.h: LocalWalkTensors).
+  LocalTensors local_tensors;
 };
 
 // Walks `graph`; fills everything of `out` the graph decides (saved bytes per

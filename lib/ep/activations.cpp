@@ -19,38 +19,40 @@ bool weight_view(const std::string& op) {
 
 }  // namespace
 
-WalkGraph ep_local_walk_graph(const WalkGraph& graph, const Plan& plan) {
+LocalTensors ep_local_tensors(const WalkGraph& graph, const Plan& plan) {
   const ExpertParallelPlan& ep = *plan.expert_parallel;
-  WalkGraph out = graph;
-  // Per tensor: the dim 0 it has in the export and the one rank 0 holds, where they differ.
-  std::vector<std::pair<int64_t, int64_t>> shrunk(out.tensors.size(), {-1, -1});
-  for (const WalkPlaceholder& ph : out.placeholders) {
+  LocalTensors out;
+  // Per tensor: its index in `out`, where rank 0's dim 0 is not the export's.
+  std::vector<int32_t> local(graph.tensors.size(), -1);
+  auto shrink = [&](int32_t t, int64_t whole, int64_t to) {
+    WalkTensor w = graph.tensors[static_cast<size_t>(t)];
+    if (w.sizes.empty() || w.sizes[0] != whole || to == whole) return;
+    w.sizes[0] = to;
+    local[static_cast<size_t>(t)] = static_cast<int32_t>(out.size());
+    out.emplace_back(t, std::move(w));
+  };
+  for (const WalkPlaceholder& ph : graph.placeholders) {
     if (ph.kind != WalkInput::Parameter || ph.param < 0 || ph.tensor < 0 || !ep.is_expert(ph.param)) continue;
-    WalkTensor& t = out.tensors[static_cast<size_t>(ph.tensor)];
-    const std::vector<int64_t>& local = ep.local_shape[static_cast<size_t>(ph.param)];
-    if (t.sizes.empty() || local.empty() || local[0] == t.sizes[0]) continue;
-    shrunk[static_cast<size_t>(ph.tensor)] = {t.sizes[0], local[0]};
-    t.sizes[0] = local[0];
+    const std::vector<int64_t>& shape = ep.local_shape[static_cast<size_t>(ph.param)];
+    const std::vector<int64_t>& sizes = graph.tensors[static_cast<size_t>(ph.tensor)].sizes;
+    if (!sizes.empty() && !shape.empty()) shrink(ph.tensor, sizes[0], shape[0]);
   }
-  for (const WalkNode& n : out.nodes) {
+  for (const WalkNode& n : graph.nodes) {
     if (!weight_view(n.op) || n.args.empty() || n.args[0].tensors.empty()) continue;
     const int32_t in = n.args[0].tensors[0];
-    if (in < 0 || shrunk[static_cast<size_t>(in)].first < 0) continue;
-    const auto [whole, local] = shrunk[static_cast<size_t>(in)];
-    for (int32_t o : n.outputs) {
-      if (o < 0) continue;
-      WalkTensor& t = out.tensors[static_cast<size_t>(o)];
-      if (t.sizes.empty() || t.sizes[0] != whole) continue;
-      t.sizes[0] = local;
-      shrunk[static_cast<size_t>(o)] = {whole, local};
-    }
+    if (in < 0 || local[static_cast<size_t>(in)] < 0) continue;
+    const int64_t whole = graph.tensors[static_cast<size_t>(in)].sizes[0];
+    const int64_t to = out[static_cast<size_t>(local[static_cast<size_t>(in)])].second.sizes[0];
+    for (int32_t o : n.outputs)
+      if (o >= 0) shrink(o, whole, to);
   }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   return out;
 }
 
-LocalWalkGraph ep_local_graph(const Plan& plan) {
+LocalWalkTensors ep_local_tensors(const Plan& plan) {
   if (!plan.expert_parallel || plan.mesh.size(MeshDim::Ep) <= 1) return {};
-  return [&plan](const WalkGraph& g) { return ep_local_walk_graph(g, plan); };
+  return [&plan](const WalkGraph& g) { return ep_local_tensors(g, plan); };
 }
 
 }  // namespace fsdp_plan

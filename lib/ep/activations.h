@@ -16,10 +16,10 @@ namespace fsdp_plan {
 
 struct Plan;
 
-// `graph` with the expert weights at rank 0's EP-local sizes.
-WalkGraph ep_local_walk_graph(const WalkGraph& graph, const Plan& plan);
+// The expert weights of `graph` and their views at rank 0's EP-local sizes.
+LocalTensors ep_local_tensors(const WalkGraph& graph, const Plan& plan);
 
-// For plan_activations: ep_local_walk_graph with an expert_parallel plan of ep > 1, else empty.
-LocalWalkGraph ep_local_graph(const Plan& plan);
+// For plan_activations: ep_local_tensors with an expert_parallel plan of ep > 1, else empty.
+LocalWalkTensors ep_local_tensors(const Plan& plan);
 
 }  // namespace fsdp_plan

@@ -128,7 +128,11 @@ Plan plan_with(const ModuleTree& loaded, const Policy& policy, const std::string
     if (policy.expert_parallel)
       plan.expert_parallel = plan_expert_parallel(cast, plan.policy, plan.mesh, matcher, model_path);
     // Per tp rank, or with rank 0's experts (the two are not planned together: Policy::combination_error).
-    const LocalWalkGraph local = plan.expert_parallel ? ep_local_graph(plan) : tp_local_graph(plan);
+    RankLocal local;
+    if (plan.expert_parallel)
+      local.tensors = ep_local_tensors(plan);
+    else
+      local.graph = tp_local_graph(plan);
     plan.activations = plan_activations(plan, matcher, &plan.warnings, local);
     // The sequence split over cp (the walk ran at one rank's share): the attention calls' ring.
     if (policy.context_parallel) {
