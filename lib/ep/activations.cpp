@@ -38,9 +38,10 @@ LocalTensors ep_local_tensors(const WalkGraph& graph, const Plan& plan) {
     if (!sizes.empty() && !shape.empty()) shrink(ph.tensor, sizes[0], shape[0]);
   }
   for (const WalkNode& n : graph.nodes) {
-    if (!weight_view(n.op) || n.args.empty() || n.args[0].tensors.empty()) continue;
+    if (n.args.empty() || n.args[0].tensors.empty()) continue;
     const int32_t in = n.args[0].tensors[0];
-    if (in < 0 || local[static_cast<size_t>(in)] < 0) continue;
+    // The op's name last: it is compared with every view's, and few nodes read an expert weight.
+    if (in < 0 || local[static_cast<size_t>(in)] < 0 || !weight_view(n.op)) continue;
     const int64_t whole = graph.tensors[static_cast<size_t>(in)].sizes[0];
     const int64_t to = out[static_cast<size_t>(local[static_cast<size_t>(in)])].second.sizes[0];
     for (int32_t o : n.outputs)
