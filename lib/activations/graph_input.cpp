@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <optional>
 
+#include "activations/saved_ops.h"
 #include "model/dtype.h"
 #include "util/checked.h"
 #include "util/errors.h"
@@ -90,6 +91,8 @@ WalkGraph walk_input(const Graph& g, const DimValues& dims) {
     const GraphNode& gn = g.node(n);
     WalkNode node;
     node.op = g.op_name(gn.op);
+    node.row = find_op_row(node.op);
+    node.row_found = true;
     // An empty nn_module_stack (sym_size of a dynamic export) names no module: the walk keeps
     // such a node in the run around it.
     node.module = gn.call == kNone ? -1 : gn.module;

@@ -152,12 +152,13 @@ class Walker {
   // peft/tuners/lora/layer.py: Linear.forward's `result.to(torch_result_dtype)`):
   // the operand is the tensor before that cast.
   static bool same_dtype_operands(std::string_view base) {
-    for (std::string_view m : {"mm", "bmm", "addmm", "baddbmm", "matmul", "linear", "_grouped_mm", "grouped_mm",
-                               "grouped_mm_fallback", "scaled_dot_product_attention",
-                               "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention",
-                               "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention"})
-      if (base == m) return true;
-    return false;
+    // Views made at compile time: this runs at every node of every walk.
+    static constexpr std::string_view kOps[] = {
+        "mm", "bmm", "addmm", "baddbmm", "matmul", "linear", "_grouped_mm", "grouped_mm", "grouped_mm_fallback",
+        "scaled_dot_product_attention", "_scaled_dot_product_flash_attention_for_cpu",
+        "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_cudnn_attention"};
+    return std::find(std::begin(kOps), std::end(kOps), base) != std::end(kOps);
   }
 
   // `subs` holds the operands put in place (reserved: args point into it).
@@ -341,7 +342,7 @@ class Walker {
           regions_[static_cast<size_t>(region)].inputs += s.bytes;
         }
       }
-    const OpRow* row = find_op_row(node.op);
+    const OpRow* row = node.row_found ? node.row : find_op_row(node.op);
     if (row) {
       try {
         walk_row(i, node, *row, args);

@@ -71,11 +71,17 @@ struct WalkArg {
   std::vector<int32_t> tensors;  // Tensor: one id; Tensors: the list
 };
 
+struct OpRow;  // saved_ops.h
+
 struct WalkNode {
   std::string op;                // "aten.linear.default", as the table names it
   std::vector<WalkArg> args;
   std::vector<int32_t> outputs;  // tensor ids; -1 for an output that is no tensor
   ModuleId module = -1;          // innermost module of nn_module_stack, -1: none recorded
+  // `op`'s row in the op table (null: none), where `row_found`: walk_input
+  // looks each node's up once per graph, where suggest walks it once per candidate.
+  const OpRow* row = nullptr;
+  bool row_found = false;
 };
 
 struct WalkGraph {
