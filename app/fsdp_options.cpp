@@ -6,6 +6,7 @@
 
 #include "mesh/device_mesh.h"
 #include "model/graph.h"
+#include "policy/expert_parallel.h"
 #include "time/flop_file.h"
 #include "util/strings.h"
 
@@ -99,6 +100,25 @@ void add_fsdp_options(CLI::App& app, FsdpOptions& opt, const std::string& policy
                  "index, e.g. input_ids.1)")
       ->type_name("NAME=VALUE")
       ->group(acts);
+  // Read as text: CLI11 would take "nan" and "inf" for numbers.
+  app.add_option_function<std::string>(
+         "--moe-imbalance",
+         [&opt](const std::string& text) {
+           size_t used = 0;
+           double v = 0;
+           try {
+             v = std::stod(text, &used);
+           } catch (const std::exception&) {
+             used = 0;
+           }
+           if (used != text.size() || text.empty() || !imbalance_error(v).empty())
+             throw CLI::ValidationError("--moe-imbalance", imbalance_error(0) + ", not " + text);
+           opt.moe_imbalance = v;
+         },
+         "skewed routing under expert_parallel: the busiest ep rank receives F x the mean routed rows (tokens x "
+         "top_k); the plan is that rank's (default 1: uniform; at most the ep degree)")
+      ->type_name("F")
+      ->group(acts);
 
   const char* time = "Step-time estimate (override the policy's \"hardware\"; docs/time-model.md)";
   app.add_option("--hardware", opt.hardware, "GPU preset: peak FLOP/s, HBM, NVLink, network (default h100)")
@@ -182,6 +202,14 @@ PolicyFile load_policy(const FsdpOptions& opt) {
     }
   }
   if (std::string why = device_mesh_error(fsdp); !why.empty()) throw UsageError(why);
+  if (opt.moe_imbalance) {
+    if (!file.policy.expert_parallel)
+      throw UsageError("--moe-imbalance: the policy has no \"expert_parallel\" section; skewed routing only "
+                       "changes a plan whose experts are split over ep ranks");
+    file.policy.expert_parallel->imbalance = *opt.moe_imbalance;
+    if (std::string why = imbalance_over_degree(*file.policy.expert_parallel); !why.empty())
+      throw UsageError("--moe-imbalance " + why);
+  }
   HardwareSettings& hw = file.policy.hardware;
   if (opt.hardware) {
     hw.preset = *hardware_names().parse(*opt.hardware);

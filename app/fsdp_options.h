@@ -33,6 +33,7 @@ struct FsdpOptions {
   // Activations from a .pt2 graph: whose kernels (--device) and which attention kernel (--sdpa).
   std::optional<std::string> device, sdpa;
   std::vector<std::string> dims;  // --dim NAME=VALUE, repeatable: a dynamic export's dimensions
+  std::optional<double> moe_imbalance;  // --moe-imbalance F: expert_parallel.imbalance
   // The step-time estimate (override the policy's "hardware"): --hardware,
   // --gpus-per-node, and one option per row of hardware_fields().
   std::optional<std::string> hardware;

@@ -1,7 +1,12 @@
 #include "ep/activations.h"
 
 #include <algorithm>
+#include <cmath>
+#include <set>
+#include <string_view>
 
+#include "activations/walk_rules.h"
+#include "model/dtype.h"
 #include "plan/plan.h"
 
 namespace fsdp_plan {
@@ -16,6 +21,95 @@ bool weight_view(const std::string& op) {
                                        "aten.clone.",     "aten.contiguous.", "aten.type_as.", "aten.slice."};
   return std::any_of(std::begin(kViews), std::end(kViews), [&](const char* v) { return op.rfind(v, 0) == 0; });
 }
+
+// Ops that write routed rows back into the tokens' tensor (the combine's
+// index_add in transformers' and torchtitan's MoE): their output is the tokens'.
+bool returns_to_tokens(std::string_view base) {
+  static constexpr std::string_view kOps[] = {"index_add", "index_add_", "index_put", "index_put_", "index_copy",
+                                              "index_copy_", "scatter", "scatter_", "scatter_add", "scatter_add_"};
+  return std::find(std::begin(kOps), std::end(kOps), base) != std::end(kOps);
+}
+
+// Skewed routing (expert_parallel.imbalance): the busiest rank's experts
+// receive imbalance x the routed rows. Its routed tensors are those of a MoE
+// block made of rows gathered from an activation (an index of a floating
+// tensor: the dispatch's permutation), and of routed tensors, until they
+// return to the tokens (an index_add into them, or a tensor of a shape the
+// block reads from outside, such as the sum over top_k); each is the graph's
+// with its outermost dimension (the largest stride) imbalance x as long.
+class RoutedRows {
+ public:
+  RoutedRows(const WalkGraph& g, const Plan& plan) : g_(g), ep_(*plan.expert_parallel) {
+    const ModuleTree& tree = *plan.tree;
+    block_.assign(tree.num_modules(), -1);
+    for (size_t i = 0; i < ep_.modules.size(); ++i)
+      if (ep_.modules[i].sizes_known) block_[static_cast<size_t>(ep_.modules[i].moe)] = static_cast<int>(i);
+    for (ModuleId m : tree.preorder())  // parents first: a module inherits its block
+      if (const ModuleId p = tree.module(m).parent; block_[static_cast<size_t>(m)] < 0 && p >= 0)
+        block_[static_cast<size_t>(m)] = block_[static_cast<size_t>(p)];
+    weight_.assign(g.tensors.size(), false);
+    for (const WalkPlaceholder& ph : g.placeholders)
+      if (ph.kind != WalkInput::UserInput && ph.tensor >= 0) weight_[static_cast<size_t>(ph.tensor)] = true;
+    made_in_.assign(g.tensors.size(), -1);
+    routed_.assign(g.tensors.size(), false);
+    token_shapes_.resize(ep_.modules.size());
+  }
+
+  // The routed tensors not in `local` yet, scaled, appended to `out`.
+  void add(LocalTensors& out, std::vector<int32_t>& local) {
+    for (const WalkNode& n : g_.nodes) visit(n);
+    for (size_t t = 0; t < routed_.size(); ++t) {
+      if (!routed_[t] || local[t] >= 0 || g_.tensors[t].sizes.empty()) continue;
+      WalkTensor w = g_.tensors[t];
+      size_t outer = 0;
+      for (size_t d = 1; d < w.sizes.size(); ++d)
+        if (w.strides[d] > w.strides[outer]) outer = d;
+      w.sizes[outer] = static_cast<int64_t>(std::ceil(ep_.imbalance * static_cast<double>(w.sizes[outer])));
+      local[t] = static_cast<int32_t>(out.size());
+      out.emplace_back(static_cast<int32_t>(t), std::move(w));
+    }
+  }
+
+ private:
+  bool floating(int32_t t) const {
+    const DtypeInfo* d = g_.tensors[static_cast<size_t>(t)].dtype;
+    return d && is_floating_dtype(d->name);
+  }
+
+  void visit(const WalkNode& n) {
+    const int b = n.module >= 0 ? block_[static_cast<size_t>(n.module)] : -1;
+    bool from_routed = false;
+    for (const WalkArg& a : n.args)
+      for (int32_t t : a.tensors) {
+        if (t < 0) continue;
+        from_routed = from_routed || routed_[static_cast<size_t>(t)];
+        if (b >= 0 && made_in_[static_cast<size_t>(t)] != b && !weight_[static_cast<size_t>(t)] && floating(t))
+          token_shapes_[static_cast<size_t>(b)].insert(g_.tensors[static_cast<size_t>(t)].sizes);
+      }
+    const std::string_view base = aten_op_base(n.op);
+    const int32_t first = n.args.empty() || n.args[0].tensors.empty() ? -1 : n.args[0].tensors[0];
+    const bool gathers = (base == "index" || base == "index_select") && first >= 0 &&
+                         !weight_[static_cast<size_t>(first)] && floating(first);
+    for (int32_t o : n.outputs) {
+      if (o < 0) continue;
+      made_in_[static_cast<size_t>(o)] = b;
+      if (b < 0 || !floating(o)) continue;
+      // With top_k 1 the routed rows have the tokens' shape: only the write-back returns them.
+      const bool tokens = returns_to_tokens(base) ||
+                          (ep_.modules[static_cast<size_t>(b)].top_k > 1 &&
+                           token_shapes_[static_cast<size_t>(b)].count(g_.tensors[static_cast<size_t>(o)].sizes) > 0);
+      routed_[static_cast<size_t>(o)] = gathers || (from_routed && !tokens);
+    }
+  }
+
+  const WalkGraph& g_;
+  const ExpertParallelPlan& ep_;
+  std::vector<int> block_;       // per module: the expert module whose MoE block holds it, or -1
+  std::vector<bool> weight_;     // per tensor: a parameter, buffer or constant
+  std::vector<int> made_in_;     // per tensor: the block of the node that made it, or -1
+  std::vector<bool> routed_;
+  std::vector<std::set<std::vector<int64_t>>> token_shapes_;  // per block: shapes it reads from outside
+};
 
 }  // namespace
 
@@ -47,6 +141,7 @@ LocalTensors ep_local_tensors(const WalkGraph& graph, const Plan& plan) {
     for (int32_t o : n.outputs)
       if (o >= 0) shrink(o, whole, to);
   }
+  if (ep.imbalance != 1.0) RoutedRows(graph, plan).add(out, local);
   std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   return out;
 }

@@ -6,7 +6,8 @@
 // tensor (ceil(E / ep) experts on dim 0; a per-expert module another rank
 // holds, none), and so are the views and casts made of it (a transpose, an
 // expand, a dtype copy for a grouped matmul), whose gradients autograd makes
-// in backward at their size.
+// in backward at their size. With skewed routing (expert_parallel.imbalance)
+// the graph is the busiest rank's: its routed rows are imbalance x as many.
 #pragma once
 
 #include "activations/activations.h"
@@ -16,7 +17,8 @@ namespace fsdp_plan {
 
 struct Plan;
 
-// The expert weights of `graph` and their views at rank 0's EP-local sizes.
+// The expert weights of `graph` and their views at rank 0's EP-local sizes,
+// and with skewed routing the busiest rank's routed tensors.
 LocalTensors ep_local_tensors(const WalkGraph& graph, const Plan& plan);
 
 // For plan_activations: ep_local_tensors with an expert_parallel plan of ep > 1, else empty.

@@ -28,13 +28,17 @@ int unit_of(const Plan& plan, ModuleId m) {
   return best;
 }
 
-Collective all_to_all(const ExpertModule& x, StepPhase phase, const char* cause, int unit, const RankGroup& group) {
+// `rows`: what this rank sends; `recv_rows`: what it receives (they differ on
+// the busiest rank under skewed routing).
+Collective all_to_all(const ExpertModule& x, StepPhase phase, const char* cause, int unit, const RankGroup& group,
+                      int64_t rows, int64_t recv_rows) {
   Collective c;
   c.kind = CollectiveKind::AllToAll;
   c.phase = phase;
   c.unit = unit;
-  c.numel = x.tokens * x.top_k * x.hidden;
-  c.bytes = x.dispatch_bytes();  // the input buffer: every row, those this rank keeps included
+  c.numel = rows * x.hidden;
+  c.bytes = c.numel * x.itemsize;  // the input buffer: every row, those this rank keeps included
+  c.recv_bytes = recv_rows * x.hidden * x.itemsize;
   c.dtype = x.dtype;
   c.group = group;
   c.cause = cause;
@@ -57,16 +61,22 @@ EpComm ep_comm(const Plan& plan) {
   std::vector<Collective> backward;
   for (const ExpertModule& x : ep.modules) {
     const int unit = unit_of(plan, x.module);
-    out.collectives.push_back(all_to_all(x, StepPhase::Forward, "dispatch", unit, out.group));
-    out.collectives.push_back(all_to_all(x, StepPhase::Forward, "combine", unit, out.group));
+    // The busiest rank sends its own tokens x top_k rows in dispatch and receives its experts' share
+    // (imbalance x as many); combine returns them; each backward all-to-all is its forward's reversed.
+    const int64_t own = x.tokens * x.top_k, hot = x.busiest_rows(ep.imbalance);
+    const auto a2a = [&](StepPhase phase, const char* cause, bool to_experts) {
+      return all_to_all(x, phase, cause, unit, out.group, to_experts ? own : hot, to_experts ? hot : own);
+    };
+    out.collectives.push_back(a2a(StepPhase::Forward, "dispatch", true));
+    out.collectives.push_back(a2a(StepPhase::Forward, "combine", false));
     // Backward, last layer first: the recompute's pair, then combine's gradient, then dispatch's.
     std::vector<Collective> b;
     if (recomputed(plan, x.module)) {
-      b.push_back(all_to_all(x, StepPhase::Backward, "recompute_dispatch", unit, out.group));
-      b.push_back(all_to_all(x, StepPhase::Backward, "recompute_combine", unit, out.group));
+      b.push_back(a2a(StepPhase::Backward, "recompute_dispatch", true));
+      b.push_back(a2a(StepPhase::Backward, "recompute_combine", false));
     }
-    b.push_back(all_to_all(x, StepPhase::Backward, "combine_grad", unit, out.group));
-    b.push_back(all_to_all(x, StepPhase::Backward, "dispatch_grad", unit, out.group));
+    b.push_back(a2a(StepPhase::Backward, "combine_grad", true));
+    b.push_back(a2a(StepPhase::Backward, "dispatch_grad", false));
     backward.insert(backward.begin(), b.begin(), b.end());
   }
   out.collectives.insert(out.collectives.end(), backward.begin(), backward.end());

@@ -1,6 +1,7 @@
 #include "ep/experts.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <optional>
 
 #include "ep/dispatch.h"
@@ -108,6 +109,12 @@ void place_experts(const ModuleTree& tree, const DeviceMesh& mesh, ExpertParalle
   }
 }
 
+std::string factor_text(double f) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", f);
+  return buf;
+}
+
 // The engines' refusals, before launch.
 void check_split(const ModuleTree& tree, const ExpertParallelPlan& plan, const std::string& model_path) {
   const int64_t ep = plan.mesh.size(MeshDim::Ep);
@@ -145,8 +152,16 @@ ExpertParallelPlan plan_expert_parallel(const ModuleTree& tree, const Policy& po
   check_split(tree, plan, model_path);
   place_experts(tree, mesh, plan);
   size_dispatch(tree, policy, plan);
-  plan.notes.push_back("routing assumed uniform: each rank sends tokens x top_k / ep rows to every rank of its ep "
-                       "group and receives as many (torchtitan's all-to-all splits are the routing's)");
+  plan.imbalance = ep.imbalance;
+  if (ep.imbalance == 1.0)
+    plan.notes.push_back("routing assumed uniform: each rank sends tokens x top_k / ep rows to every rank of its ep "
+                         "group and receives as many (torchtitan's all-to-all splits are the routing's)");
+  else
+    plan.notes.push_back("routing skewed (imbalance " + factor_text(ep.imbalance) +
+                         "): the plan is the busiest ep rank's, whose experts receive " +
+                         factor_text(ep.imbalance) +
+                         " x tokens x top_k rows (rounded up) and compute on them; every rank sends its own tokens "
+                         "x top_k rows");
   return plan;
 }
 

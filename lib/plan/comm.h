@@ -40,6 +40,10 @@ struct Collective {
   // An all-to-all whose whole buffer goes to one peer (functional
   // collectives' permute_tensor: context parallelism's ring), not (n-1)/n of it.
   bool permute = false;
+  // An all-to-all's output on this rank, where it is not `bytes` (expert
+  // parallelism's busiest rank under skewed routing); 0: the same. Its time
+  // is the larger's.
+  int64_t recv_bytes = 0;
   // Tensor parallelism's collectives only (CommPlan::tp): the module whose
   // input or output DTensor redistributes (for "param_grad", the module
   // backward entered last in the unit); -1 for FSDP's.

@@ -5,6 +5,7 @@
 // ep/comm.cpp and the writers read it.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -34,6 +35,12 @@ struct ExpertModule {
   int64_t itemsize = 0;
   std::string unknown_reason;
   int64_t dispatch_bytes() const { return tokens * top_k * hidden * itemsize; }
+  // The busiest ep rank's share under skewed routing (ExpertParallelPlan::imbalance):
+  // the rows its experts receive (its dispatch's output, its combine's input), rounded up.
+  int64_t busiest_rows(double imbalance) const {
+    return static_cast<int64_t>(std::ceil(imbalance * static_cast<double>(tokens * top_k)));
+  }
+  int64_t busiest_bytes(double imbalance) const { return busiest_rows(imbalance) * hidden * itemsize; }
 };
 
 struct ExpertParallelPlan {
@@ -45,6 +52,9 @@ struct ExpertParallelPlan {
   std::vector<int> expert_of;
   std::vector<std::vector<int64_t>> local_shape;
   std::vector<std::string> notes;  // what the plan assumes (routing, dtypes)
+  // The policy's routing imbalance: the busiest rank's routed rows over the
+  // mean; the plan (memory, all-to-alls, time) is that rank's. 1: uniform.
+  double imbalance = 1.0;
 
   bool is_expert(TensorId t) const { return expert_of[static_cast<size_t>(t)] >= 0; }
   int64_t local_numel(TensorId t) const {

@@ -1,6 +1,7 @@
 #include "policy/expert_parallel.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "policy/settings.h"
 #include "util/errors.h"
@@ -12,7 +13,7 @@ namespace {
 
 using json = nlohmann::json;
 
-const std::vector<std::string> kExpertParallelKeys = {"degree", "module_classes", "top_k"};
+const std::vector<std::string> kExpertParallelKeys = {"degree", "imbalance", "module_classes", "top_k"};
 constexpr size_t kMaxClasses = 100000;   // docs/limits.md: as a policy list
 constexpr size_t kMaxClassName = 4096;   // as a policy string
 constexpr int64_t kMaxTopK = 1 << 20;    // more than any router routes a token to
@@ -46,6 +47,13 @@ std::vector<std::string> expert_class_list(const json& v, const std::string& fil
   return out;
 }
 
+double imbalance_factor(const json& v, const std::string& file) {
+  const double f = v.is_number() ? v.get<double>() : 0;
+  if (std::string why = imbalance_error(f); !why.empty())
+    ep_fail(file, "\"expert_parallel.imbalance\" " + why + ", not " + v.dump());
+  return f;
+}
+
 }  // namespace
 
 ExpertParallel parse_expert_parallel(const json& v, const std::string& file) {
@@ -64,13 +72,28 @@ ExpertParallel parse_expert_parallel(const json& v, const std::string& file) {
   if (auto it = v.find("module_classes"); it != v.end() && !it->is_null()) ep.module_classes = expert_class_list(*it, file);
   if (auto it = v.find("top_k"); it != v.end() && !it->is_null())
     ep.top_k = expert_count(*it, "expert_parallel.top_k", kMaxTopK, "the experts per token", file);
+  if (auto it = v.find("imbalance"); it != v.end() && !it->is_null()) ep.imbalance = imbalance_factor(*it, file);
+  if (std::string why = imbalance_over_degree(ep); !why.empty()) ep_fail(file, "\"expert_parallel.imbalance\" " + why);
   return ep;
+}
+
+std::string imbalance_error(double f) {
+  if (!std::isfinite(f) || f < 1 || f > static_cast<double>(kMaxWorldSize))
+    return "must be a number from 1 (uniform routing) to the ep degree: the busiest rank's routed rows over the mean";
+  return "";
+}
+
+std::string imbalance_over_degree(const ExpertParallel& ep) {
+  if (ep.imbalance <= static_cast<double>(ep.degree)) return "";
+  return "is " + json(ep.imbalance).dump() + ", more than the ep degree " + std::to_string(ep.degree) +
+         ": the busiest rank receives at most every rank's rows (" + std::to_string(ep.degree) + " x the mean)";
 }
 
 nlohmann::ordered_json expert_parallel_json(const ExpertParallel& ep) {
   nlohmann::ordered_json j = {{"degree", ep.degree}};
   if (!ep.module_classes.empty()) j["module_classes"] = ep.module_classes;
   if (ep.top_k) j["top_k"] = *ep.top_k;
+  if (ep.imbalance != 1.0) j["imbalance"] = ep.imbalance;
   return j;
 }
 

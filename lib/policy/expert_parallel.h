@@ -26,10 +26,18 @@ struct ExpertParallel {
   // rows are tokens x top_k. nullopt: read from the graph, where the experts'
   // routing indices are an input of the expert module.
   std::optional<int64_t> top_k;
+  // Skewed routing: the busiest ep rank's routed rows over the mean (tokens x
+  // top_k); the plan is that rank's. 1: uniform. At most the degree (one rank
+  // receiving every rank's rows).
+  double imbalance = 1.0;
 };
 
 // Parses the "expert_parallel" object; throws InputError naming `file`.
 ExpertParallel parse_expert_parallel(const nlohmann::json& v, const std::string& file);
+// "" where `f` can be expert_parallel.imbalance (--moe-imbalance), else why not.
+std::string imbalance_error(double f);
+// "" where ep.imbalance is at most ep.degree, else why it cannot be.
+std::string imbalance_over_degree(const ExpertParallel& ep);
 // The section as written (policy_file_json reads back the same).
 nlohmann::ordered_json expert_parallel_json(const ExpertParallel& ep);
 

@@ -59,6 +59,7 @@ void expert_parallel_json(JsonSink& w, const Plan& plan) {
   const ModuleTree& tree = *plan.tree;
   w.object([&] {
     mesh_json(w, plan.mesh, plan.mesh.expert_dim_names());
+    w.field("imbalance", ep.imbalance);
     w.array_field("modules", [&] {
       for (const ExpertModule& x : ep.modules)
         w.object([&] {
@@ -75,6 +76,7 @@ void expert_parallel_json(JsonSink& w, const Plan& plan) {
             w.field("hidden", x.hidden);
             w.field("dtype", x.dtype);
             w.field("all_to_all_bytes", x.dispatch_bytes());
+            w.field("busiest_rows", x.busiest_rows(ep.imbalance));
           } else {
             w.field("unknown_reason", x.unknown_reason);
           }

@@ -216,7 +216,9 @@ std::vector<Candidate> with_cp_degrees(std::vector<Candidate> in, const ModuleTr
 // section: 1 (no section) and the powers of two whose sparse mesh the world
 // builds (ep divides dp_shard x cp x tp: device_mesh_error) and that divide
 // every expert module's experts (torchtitan's dispatcher; plan_expert_parallel
-// refuses the others). A degree leaves the samples a step trains as they are.
+// refuses the others), and no smaller than the policy's routing imbalance (the
+// busiest rank receives at most ep x the mean). A degree leaves the samples a
+// step trains as they are.
 std::vector<Candidate> with_ep_degrees(std::vector<Candidate> in, const ModuleTree& tree, const Policy& base) {
   if (!base.expert_parallel || base.expert_parallel->degree < 1) return in;
   const std::vector<int64_t> experts = routed_expert_counts(tree, *base.expert_parallel, ClassMatcher(tree));
@@ -228,7 +230,8 @@ std::vector<Candidate> with_ep_degrees(std::vector<Candidate> in, const ModuleTr
     p.expert_parallel->degree = d;
     const TensorParallel* tp = p.tensor_parallel ? &*p.tensor_parallel : nullptr;
     const ContextParallel* cp = p.context_parallel ? &*p.context_parallel : nullptr;
-    return !experts.empty() && std::all_of(experts.begin(), experts.end(), [&](int64_t e) { return e % d == 0; }) &&
+    return !experts.empty() && p.expert_parallel->imbalance <= static_cast<double>(d) &&
+           std::all_of(experts.begin(), experts.end(), [&](int64_t e) { return e % d == 0; }) &&
            device_mesh_error(p.fsdp, tp, &*p.expert_parallel, cp).empty();
   });
 }

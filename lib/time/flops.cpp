@@ -1,6 +1,7 @@
 #include "time/flops.h"
 
 #include <algorithm>
+#include <cmath>
 #include <deque>
 #include <map>
 #include <memory>
@@ -376,6 +377,25 @@ FlopProfile cached_graph_flops(const std::shared_ptr<const WalkGraph>& input, co
   return profile;
 }
 
+// Skewed routing (expert_parallel.imbalance): the busiest rank's experts compute
+// on imbalance x the routed rows, and their FLOPs are linear in the rows.
+void scale_expert_flops(const Plan& plan, FlopProfile& out) {
+  if (!plan.expert_parallel || plan.expert_parallel->imbalance == 1.0) return;
+  const double f = plan.expert_parallel->imbalance;
+  const auto scaled = [f](int64_t v) { return static_cast<int64_t>(std::ceil(f * static_cast<double>(v))); };
+  std::vector<bool> expert(out.own.size(), false);
+  for (const ExpertModule& x : plan.expert_parallel->modules)
+    for (size_t m = 0; m < out.own.size(); ++m)
+      if (plan.tree->within(static_cast<ModuleId>(m), x.module)) expert[m] = true;
+  for (size_t m = 0; m < out.own.size(); ++m) {
+    if (!expert[m]) continue;
+    ModuleFlops& own = out.own[m];
+    own = ModuleFlops{scaled(own.forward), scaled(own.backward), scaled(own.recompute)};
+  }
+  for (auto& [m, forward] : out.forward_order)
+    if (m >= 0 && static_cast<size_t>(m) < expert.size() && expert[static_cast<size_t>(m)]) forward = scaled(forward);
+}
+
 }  // namespace
 
 FlopProfile plan_graph_flops(const Plan& plan, const Graph& graph) {
@@ -405,6 +425,7 @@ FlopProfile plan_graph_flops(const Plan& plan, const Graph& graph) {
   } catch (const FlopOverflow&) {
     throw InputError(graph.file(), "the graph's FLOPs do not fit in 64 bits at these dimensions (sizes too large)");
   }
+  scale_expert_flops(plan, out);
   out.source = "graph";
   for (const DimSetting& d : dims.settings()) {
     if (d.name == "batch") out.batch = d.value;

@@ -335,7 +335,10 @@ std::vector<std::string> assumptions(const Plan& plan, const StepTime& t) {
     else if (!ep.collectives.empty())
       out.push_back("expert parallelism: " + std::to_string(ep.collectives.size()) + " all-to-alls on the ep group (" +
                     std::to_string(ep.group.size) + " ranks, " + fmt("%.3g", t.ep_comm_s * 1e3) +
-                    " ms), blocking (the splits need a device-to-host sync), routing assumed uniform" +
+                    " ms), blocking (the splits need a device-to-host sync), " +
+                    (plan.expert_parallel && plan.expert_parallel->imbalance != 1.0
+                         ? "the busiest rank's (skewed routing: each call's time is its larger buffer's)"
+                         : "routing assumed uniform") +
                     (t.flops_known ? "" : " (no step to add them to without FLOPs)"));
   }
   const CpComm& cp = plan.comm.cp;
@@ -421,7 +424,7 @@ class StepTimeModel {
     double total = 0;
     times.resize(cs.size());
     for (size_t i = 0; i < cs.size(); ++i) {
-      times[i] = collective_time(cs[i].kind, cs[i].bytes, cs[i].group, hw_, cs[i].permute);
+      times[i] = collective_time(cs[i].kind, std::max(cs[i].bytes, cs[i].recv_bytes), cs[i].group, hw_, cs[i].permute);
       total += times[i].seconds;
       (cs[i].phase == StepPhase::Forward ? tp_fwd_ : tp_bwd_)[static_cast<size_t>(cs[i].module)] += times[i].seconds;
     }

@@ -359,25 +359,37 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
 
-def dispatch(rows_nd: torch.Tensor, ep: int, local_experts: int, group) -> torch.Tensor:
-    """rows [N, D] sorted by expert -> [local_experts, ep * N / E, D] expert-major: the all-to-all sends
-    the N/ep rows of peer r's experts to r (equal splits), and receives, rank-major, from every peer
-    its rows for this rank's experts; AllToAllTokenDispatcher._permute makes them expert-major."""
+def _hot_rows(n: int, ep: int, imbalance: float) -> int:
+    """The rows rank 0 receives from each peer when it is the busiest rank: imbalance x n / ep."""
+    rows = imbalance * n / ep
+    if rows != int(rows):
+        raise ValueError(f"imbalance {imbalance} x {n} rows / ep {ep} is not a whole number of rows")
+    return int(rows)
+
+
+def dispatch(rows_nd: torch.Tensor, ep: int, local_experts: int, group, imbalance: float = 1) -> torch.Tensor:
+    """rows [N, D] sorted by expert -> [local_experts, imbalance * ep * N / E, D] expert-major: the all-to-all
+    sends the N/ep rows of peer r's experts to r (equal splits), and receives, rank-major, from every peer
+    its rows for this rank's experts; AllToAllTokenDispatcher._permute makes them expert-major. With
+    `imbalance` > 1 rank 0 is the busiest rank of skewed routing: it receives imbalance x N/ep rows from
+    each peer (the fake backend does not check the peers' splits agree)."""
     n, d = rows_nd.shape
     splits = [n // ep] * ep
-    recv = all_to_all_single_autograd(rows_nd, splits, splits, group)  # [ep * local_experts * per, D]
-    per = n // (ep * local_experts)  # rows per (peer, expert) = T*K/E
+    recv_splits = [_hot_rows(n, ep, imbalance)] * ep
+    recv = all_to_all_single_autograd(rows_nd, recv_splits, splits, group)  # [ep * local_experts * per, D]
+    per = recv.shape[0] // (ep * local_experts)  # rows per (peer, expert): imbalance x T*K/E
     return recv.view(ep, local_experts, per, d).transpose(0, 1).reshape(local_experts, ep * per, d)
 
 
-def combine(out_erd: torch.Tensor, ep: int, group) -> torch.Tensor:
+def combine(out_erd: torch.Tensor, ep: int, group, imbalance: float = 1) -> torch.Tensor:
     """The inverse of dispatch: expert-major [local_experts, ep * per, D] -> rank-major, the reverse
     all-to-all, -> this rank's rows [N, D] in expert order."""
     local_experts, rows, d = out_erd.shape
     per = rows // ep
     send = out_erd.view(local_experts, ep, per, d).transpose(0, 1).reshape(-1, d)
     splits = [send.shape[0] // ep] * ep
-    return all_to_all_single_autograd(send, splits, splits, group)
+    recv_splits = [int(send.shape[0] / imbalance) // ep] * ep
+    return all_to_all_single_autograd(send, recv_splits, splits, group)
 
 
 def ep_grouped_experts_forward(self, x: torch.Tensor, top_k_index: torch.Tensor,
@@ -387,8 +399,8 @@ def ep_grouped_experts_forward(self, x: torch.Tensor, top_k_index: torch.Tensor,
     top_k = top_k_index.shape[1]
     order, token = ep_models.sort_by_expert(top_k_index, top_k)
     w1, w2, w3 = _local(self.w1), _local(self.w2), _local(self.w3)
-    rows = dispatch(x[token], self.ep_size, w1.shape[0], self.ep_group)
-    out = combine(self.swiglu(rows, w1, w2, w3), self.ep_size, self.ep_group)
+    rows = dispatch(x[token], self.ep_size, w1.shape[0], self.ep_group, self.imbalance)
+    out = combine(self.swiglu(rows, w1, w2, w3), self.ep_size, self.ep_group, self.imbalance)
     out = out * top_k_weights.reshape(-1)[order].unsqueeze(-1).to(out.dtype)
     return torch.zeros_like(x).index_add(0, token, out)
 
@@ -400,14 +412,14 @@ def ep_per_expert_forward(self, x: torch.Tensor) -> torch.Tensor:
     x_td = x.reshape(-1, shape[-1])
     top_k_index, top_k_weights = self.route(x_td)
     order, token = ep_models.sort_by_expert(top_k_index, self.top_k)
-    rows = dispatch(x_td[token], self.ep_size, len(self.experts), self.ep_group)
+    rows = dispatch(x_td[token], self.ep_size, len(self.experts), self.ep_group, self.imbalance)
     out = torch.stack([expert(rows[e]) for e, expert in enumerate(self.experts)])
-    out = combine(out, self.ep_size, self.ep_group)
+    out = combine(out, self.ep_size, self.ep_group, self.imbalance)
     out = out * top_k_weights.reshape(-1)[order].unsqueeze(-1).to(out.dtype)
     return torch.zeros_like(x_td).index_add(0, token, out).reshape(shape)
 
 
-def apply_ep(model: nn.Module, ep_mesh) -> List[set]:
+def apply_ep(model: nn.Module, ep_mesh, imbalance: float = 1) -> List[set]:
     """Expert parallelism on rank 0 of ep_mesh; returns each layer's set of routed-expert parameters."""
     ep = ep_mesh.size()
     rank = ep_mesh.get_local_rank()
@@ -428,7 +440,7 @@ def apply_ep(model: nn.Module, ep_mesh) -> List[set]:
                         distribute_tensor(param.data, mesh, [Shard(0)], src_data_rank=None)))
 
             distribute_module(experts, ep_mesh, partition_fn)
-            experts.ep_size, experts.ep_group = ep, ep_mesh.get_group()
+            experts.ep_size, experts.ep_group, experts.imbalance = ep, ep_mesh.get_group(), imbalance
             experts.forward = types.MethodType(ep_grouped_experts_forward, experts)
             per_layer.append(set(experts.parameters()))
         else:
@@ -439,7 +451,7 @@ def apply_ep(model: nn.Module, ep_mesh) -> List[set]:
                 raise ValueError(f"ep {ep} does not divide {e} experts")
             lo, n = rank * (e // ep), e // ep
             moe.experts = nn.ModuleList(list(moe.experts)[lo:lo + n])
-            moe.ep_size, moe.ep_group = ep, ep_mesh.get_group()
+            moe.ep_size, moe.ep_group, moe.imbalance = ep, ep_mesh.get_group(), imbalance
             moe.forward = types.MethodType(ep_per_expert_forward, moe)
             per_layer.append(set(moe.experts.parameters()))
     return per_layer
@@ -489,10 +501,11 @@ def apply_fsdp(model: nn.Module, dense, sparse, ep: int, expert_params: List[set
 # ------------------------------------------------------------------------------------------ the step
 
 def ep_step(model_factory: Union[str, Callable[[], Any]], world: int, ep: int, optimizer: str = "adamw",
-            param_dtype: Optional[torch.dtype] = None, units: str = "root") -> Dict[str, Any]:
+            param_dtype: Optional[torch.dtype] = None, units: str = "root", imbalance: float = 1) -> Dict[str, Any]:
     """EP (degree `ep`) and FSDP2 over `world` ranks, two training steps on rank 0; the measurements
     of the second (see the module docstring). model_factory: "fused", "per_expert" or a function
-    returning (module, args, kwargs) as ep_models.fused_moe does."""
+    returning (module, args, kwargs) as ep_models.fused_moe does. imbalance > 1: rank 0 is the busiest
+    rank of skewed routing, its experts receiving imbalance x the mean rows (dispatch)."""
     if optimizer != "adamw":
         raise ValueError("only adamw")
     if world % ep:
@@ -512,7 +525,7 @@ def ep_step(model_factory: Union[str, Callable[[], Any]], world: int, ep: int, o
     model, args, kwargs = factory()
     model_class = type(model).__name__
     if ep > 1:
-        expert_params = apply_ep(model, sparse["ep"])
+        expert_params = apply_ep(model, sparse["ep"], imbalance)
     else:
         expert_params = [set(layer.moe.experts.parameters()) for layer in model.layers]
     expert_ids = {id(p) for s in expert_params for p in s}
@@ -572,7 +585,7 @@ def ep_step(model_factory: Union[str, Callable[[], Any]], world: int, ep: int, o
         g["bytes"] += c["bytes"]
     return {
         "model": model_class, "world": world, "ep": ep, "efsdp": world // ep if ep > 1 else None,
-        "units": units, "param_dtype": str(param_dtype).replace("torch.", "") if param_dtype else "float32",
+        "units": units, "imbalance": imbalance, "param_dtype": str(param_dtype).replace("torch.", "") if param_dtype else "float32",
         "torch": torch.__version__,
         "params_bytes": sum(local_bytes.values()),
         "expert_params_bytes": sum(v for n, v in local_bytes.items() if n in expert_names),

@@ -35,6 +35,9 @@ BINARY = None
 CASES = [("fused", 8, 2, None), ("fused", 8, 4, None), ("fused", 8, 8, None), ("fused", 4, 4, None),
          ("per_expert", 8, 2, None), ("per_expert", 8, 4, None), ("per_expert", 4, 4, None),
          ("fused", 8, 2, "bfloat16"), ("per_expert", 4, 4, "bfloat16")]
+# Skewed routing: rank 0 is the busiest ep rank, its experts receiving imbalance x the mean rows.
+IMBALANCED = [("fused", 8, 4, None, 2), ("per_expert", 8, 4, None, 2), ("fused", 8, 2, "bfloat16", 1.5),
+              ("per_expert", 4, 4, None, 4)]
 
 
 def fsdp_bytes_by_group(plan):
@@ -75,11 +78,12 @@ class ExpertParallel(unittest.TestCase):
         if dist.is_initialized():
             dist.destroy_process_group()
 
-    def plan(self, model, world, ep, param_dtype=None):
+    def plan(self, model, world, ep, param_dtype=None, imbalance=None):
         policy = os.path.join(self.tmp.name, f"policy_{world}_{ep}.json")
         # The per-expert model routes by static slices: no routing indices or aten.topk in its graph to read
         # top_k from, so the policy gives it (the fused model's experts read top_k_index).
-        section = {"degree": ep, **({"top_k": ep_models.DEFAULTS["top_k"]} if model == "per_expert" else {})}
+        section = {"degree": ep, **({"top_k": ep_models.DEFAULTS["top_k"]} if model == "per_expert" else {}),
+                   **({"imbalance": imbalance} if imbalance else {})}
         with open(policy, "w") as f:
             json.dump({"module_classes": ["DecoderLayer"], "expert_parallel": section,
                        "fsdp": {"version": 2, "world_size": world, "optimizer": "adamw"},
@@ -90,21 +94,64 @@ class ExpertParallel(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stderr)
         return json.loads(r.stdout)
 
+    def check_case(self, model, world, ep, param_dtype, imbalance=None):
+        plan = self.plan(model, world, ep, param_dtype, imbalance)
+        real = ep_reference.ep_step(model, world, ep, param_dtype=getattr(torch, param_dtype) if param_dtype else None,
+                                    imbalance=imbalance or 1)
+        per_rank = plan["memory"]["per_rank"]
+        self.assertEqual(per_rank["params_bytes"], real["params_bytes"])
+        self.assertEqual(per_rank["grads_bytes"], real["grads_bytes"])
+        self.assertEqual(per_rank["optimizer_bytes"], real["optimizer_bytes"])
+        a2a = plan["comm"]["expert_parallel"]
+        self.assertEqual((a2a["calls"], a2a["bytes"]), (real["all_to_all_count"], real["all_to_all_bytes"]))
+        self.assertEqual(fsdp_bytes_by_group(plan), real_bytes_by_group(real))
+        ratio = per_rank["peak_bytes"] / real["tracker_peak_bytes"]
+        print(f"{model} world {world} ep {ep} {param_dtype or 'float32'} imbalance {imbalance or 1}: peak "
+              f"{per_rank['peak_bytes']} / {real['tracker_peak_bytes']} = {ratio:.4f}", file=sys.stderr)
+        self.assertLess(abs(ratio - 1), 0.05, f"peak {per_rank['peak_bytes']} vs {real['tracker_peak_bytes']}")
+        return plan
+
     def test_each_case(self):
         for model, world, ep, param_dtype in CASES:
             with self.subTest(model=model, world=world, ep=ep, param_dtype=param_dtype):
-                plan = self.plan(model, world, ep, param_dtype)
-                real = ep_reference.ep_step(model, world, ep,
-                                            param_dtype=getattr(torch, param_dtype) if param_dtype else None)
-                per_rank = plan["memory"]["per_rank"]
-                self.assertEqual(per_rank["params_bytes"], real["params_bytes"])
-                self.assertEqual(per_rank["grads_bytes"], real["grads_bytes"])
-                self.assertEqual(per_rank["optimizer_bytes"], real["optimizer_bytes"])
-                a2a = plan["comm"]["expert_parallel"]
-                self.assertEqual((a2a["calls"], a2a["bytes"]), (real["all_to_all_count"], real["all_to_all_bytes"]))
-                self.assertEqual(fsdp_bytes_by_group(plan), real_bytes_by_group(real))
-                ratio = per_rank["peak_bytes"] / real["tracker_peak_bytes"]
-                self.assertLess(abs(ratio - 1), 0.05, f"peak {per_rank['peak_bytes']} vs {real['tracker_peak_bytes']}")
+                self.check_case(model, world, ep, param_dtype)
+
+    def test_imbalance(self):
+        """--moe-imbalance / expert_parallel.imbalance: the busiest rank's memory and all-to-alls, against a
+        real step whose rank 0 receives imbalance x the mean rows; its step takes longer than uniform routing's."""
+        for model, world, ep, param_dtype, imbalance in IMBALANCED:
+            with self.subTest(model=model, world=world, ep=ep, param_dtype=param_dtype, imbalance=imbalance):
+                plan = self.check_case(model, world, ep, param_dtype, imbalance)
+                uniform = self.plan(model, world, ep, param_dtype)
+                self.assertEqual(plan["expert_parallel"]["imbalance"], imbalance)
+                self.assertGreater(plan["memory"]["per_rank"]["peak_bytes"], uniform["memory"]["per_rank"]["peak_bytes"])
+                self.assertGreater(plan["time"]["step_s"], uniform["time"]["step_s"])
+                self.assertGreater(plan["time"]["expert_parallel"]["comm_s"], uniform["time"]["expert_parallel"]["comm_s"])
+        # The same through --moe-imbalance, overriding the policy's uniform routing.
+        policy = os.path.join(self.tmp.name, "policy_8_4.json")
+        self.plan("fused", 8, 4)
+        r = subprocess.run([BINARY, self.models["fused"], "--policy", policy, "-f", "json", "--moe-imbalance", "2"],
+                           capture_output=True, text=True)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(json.loads(r.stdout)["expert_parallel"]["imbalance"], 2)
+        # Refused: above the degree (policy and flag), below 1, not a number, without expert_parallel.
+        bad = os.path.join(self.tmp.name, "imbalance_bad.json")
+        with open(bad, "w") as f:
+            json.dump({"expert_parallel": {"degree": 4, "imbalance": 8}, "fsdp": {"version": 2, "world_size": 8}}, f)
+        dense = os.path.join(self.tmp.name, "dense.json")
+        with open(dense, "w") as f:
+            json.dump({"fsdp": {"version": 2, "world_size": 8}}, f)
+        for args, code, words in (([bad], 2, "more than the ep degree 4"),
+                                  ([policy, "--moe-imbalance", "5"], 2, "more than the ep degree 4"),
+                                  ([policy, "--moe-imbalance", "0.5"], 2, "from 1 (uniform routing)"),
+                                  ([policy, "--moe-imbalance", "nan"], 2, "from 1 (uniform routing)"),
+                                  ([dense, "--moe-imbalance", "2"], 2, "no \"expert_parallel\" section")):
+            with self.subTest(args=args[1:]):
+                r = subprocess.run([BINARY, self.models["fused"], "--policy", *args], capture_output=True, text=True)
+                self.assertEqual(r.returncode, code, r.stderr)
+                self.assertIn(words, r.stderr)
+                self.assertEqual(len(r.stderr.strip().splitlines()), 1, r.stderr)
+                self.assertEqual(r.stdout, "")
 
     def test_refusals(self):
         policy = os.path.join(self.tmp.name, "bad.json")
