@@ -32,10 +32,12 @@ bool returns_to_tokens(std::string_view base) {
 
 // Skewed routing (expert_parallel.imbalance): the busiest rank's experts
 // receive imbalance x the routed rows. Its routed tensors are those of a MoE
-// block made of rows gathered from an activation (an index of a floating
-// tensor: the dispatch's permutation), and of routed tensors, until they
-// return to the tokens (an index_add into them, or a tensor of a shape the
-// block reads from outside, such as the sum over top_k); each is the graph's
+// block between the dispatch and the combine: made of rows gathered from an
+// activation (an index of a floating tensor: the dispatch's permutation), or
+// of routed tensors, and read on the way to an expert weight (the experts'
+// last matmul's output goes back by the combine, and what follows it is the
+// tokens' again: torchtitan's token_dispatcher.py combines before the
+// unpermute and, after the experts, the routing weights). Each is the graph's
 // with its outermost dimension (the largest stride) imbalance x as long.
 class RoutedRows {
  public:
@@ -48,8 +50,14 @@ class RoutedRows {
       if (const ModuleId p = tree.module(m).parent; block_[static_cast<size_t>(m)] < 0 && p >= 0)
         block_[static_cast<size_t>(m)] = block_[static_cast<size_t>(p)];
     weight_.assign(g.tensors.size(), false);
-    for (const WalkPlaceholder& ph : g.placeholders)
-      if (ph.kind != WalkInput::UserInput && ph.tensor >= 0) weight_[static_cast<size_t>(ph.tensor)] = true;
+    expert_weight_.assign(g.tensors.size(), false);
+    for (const WalkPlaceholder& ph : g.placeholders) {
+      if (ph.kind == WalkInput::UserInput || ph.tensor < 0) continue;
+      weight_[static_cast<size_t>(ph.tensor)] = true;
+      if (ph.kind == WalkInput::Parameter && ph.param >= 0 && static_cast<size_t>(ph.param) < ep_.expert_of.size() &&
+          ep_.is_expert(ph.param))
+        expert_weight_[static_cast<size_t>(ph.tensor)] = true;
+    }
     made_in_.assign(g.tensors.size(), -1);
     routed_.assign(g.tensors.size(), false);
     token_shapes_.resize(ep_.modules.size());
@@ -58,8 +66,9 @@ class RoutedRows {
   // The routed tensors not in `local` yet, scaled, appended to `out`.
   void add(LocalTensors& out, std::vector<int32_t>& local) {
     for (const WalkNode& n : g_.nodes) visit(n);
+    const std::vector<bool> feeds = feeds_experts();
     for (size_t t = 0; t < routed_.size(); ++t) {
-      if (!routed_[t] || local[t] >= 0 || g_.tensors[t].sizes.empty()) continue;
+      if (!routed_[t] || !feeds[t] || local[t] >= 0 || g_.tensors[t].sizes.empty()) continue;
       WalkTensor w = g_.tensors[t];
       size_t outer = 0;
       for (size_t d = 1; d < w.sizes.size(); ++d)
@@ -71,6 +80,23 @@ class RoutedRows {
   }
 
  private:
+  // Per tensor: whether an expert weight (or a view of one) is computed with
+  // it, or with what is made of it.
+  std::vector<bool> feeds_experts() const {
+    std::vector<bool> feeds(g_.tensors.size(), false);
+    for (auto n = g_.nodes.rbegin(); n != g_.nodes.rend(); ++n) {
+      bool on = false;
+      for (const WalkArg& a : n->args)
+        for (int32_t t : a.tensors) on = on || (t >= 0 && expert_weight_[static_cast<size_t>(t)]);
+      for (int32_t o : n->outputs) on = on || (o >= 0 && feeds[static_cast<size_t>(o)]);
+      if (!on) continue;
+      for (const WalkArg& a : n->args)
+        for (int32_t t : a.tensors)
+          if (t >= 0 && !expert_weight_[static_cast<size_t>(t)]) feeds[static_cast<size_t>(t)] = true;
+    }
+    return feeds;
+  }
+
   bool floating(int32_t t) const {
     const DtypeInfo* d = g_.tensors[static_cast<size_t>(t)].dtype;
     return d && is_floating_dtype(d->name);
@@ -88,6 +114,9 @@ class RoutedRows {
       }
     const std::string_view base = aten_op_base(n.op);
     const int32_t first = n.args.empty() || n.args[0].tensors.empty() ? -1 : n.args[0].tensors[0];
+    if (first >= 0 && expert_weight_[static_cast<size_t>(first)] && weight_view(n.op))
+      for (int32_t o : n.outputs)
+        if (o >= 0) expert_weight_[static_cast<size_t>(o)] = true;
     const bool gathers = (base == "index" || base == "index_select") && first >= 0 &&
                          !weight_[static_cast<size_t>(first)] && floating(first);
     for (int32_t o : n.outputs) {
@@ -106,6 +135,7 @@ class RoutedRows {
   const ExpertParallelPlan& ep_;
   std::vector<int> block_;       // per module: the expert module whose MoE block holds it, or -1
   std::vector<bool> weight_;     // per tensor: a parameter, buffer or constant
+  std::vector<bool> expert_weight_;  // per tensor: an expert parameter or a view of one
   std::vector<int> made_in_;     // per tensor: the block of the node that made it, or -1
   std::vector<bool> routed_;
   std::vector<std::set<std::vector<int64_t>>> token_shapes_;  // per block: shapes it reads from outside

@@ -1,6 +1,7 @@
 #include "report/text_writer.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <map>
 #include <utility>
 #include <vector>
@@ -283,7 +284,14 @@ std::string fsdp2_memory_text(const Plan& plan) {
     mesh = "mesh " + plan.mesh.text() + ", FSDP over dp_shard x cp (" + std::to_string(m.shard_group_size) +
            "), activations of " + std::to_string(plan.context_parallel->local_seq) + " of " +
            std::to_string(plan.context_parallel->seq) + " tokens";
-  std::string out = wrap("memory  per rank (rank 0), FSDP2, world size " + std::to_string(m.settings.world_size) +
+  // Skewed routing: rank 0 stands for the busiest ep rank (ep/activations.h).
+  std::string rank = "(rank 0)";
+  if (plan.expert_parallel && plan.expert_parallel->imbalance != 1.0) {
+    char f[32];
+    std::snprintf(f, sizeof f, "%g", plan.expert_parallel->imbalance);
+    rank = std::string("(rank 0 as the busiest ep rank, routing imbalance ") + f + ")";
+  }
+  std::string out = wrap("memory  per rank " + rank + ", FSDP2, world size " + std::to_string(m.settings.world_size) +
                              ", " + mesh + ", " + optimizer_name(m.settings.optimizer) +
                              (m.settings.cpu_offload ? ", CPU offload" : "") + activations_clause(plan),
                          100, std::string(8, ' ')) +

@@ -585,7 +585,8 @@ def ep_step(model_factory: Union[str, Callable[[], Any]], world: int, ep: int, o
         g["bytes"] += c["bytes"]
     return {
         "model": model_class, "world": world, "ep": ep, "efsdp": world // ep if ep > 1 else None,
-        "units": units, "imbalance": imbalance, "param_dtype": str(param_dtype).replace("torch.", "") if param_dtype else "float32",
+        "units": units, "imbalance": imbalance,
+        "param_dtype": str(param_dtype).replace("torch.", "") if param_dtype else "float32",
         "torch": torch.__version__,
         "params_bytes": sum(local_bytes.values()),
         "expert_params_bytes": sum(v for n, v in local_bytes.items() if n in expert_names),

@@ -118,15 +118,21 @@ class ExpertParallel(unittest.TestCase):
 
     def test_imbalance(self):
         """--moe-imbalance / expert_parallel.imbalance: the busiest rank's memory and all-to-alls, against a
-        real step whose rank 0 receives imbalance x the mean rows; its step takes longer than uniform routing's."""
+        real step whose rank 0 receives imbalance x the mean rows; it computes and exchanges more than under
+        uniform routing."""
         for model, world, ep, param_dtype, imbalance in IMBALANCED:
             with self.subTest(model=model, world=world, ep=ep, param_dtype=param_dtype, imbalance=imbalance):
                 plan = self.check_case(model, world, ep, param_dtype, imbalance)
                 uniform = self.plan(model, world, ep, param_dtype)
                 self.assertEqual(plan["expert_parallel"]["imbalance"], imbalance)
-                self.assertGreater(plan["memory"]["per_rank"]["peak_bytes"], uniform["memory"]["per_rank"]["peak_bytes"])
-                self.assertGreater(plan["time"]["step_s"], uniform["time"]["step_s"])
-                self.assertGreater(plan["time"]["expert_parallel"]["comm_s"], uniform["time"]["expert_parallel"]["comm_s"])
+                peak = plan["memory"]["per_rank"]["peak_bytes"]
+                self.assertGreater(peak, uniform["memory"]["per_rank"]["peak_bytes"])
+                # The busiest rank computes and exchanges more; on these tiny models FSDP's channel may still
+                # end the step.
+                self.assertGreater(plan["time"]["compute_s"], uniform["time"]["compute_s"])
+                self.assertGreaterEqual(plan["time"]["step_s"], uniform["time"]["step_s"])
+                a2a_s = plan["time"]["expert_parallel"]["comm_s"]
+                self.assertGreater(a2a_s, uniform["time"]["expert_parallel"]["comm_s"])
         # The same through --moe-imbalance, overriding the policy's uniform routing.
         policy = os.path.join(self.tmp.name, "policy_8_4.json")
         self.plan("fused", 8, 4)
