@@ -170,6 +170,20 @@ NodeFlops node_flops(const WalkGraph& g, const WalkNode& n, const std::vector<bo
     two_operands(a, b, matmul_flops(*c.sizes(a), *c.sizes(b)));
     return out;
   }
+  if (op == "aten._grouped_mm.default" || op == "transformers.grouped_mm_fallback.default") {
+    // A mixture-of-experts layer's matmuls (transformers/integrations/moe.py: torch._grouped_mm,
+    // or its fallback's torch.mm per expert). torch 2.13's flop_counter.py has no formula for
+    // either (FlopCounterMode counts 0): each group's 2*M*K*N, as the mm it runs
+    // (graph_flops.py grouped_mm_flops); backward, one such product per operand's gradient.
+    const bool fallback = op.front() == 't';
+    const int32_t a = c.tensor(fallback ? "input" : "self"), b = c.tensor(fallback ? "weight" : "mat2");
+    const Sizes *as = c.sizes(a), *bs = c.sizes(b);
+    if (!as || !bs || as->size() < 2 || as->size() > 3 || bs->size() < 2 || bs->size() > 3) return out;
+    const int64_t groups = as->size() == 3 && bs->size() == 3 ? (*as)[0] : 1;
+    two_operands(a, b, mul(groups, mm((*as)[as->size() - 2], as->back(), bs->back())));
+    out.beyond_counter = true;
+    return out;
+  }
   if (op == "aten.scaled_dot_product_attention.default") {
     // flop_counter.py: sdpa_flop_count (q @ k^T, then scores @ v, over the query heads) and
     // sdpa_backward_flop_count (the fused kernels' five bmm: scores again, grad of v and of the
@@ -298,7 +312,7 @@ FlopProfile count_graph_flops(const WalkGraph& g, const ModuleTree& tree, const 
   const size_t nn = g.nodes.size();
   std::vector<int64_t> fwd(nn, 0);
   std::vector<bool> out_grad(nn, false);
-  std::map<std::string, int64_t> unknown;
+  std::map<std::string, int64_t> unknown, beyond;
   auto module_of = [&](const WalkNode& n) -> ModuleId {
     return n.module >= 0 && static_cast<size_t>(n.module) < nm ? n.module : 0;
   };
@@ -316,6 +330,7 @@ FlopProfile count_graph_flops(const WalkGraph& g, const ModuleTree& tree, const 
     if (opt.cp > 1 && f.counted && n.op == "aten.scaled_dot_product_attention.default")
       f.forward = mul(f.forward, opt.cp), f.backward = mul(f.backward, opt.cp);
     if (!f.counted && looks_like_matmul(n.op)) ++unknown[n.op];
+    if (f.beyond_counter) ++beyond[n.op];
     ModuleFlops& m = out.own[static_cast<size_t>(module_of(n))];
     m.forward = add(m.forward, f.forward);
     m.backward = add(m.backward, f.backward);
@@ -342,6 +357,10 @@ FlopProfile count_graph_flops(const WalkGraph& g, const ModuleTree& tree, const 
   for (const auto& [op, count] : unknown)
     out.notes.push_back(op + " (" + std::to_string(count) + (count == 1 ? " node" : " nodes") +
                         ") counted as 0 FLOPs: FlopCounterMode's formulas here do not cover it");
+  for (const auto& [op, count] : beyond)
+    out.notes.push_back(op + " (" + std::to_string(count) + (count == 1 ? " node" : " nodes") +
+                        ") counted as the matmuls it runs, 2 x M x K x N per group: FlopCounterMode has no formula "
+                        "for it and counts 0");
   return out;
 }
 

@@ -2,7 +2,10 @@
 // counted as torch.utils.flop_counter.FlopCounterMode counts them (torch
 // 2.13): only the ops of its flop_registry, after composite ops (linear,
 // matmul) decompose to mm / bmm / addmm; a multiply-add is 2 FLOPs; every
-// other op (elementwise, norms, softmax, embedding, the loss) is 0.
+// other op (elementwise, norms, softmax, embedding, the loss) is 0, but for
+// the grouped matmuls of MoE experts (aten._grouped_mm, transformers'
+// grouped_mm_fallback), which it counts 0 and which are counted as the
+// matmuls they run.
 // tests/timing/FLOPS.md gives the table and graph_flops.py its Python model;
 // tests/timing/test_plan_flops.py checks the plan against FlopCounterMode.
 //
@@ -37,6 +40,7 @@ class Graph;
 struct NodeFlops {
   int64_t forward = 0, backward = 0;
   bool counted = false;
+  bool beyond_counter = false;  // counted where FlopCounterMode counts 0 (grouped matmuls)
 };
 
 NodeFlops node_flops(const WalkGraph& graph, const WalkNode& node, const std::vector<bool>& needs_grad);

@@ -9,7 +9,11 @@ output is floating point; `*_like`, `new_*`, `detach` and integer results never 
 mirror torch/utils/flop_counter.py (torch 2.13): mm_flop / addmm_flop / bmm_flop /
 baddbmm_flop (2*M*N*K), sdpa_flop_count, sdpa_backward_flop_count, conv_flop_count /
 conv_backward_flop. Every other op counts 0 there (elementwise, norms, softmax, embedding,
-the loss), and so here.
+the loss), and so here, but for the grouped matmuls of mixture-of-experts layers
+(aten._grouped_mm, transformers' grouped_mm_fallback): torch 2.13 has no formula for them
+(FlopCounterMode counts 0), and they are most of an MoE step's work; here, and in
+flop_oracle.py's FlopCounterMode (custom_mapping), they count as the matmuls they run
+(grouped_mm_flops).
 """
 import math
 import operator
@@ -67,6 +71,15 @@ def sdpa_backward(q, k, v) -> int:
     return 2 * b * h * sq * sk * (3 * dq + 2 * dv)
 
 
+def grouped_mm_flops(a: Tuple[int, ...], b: Tuple[int, ...]) -> int:
+    """2*M*K*N of each group's matmul, summed: a [M, K] against b [G, K, N] (each expert's rows
+    times its weight), a [K, M] against b [M, N] split at offs (the weights' gradient) and a
+    [G, M, K] against b [K, N] alike (each group's share of M or N), or a [G, M, K] against
+    b [G, K, N] (a batched matmul)."""
+    groups = a[0] if len(a) == 3 and len(b) == 3 else 1
+    return groups * _mm(a[-2], a[-1], b[-1])
+
+
 def node_flops(node: torch.fx.Node, needs_grad) -> Tuple[int, int, Optional[str]]:
     """(forward, backward, formula name) of one call_function node."""
     t = str(node.target)
@@ -96,6 +109,9 @@ def node_flops(node: torch.fx.Node, needs_grad) -> Tuple[int, int, Optional[str]
         spatial = _shape(args[0])[2:] if transposed else out[2:]
         f = out[0] * _numel(w) * _numel(spatial) * 2
         return f, f * (needs_grad(args[0]) + needs_grad(args[1])), "convolution"
+    if t in ("aten._grouped_mm.default", "transformers.grouped_mm_fallback.default"):
+        f = grouped_mm_flops(_shape(args[0]), _shape(args[1]))
+        return f, f * (needs_grad(args[0]) + needs_grad(args[1])), "grouped_mm"
     if any(word in t for word in MATMUL_WORDS):
         return 0, 0, None  # reported as unknown by the caller
     return 0, 0, "zero"

@@ -30,7 +30,7 @@ import models as sample_models  # noqa: E402  (sample_models/models.py)
 # Model name -> (source, corpus/sample name). "llama3_8b_4l" is Llama-3-8B's layer shape cut to
 # 4 decoder layers (FULL["llama3_8b"] with num_hidden_layers=4): full-size per-unit numbers at a
 # fraction of the CPU time; "llama3_8b" is the whole 32-layer model.
-MODELS = ("llama", "mixtral", "gpt2", "tiny_gpt", "odd_lm", "llama3_8b_4l", "llama3_8b")
+MODELS = ("llama", "mixtral", "mixtral_gmm", "gpt2", "tiny_gpt", "odd_lm", "llama3_8b_4l", "llama3_8b")
 
 
 class OddBlock(nn.Module):
@@ -83,11 +83,17 @@ def build(name: str, attn: str = "eager") -> nn.Module:
         torch.manual_seed(corpus.SEED)
         model = T.LlamaForCausalLM(cfg)
     else:
-        model = corpus.build(name, "cpu")
+        # mixtral_gmm: made in bf16 (no .to() under FakeTensorMode: it cannot swap fake parameters).
+        prev = torch.get_default_dtype()
+        torch.set_default_dtype(torch.bfloat16 if name == "mixtral_gmm" else prev)
+        try:
+            model = corpus.build("mixtral" if name == "mixtral_gmm" else name, "cpu")
+        finally:
+            torch.set_default_dtype(prev)
         if attn != "eager":
             model.set_attn_implementation(attn)
-    # HF's default experts kernel (grouped_mm) has no fake/meta path on this CPU build, and the
-    # eager one loops over the routed experts with data-dependent shapes; batched_mm gathers the
+    # HF's default experts kernel (grouped_mm: aten._grouped_mm) has a fake / meta path in bf16
+    # only (mixtral_gmm), and the eager one loops over the routed experts with data-dependent shapes; batched_mm gathers the
     # k experts' weights per token and runs bmm (transformers/integrations/moe.py).
     if attn == "sdpa" and model.config.model_type == "gpt2":
         # GPT-2 passes its attention dropout to SDPA; with dropout_p > 0 the CPU picks SDPA's math
@@ -97,6 +103,11 @@ def build(name: str, attn: str = "eager") -> nn.Module:
         for m in model.modules():
             if hasattr(m, "attn_dropout") and isinstance(m.attn_dropout, nn.Dropout):
                 m.attn_dropout.p = 0.0
+    if name == "mixtral_gmm":
+        # HF's default kernel, aten._grouped_mm: its meta kernel (FakeTensorMode, export on meta)
+        # takes bf16 only.
+        model.config._experts_implementation = "grouped_mm"
+        return model.train()
     if hasattr(model.config, "_experts_implementation"):
         model.config._experts_implementation = "batched_mm"
     return model.train()
