@@ -141,12 +141,20 @@ class LocalFlops(TorchDispatchMode):
     computed on the rank and not counted. (FlopCounterMode itself counts a DTensor matmul at its
     global shape.) Forward and backward apart (inside autograd's graph task: backward). SDPA's CPU
     kernels, which torch's registry does not list, count as its GPU kernels do (torch's own
-    sdpa_flop / sdpa_backward_flop, as tests/timing/flop_oracle.py maps them)."""
+    sdpa_flop / sdpa_backward_flop, as tests/timing/flop_oracle.py maps them); aten._grouped_mm
+    (the MoE experts' kernel), which it does not list either, as the matmuls it runs (2*M*K*N per
+    group: tests/timing/graph_flops.py grouped_mm_flops, which flop_oracle.py maps too)."""
+
+    @staticmethod
+    def grouped_mm_flop(a, b, *args, out_val=None, **kwargs) -> int:
+        groups = a.shape[0] if a.dim() == 3 and b.dim() == 3 else 1
+        return groups * 2 * a.shape[-2] * a.shape[-1] * b.shape[-1]
 
     REGISTRY = {**flop_registry,
                 torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: flop_counter.sdpa_flop,
                 torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward:
-                    flop_counter.sdpa_backward_flop}
+                    flop_counter.sdpa_backward_flop,
+                torch.ops.aten._grouped_mm: grouped_mm_flop.__func__}
 
     def __init__(self):
         super().__init__()
