@@ -102,14 +102,15 @@ std::optional<int64_t> graph_top_k(const Graph& g, const OutsideReads& reads, co
 
 }  // namespace
 
-void size_dispatch(const ModuleTree& tree, const Policy& policy, ExpertParallelPlan& plan) {
+void size_dispatch(const ModuleTree& tree, const Policy& policy,
+                   const std::vector<std::pair<std::string, int64_t>>& rank_dims, ExpertParallelPlan& plan) {
   if (!tree.graph()) {
     for (ExpertModule& x : plan.modules)
       x.unknown_reason = "no op graph (a TorchScript model): the all-to-all's rows come from a .pt2's graph";
     return;
   }
   const Graph& g = *tree.graph();
-  const DimValues dims = DimValues::hints(g, policy.activations.dims);
+  const DimValues dims = DimValues::hints(g, rank_dims);
   std::vector<ModuleId> roots;
   for (const ExpertModule& x : plan.modules) roots.insert(roots.end(), {x.moe, x.module});
   const OutsideReads reads(tree, roots);

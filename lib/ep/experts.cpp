@@ -135,8 +135,10 @@ std::vector<int64_t> routed_expert_counts(const ModuleTree& tree, const ExpertPa
   return out;
 }
 
-ExpertParallelPlan plan_expert_parallel(const ModuleTree& tree, const Policy& policy, const DeviceMesh& mesh,
-                                        const ClassMatcher& matcher, const std::string& model_path) {
+ExpertParallelPlan plan_expert_parallel(const ModuleTree& tree, const Policy& policy,
+                                        const std::vector<std::pair<std::string, int64_t>>& rank_dims,
+                                        const DeviceMesh& mesh, const ClassMatcher& matcher,
+                                        const std::string& model_path) {
   const ExpertParallel& ep = *policy.expert_parallel;
   ExpertParallelPlan plan;
   plan.mesh = mesh;
@@ -151,7 +153,7 @@ ExpertParallelPlan plan_expert_parallel(const ModuleTree& tree, const Policy& po
                            "weights with the experts on dim 0, or a list of identical expert modules)");
   check_split(tree, plan, model_path);
   place_experts(tree, mesh, plan);
-  size_dispatch(tree, policy, plan);
+  size_dispatch(tree, policy, rank_dims, plan);
   plan.imbalance = ep.imbalance;
   if (ep.imbalance == 1.0)
     plan.notes.push_back("routing assumed uniform: each rank sends tokens x top_k / ep rows to every rank of its ep "

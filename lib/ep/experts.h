@@ -7,6 +7,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "model/class_names.h"
@@ -17,15 +18,19 @@
 
 namespace fsdp_plan {
 
-// The plan's expert-parallel part on `mesh` (Plan::mesh, with its sparse
-// layout). Throws InputError naming `model_path` when the model has no
-// routed experts to split, or when the engines would refuse the split (a
-// number of experts ep does not divide).
 // How many experts each routed-expert module holds (find_experts' modules, in
 // pre-order): what an ep degree must divide. Empty when the model has none.
 std::vector<int64_t> routed_expert_counts(const ModuleTree& tree, const ExpertParallel& ep, const ClassMatcher& matcher);
 
-ExpertParallelPlan plan_expert_parallel(const ModuleTree& tree, const Policy& policy, const DeviceMesh& mesh,
-                                        const ClassMatcher& matcher, const std::string& model_path);
+// The plan's expert-parallel part on `mesh` (Plan::mesh, with its sparse
+// layout), its all-to-alls sized at one rank's dimensions `rank_dims`
+// (activations.h rank_walk_dims: with context parallelism the rank's share of
+// the sequence). Throws InputError naming `model_path` when the model has no
+// routed experts to split, or when the engines would refuse the split (a
+// number of experts ep does not divide).
+ExpertParallelPlan plan_expert_parallel(const ModuleTree& tree, const Policy& policy,
+                                        const std::vector<std::pair<std::string, int64_t>>& rank_dims,
+                                        const DeviceMesh& mesh, const ClassMatcher& matcher,
+                                        const std::string& model_path);
 
 }  // namespace fsdp_plan

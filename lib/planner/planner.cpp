@@ -124,9 +124,12 @@ Plan plan_with(const ModuleTree& loaded, const Policy& policy, const std::string
       plan.tensor_parallel =
           plan_tensor_parallel(cast, *plan.policy.tensor_parallel, plan.mesh, plan.warnings);
     }
-    // The routed experts split over ep before fully_shard (torchtitan's parallelize, then apply_fsdp).
-    if (policy.expert_parallel)
-      plan.expert_parallel = plan_expert_parallel(cast, plan.policy, plan.mesh, matcher, model_path);
+    // The routed experts split over ep before fully_shard (torchtitan's parallelize, then apply_fsdp),
+    // their tokens one rank's (with cp, its share of the sequence).
+    if (policy.expert_parallel) {
+      const auto rank_dims = cast.graph() ? rank_walk_dims(plan, *cast.graph()) : plan.policy.activations.dims;
+      plan.expert_parallel = plan_expert_parallel(cast, plan.policy, rank_dims, plan.mesh, matcher, model_path);
+    }
     // Per tp rank, or with rank 0's experts (the two are not planned together: Policy::combination_error).
     RankLocal local;
     if (plan.expert_parallel)

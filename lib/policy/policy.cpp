@@ -547,9 +547,6 @@ std::string Policy::combination_error() const {
   if (context_parallel && !fsdp.v2())
     return "\"context_parallel\" shards parameters with fully_shard over the (dp_shard, cp) ranks: it needs FSDP2 "
            "(\"fsdp\": {\"version\": 2} or --fsdp-version 2)";
-  if (expert_parallel && context_parallel)
-    return "\"expert_parallel\" with \"context_parallel\": fsdp-plan plans the two apart (the experts' tokens "
-           "per cp rank are not modelled); drop one of the two";
   if (expert_parallel && tensor_parallel)
     return "\"expert_parallel\" with \"tensor_parallel\": fsdp-plan plans expert parallelism over the data-parallel "
            "ranks only (torchtitan's ep borrowing tp ranks is not modelled); drop one of the two";

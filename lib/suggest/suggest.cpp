@@ -208,7 +208,8 @@ std::vector<Candidate> with_cp_degrees(std::vector<Candidate> in, const ModuleTr
     }
     p.context_parallel->degree = d;
     const TensorParallel* tp = p.tensor_parallel ? &*p.tensor_parallel : nullptr;
-    return seq > 0 && seq % d == 0 && device_mesh_error(p.fsdp, tp, nullptr, &*p.context_parallel).empty();
+    const ExpertParallel* ep = p.expert_parallel ? &*p.expert_parallel : nullptr;
+    return seq > 0 && seq % d == 0 && device_mesh_error(p.fsdp, tp, ep, &*p.context_parallel).empty();
   });
 }
 

@@ -20,6 +20,9 @@ Face's Llama does), not read from a [max_seq, ...] table. That one choice serves
   the one of its own token positions, which torchtitan gets by passing its `freqs_cis` table as a
   CP buffer (seq dim 0) instead. No model change is needed between the two uses.
 
+With `experts` > 0 each layer's `mlp` is a `moe` instead: ep_models.GroupedMoE (a router and
+GroupedExperts, forced balanced routing, `top_k` experts per token), for expert parallelism beside CP.
+
 GQA: `kv_heads` < `heads` gives k_proj / v_proj kv_heads * head_dim outputs. With `repeat_kv`
 (the default, torchtitan's Llama 3 and Hugging Face's eager path) K and V are repeated to `heads`
 heads (repeat_interleave on the head dim) before SDPA, so SDPA (and CP's K/V exchange) sees H
@@ -41,7 +44,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 DEFAULTS: Dict[str, Any] = dict(vocab=256, dim=64, heads=4, kv_heads=4, head_dim=16, hidden=128, layers=2,
-                                batch=2, seq=256, rope_theta=10000.0, repeat_kv=True, loss_upcast=True)
+                                batch=2, seq=256, rope_theta=10000.0, repeat_kv=True, loss_upcast=True,
+                                experts=0, top_k=0)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -88,17 +92,33 @@ class SwiGLU(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
+def _ep_models():
+    """ep_models as the caller's path has it (the references import it from this directory; the exporter's
+    --factory imports this module from the tests.differential package)."""
+    try:
+        import ep_models
+    except ImportError:
+        from tests.differential import ep_models
+    return ep_models
+
+
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: Dict[str, Any]):
         super().__init__()
         self.attn_norm = nn.RMSNorm(cfg["dim"])
         self.attn = Attention(cfg["dim"], cfg["heads"], cfg["kv_heads"], cfg["head_dim"], cfg["repeat_kv"])
         self.mlp_norm = nn.RMSNorm(cfg["dim"])
-        self.mlp = SwiGLU(cfg["dim"], cfg["hidden"])
+        if cfg["experts"]:
+            # A mixture of experts for expert parallelism beside CP: ep_models.GroupedMoE (fused experts,
+            # forced balanced routing). top_k == experts keeps tokens x top_k a multiple of the experts
+            # at every sequence length, so the export's dynamic seq needs no constraint.
+            self.moe = _ep_models().GroupedMoE(cfg["dim"], cfg["hidden"], cfg["experts"], cfg["top_k"])
+        else:
+            self.mlp = SwiGLU(cfg["dim"], cfg["hidden"])
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         h = x + self.attn(self.attn_norm(x), cos, sin)
-        return h + self.mlp(self.mlp_norm(h))
+        return h + (self.moe if hasattr(self, "moe") else self.mlp)(self.mlp_norm(h))
 
 
 class CPDecoder(nn.Module):

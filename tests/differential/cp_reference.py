@@ -176,7 +176,8 @@ from torch.distributed.tensor.experimental._context_parallel._load_balancer impo
 from torch.testing._internal.distributed.fake_pg import FakeStore  # noqa: E402
 
 import cp_models  # noqa: E402
-from ep_reference import RecordingCommMode, _snapshot, peak_tracker  # noqa: E402
+import ep_reference  # noqa: E402
+from ep_reference import MultiGroupFSDPMemTracker, RecordingCommMode, _snapshot, peak_tracker  # noqa: E402
 
 warnings.filterwarnings("ignore")
 aten = torch.ops.aten
@@ -386,14 +387,31 @@ def _apply_fsdp(model: torch.nn.Module, fsdp_mesh: Any, param_dtype: Optional[to
     fully_shard(model, mesh=fsdp_mesh, mp_policy=mp)
 
 
+def _apply_ep_fsdp(model: torch.nn.Module, fsdp_mesh: Any, world: int, ep: int, param_dtype: Optional[torch.dtype],
+                   ac: bool) -> Any:
+    """Expert parallelism on the sparse mesh (efsdp = world // ep, ep), then FSDP2 with the experts' group on
+    efsdp and the rest on `fsdp_mesh` (ep_reference.apply_ep, apply_fsdp). Returns the sparse mesh."""
+    if ac:
+        raise ValueError("the EP + CP reference runs without activation checkpointing")
+    sparse = init_device_mesh("cpu", (world // ep, ep), mesh_dim_names=("efsdp", "ep"))
+    expert_params = ep_reference.apply_ep(model, sparse["ep"])
+    mp = (MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32, cast_forward_inputs=False)
+          if param_dtype is not None else MixedPrecisionPolicy())
+    ep_reference.apply_fsdp(model, fsdp_mesh, sparse, ep, expert_params, mp, "root")
+    return sparse
+
+
 def cp_step(cfg: Optional[Dict[str, Any]] = None, world: int = 8, cp: int = 2,
             param_dtype: Optional[torch.dtype] = None, ac: bool = False, load_balance: bool = True,
             rotate: str = "allgather", convert_to_f32: bool = True, rank: int = 0,
-            applier: Any = None) -> Dict[str, Any]:
+            applier: Any = None, ep: int = 1) -> Dict[str, Any]:
     """CP (degree `cp`) and FSDP2 over dp_shard x cp = `world` ranks, two training steps on `rank` (0) of the
     fake backend; the measurements of the second (see the module docstring). cfg overrides cp_models.DEFAULTS.
     `applier`: a module `fsdp-plan --emit torch` wrote; its build_mesh, apply_fsdp and cp_context replace the
-    code here (`ac` and `param_dtype` are then the emitted plan's)."""
+    code here (`ac` and `param_dtype` are then the emitted plan's). `ep` > 1 (a cfg with experts): expert
+    parallelism beside CP as torchtitan builds it, ep borrowing the dp_shard x cp ranks (the sparse mesh
+    (efsdp, ep), efsdp x ep = world), the experts split and sharded by ep_reference's apply_ep / apply_fsdp
+    (fully_shard on the flattened dp_shard_cp mesh, the experts' group on efsdp); no AC with it."""
     t0 = time.perf_counter()
     cfg = dict(cp_models.DEFAULTS, **(cfg or {}))
     if world % cp:
@@ -412,10 +430,16 @@ def cp_step(cfg: Optional[Dict[str, Any]] = None, world: int = 8, cp: int = 2,
     else:
         mesh = init_device_mesh("cpu", (world // cp, cp), mesh_dim_names=("dp_shard", "cp"))
         fsdp_mesh = mesh["dp_shard", "cp"]._flatten("dp_shard_cp")
-        _apply_fsdp(model, fsdp_mesh, param_dtype, ac)
+        if ep > 1:
+            sparse = _apply_ep_fsdp(model, fsdp_mesh, world, ep, param_dtype, ac)
+        else:
+            _apply_fsdp(model, fsdp_mesh, param_dtype, ac)
     cp_mesh = mesh["cp"]
     mesh_dims: Dict[str, List[str]] = {}
-    for name, m in (("dp_shard_cp", fsdp_mesh), ("cp", cp_mesh), ("dp_shard", mesh["dp_shard"])):
+    named = [("dp_shard_cp", fsdp_mesh), ("cp", cp_mesh), ("dp_shard", mesh["dp_shard"])]
+    if ep > 1:
+        named += [("ep", sparse["ep"]), ("efsdp", sparse["efsdp"])]
+    for name, m in named:
         mesh_dims.setdefault(m.get_group().group_name, []).append(name)
     for m in model.modules():
         if isinstance(m, FSDPModule):
@@ -423,7 +447,8 @@ def cp_step(cfg: Optional[Dict[str, Any]] = None, world: int = 8, cp: int = 2,
     params_bytes = sum(_local(p).nbytes for p in model.parameters())
 
     optim = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
-    tracker = peak_tracker(FSDPMemTracker)(model, optim)
+    # With EP a layer has two FSDPParamGroups (dense, experts): ep_reference's tracker follows both.
+    tracker = peak_tracker(MultiGroupFSDPMemTracker if ep > 1 else FSDPMemTracker)(model, optim)
     comm = CPCommMode(mesh_dims)
     res: Dict[str, Any] = {}
     with _cp_options(rotate, load_balance, convert_to_f32), label_rotaters():
@@ -465,7 +490,7 @@ def cp_step(cfg: Optional[Dict[str, Any]] = None, world: int = 8, cp: int = 2,
     calls = comm.calls
     saved = res.get("attention_saved") or []
     out = {
-        "world": world, "cp": cp, "dp_shard": world // cp, "rank": rank,
+        "world": world, "cp": cp, "dp_shard": world // cp, "rank": rank, "ep": ep,
         "param_dtype": str(param_dtype).replace("torch.", "") if param_dtype else "float32",
         "ac": ac, "rotate": rotate, "load_balance_requested": load_balance,
         "load_balancer": type(balancer).__name__ if balancer is not None else None,

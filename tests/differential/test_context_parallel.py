@@ -14,7 +14,9 @@ must equal the real step in:
 - each rank's parameter, gradient and AdamW state bytes (over dp_shard x cp);
 - the ring's collectives: count and bytes by op and phase (CommDebugMode around the second step);
 - FSDP's all-gathers and reduce-scatters, by group size;
-and its activations after forward and whole-step peak must lie within 5% of FSDPMemTracker's.
+and its activations after forward and whole-step peak must lie within 5% of FSDPMemTracker's. With expert
+parallelism beside it (test_expert_parallel: a decoder of 4-expert MoE layers, ep 2 and 4), the all-to-alls'
+count and bytes too.
 
 Usage: test_context_parallel.py FSDP_PLAN_BINARY   (the venv's python: torch 2.13)
 """
@@ -46,6 +48,10 @@ CASES = [(8, 2, None, False, "allgather", True), (8, 2, None, True, "allgather",
          (8, 4, None, False, "alltoall", True), (8, 4, None, False, "allgather", False),
          (8, 4, "bfloat16", True, "alltoall", True)]
 TOLERANCE = 0.05
+# Expert parallelism beside CP, (world, cp, ep, param_dtype), on the decoder with a mixture of 4 experts, top 4,
+# per layer (cp_models experts / top_k).
+EP_CASES = [(8, 2, 2, None), (8, 2, 4, None), (8, 4, 4, "bfloat16"), (4, 2, 4, None)]
+MOE = {"experts": 4, "top_k": 4}
 
 
 def plan_ring(plan):
@@ -149,6 +155,36 @@ class ContextParallel(unittest.TestCase):
         self.assertLess(abs(ratio - 1), TOLERANCE,
                         f"peak {per_rank['peak_bytes']} vs {real['tracker_peak_bytes']} ({ratio:.4f})")
 
+    def test_expert_parallel(self):
+        """EP beside CP, as torchtitan builds it: ep borrows the dp_shard x cp ranks (the sparse mesh (efsdp, ep));
+        the all-to-alls carry one cp rank's tokens (batch x seq / cp x top_k rows), besides the ring and FSDP's
+        collectives on the flattened dp_shard_cp group and the experts' on efsdp."""
+        model = os.path.join(self.tmp.name, "cp_moe.pt2")
+        cp_models.export(model, MOE)
+        policy = os.path.join(self.tmp.name, "ep_cp.json")
+        for world, cp, ep, param_dtype in EP_CASES:
+            label = f"w{world} cp{cp} ep{ep} {param_dtype or 'float32'}"
+            with self.subTest(label):
+                with open(policy, "w") as f:
+                    json.dump({"module_classes": ["DecoderLayer"],
+                               "fsdp": {"version": 2, "world_size": world, "optimizer": "adamw"},
+                               "context_parallel": {"degree": cp}, "expert_parallel": {"degree": ep},
+                               **({"mixed_precision": {"param_dtype": param_dtype, "reduce_dtype": "float32"}}
+                                  if param_dtype else {})}, f)
+                r = subprocess.run([BINARY, model, "--policy", policy, "-f", "json", "--collectives", "--device", "cpu"],
+                                   capture_output=True, text=True)
+                self.assertEqual(r.returncode, 0, r.stderr)
+                plan = json.loads(r.stdout)
+                real = cp_reference.cp_step(cfg=MOE, world=world, cp=cp, ep=ep,
+                                            param_dtype=getattr(torch, param_dtype) if param_dtype else None)
+                self.assert_matches(plan, real, label)
+                a2a = [c for c in real["collectives"] if c["kind"] == "all_to_all" and c["source"] != "cp"]
+                planned = plan["comm"]["expert_parallel"]
+                self.assertEqual((planned["calls"], planned["bytes"]), (len(a2a), sum(c["bytes"] for c in a2a)))
+                self.assertEqual({c["group_size"] for c in a2a}, {ep})
+                self.assertEqual(plan["expert_parallel"]["modules"][0]["tokens"],
+                                 cp_models.DEFAULTS["batch"] * real["seq_local"])
+
     def emitted(self, policy, name):
         """The module `--emit torch` writes for `policy`, imported."""
         path = os.path.join(self.tmp.name, name + ".py")
@@ -207,7 +243,7 @@ class ContextParallel(unittest.TestCase):
                  ({"context_parallel": {"degree": 2, "rotate_method": "ring"}, "fsdp": {"version": 2}}, [],
                   "\"allgather\" or \"alltoall\""),
                  ({"context_parallel": {"degree": 2}, "expert_parallel": {"degree": 2},
-                   "fsdp": {"version": 2, "world_size": 8}}, [], "plans the two apart")]
+                   "fsdp": {"version": 2, "world_size": 8}}, [], "no routed experts in this model")]
         for doc, extra, words in cases:
             with self.subTest(words=words):
                 with open(policy, "w") as f:
