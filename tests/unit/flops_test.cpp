@@ -195,6 +195,8 @@ TEST_CASE("graph FLOPs: matmul broadcasting, addmm, SDPA and convolution formula
   gb.param("cw", {4, 3, 3, 3}, 1);
   gb.input("bias", {6});
   gb.input("m1", {7, 5});
+  gb.param("ew", {3, 5, 6}, 2);  // 3 experts' [5, 6] weights, fused
+  gb.input("g3", {3, 7, 5});
   const ModuleId m = b.id("m");
   gb.node("aten.matmul.default", m, {{"self", "a"}, {"other", "w"}}, "o1", {2, 3, 4, 6});
   gb.node("aten.matmul.default", m, {{"self", "v1"}, {"other", "w"}}, "o2", {6});
@@ -203,6 +205,9 @@ TEST_CASE("graph FLOPs: matmul broadcasting, addmm, SDPA and convolution formula
           {2, 4, 16, 8});
   gb.node("aten.convolution.default", m, {{"input", "x"}, {"weight", "cw"}}, "o5", {2, 4, 6, 6});
   gb.node("aten._grouped_mm.default", m, {{"self", "m1"}, {"mat2", "w"}}, "o6", {7, 6});
+  gb.node("transformers.grouped_mm_fallback.default", m, {{"input", "m1"}, {"weight", "ew"}}, "o7", {7, 6});
+  gb.node("aten._grouped_mm.default", m, {{"self", "g3"}, {"mat2", "ew"}}, "o8", {3, 7, 6});
+  gb.node("aten.my_matmul.default", m, {{"self", "m1"}, {"other", "w"}}, "o9", {7, 6});
   std::vector<bool> grad(gb.g.tensors.size(), false);
   grad[static_cast<size_t>(gb.ids.at("w"))] = true;
   grad[static_cast<size_t>(gb.ids.at("cw"))] = true;
@@ -217,12 +222,22 @@ TEST_CASE("graph FLOPs: matmul broadcasting, addmm, SDPA and convolution formula
   // conv_flop_count: batch * numel(w) * prod(output spatial) * 2; backward: the weight's gradient.
   CHECK(at(4).forward == 2 * 108 * 36 * 2);
   CHECK(at(4).backward == at(4).forward);
-  CHECK_FALSE(at(5).counted);  // not in FlopCounterMode's registry: 0, and noted
+  // Grouped matmuls (not in FlopCounterMode's registry, which counts them 0): the matmuls they run.
+  CHECK(at(5).forward == 2 * 7 * 5 * 6);  // [7, 5] against [5, 6] split at offs: the weights' gradient form
+  CHECK(at(5).backward == at(5).forward);
+  CHECK(at(5).beyond_counter);
+  CHECK(at(6).forward == 2 * 7 * 5 * 6);      // each expert's rows times its weight: 7 rows in all
+  CHECK(at(6).backward == 0);                 // the experts' weight needs no gradient here
+  CHECK(at(7).forward == 3 * 2 * 7 * 5 * 6);  // [3, 7, 5] against [3, 5, 6]: a batched matmul
+  CHECK_FALSE(at(8).counted);                 // no formula: 0, and noted
   grad.assign(grad.size(), true);
   CHECK(at(3).backward == 2 * 8 * 16 * 16 * (3 * 8 + 2 * 8));  // sdpa_backward_flop_count: five bmm
+  CHECK(at(6).backward == 2 * at(6).forward);                  // the input's and the weights' gradients
   FlopProfile p = count_graph_flops(gb.g, b.tree, {});
-  REQUIRE(p.notes.size() == 1);
-  CHECK(p.notes[0].find("aten._grouped_mm.default") != std::string::npos);
+  REQUIRE(p.notes.size() == 3);
+  CHECK(p.notes[0].find("aten.my_matmul.default (1 node) counted as 0 FLOPs") != std::string::npos);
+  CHECK(p.notes[1].find("aten._grouped_mm.default (2 nodes) counted as the matmuls it runs") != std::string::npos);
+  CHECK(p.notes[2].find("transformers.grouped_mm_fallback.default (1 node)") != std::string::npos);
 }
 
 TEST_CASE("step time: each module's FLOPs at the peak of its own dtype (issue 41, item 3)") {
