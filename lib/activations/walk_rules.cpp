@@ -17,7 +17,11 @@ namespace {
 // (tests/activations/refs/headline_8b_noac.json: Temp 3.91 GiB = 2 x [4096, 128256] fp32).
 // pow's backward makes two temporaries of self's size (below).
 // The math SDPA's backward holds the gradients of the probabilities and of
-// the scores, both [B, H, L, S] (attention.cpp: _scaled_dot_product_attention_math).
+// the scores, both [B, H, L, S] (attention.cpp: _scaled_dot_product_attention_math);
+// with dropout, one: the dropped probabilities and the noise are saved beside
+// the probabilities, and each gradient goes as the next is made (the tracker
+// at BERT's checkpointed attention: softmax's output, the noise, the dropped
+// probabilities and the first bmm's gradient, four [B, H, L, S] at once).
 int64_t backward_temporaries(std::string_view op, const char* case_name, const CallArgs& args) {
   auto bytes_of = [&](std::string_view name) -> int64_t {
     const ArgValue* a = args.find(name);
@@ -43,7 +47,10 @@ int64_t backward_temporaries(std::string_view op, const char* case_name, const C
     int64_t probs = k->tensor->sizes[k->tensor->sizes.size() - 2];
     for (size_t d = 0; d + 1 < q->tensor->sizes.size(); ++d) probs *= q->tensor->sizes[d];
     const int64_t itemsize = q->tensor->dtype && q->tensor->dtype->itemsize == 2 ? 4 : q->tensor->dtype->itemsize;
-    return 2 * probs * itemsize;
+    const ArgValue* p = args.find("dropout_p");
+    const bool dropout =
+        p && ((p->kind == ArgValue::Kind::Float && p->f > 0) || (p->kind == ArgValue::Kind::Int && p->i > 0));
+    return (dropout ? 1 : 2) * probs * itemsize;
   }
   return 0;
 }
