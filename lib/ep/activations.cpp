@@ -71,7 +71,7 @@ class RoutedRows {
       if (!routed_[t] || !feeds[t] || local[t] >= 0 || g_.tensors[t].sizes.empty()) continue;
       WalkTensor w = g_.tensors[t];
       size_t outer = 0;
-      for (size_t d = 1; d < w.sizes.size(); ++d)
+      for (size_t d = 1; d < w.sizes.size() && w.strides.size() == w.sizes.size(); ++d)
         if (w.strides[d] > w.strides[outer]) outer = d;
       w.sizes[outer] = static_cast<int64_t>(std::ceil(ep_.imbalance * static_cast<double>(w.sizes[outer])));
       local[t] = static_cast<int32_t>(out.size());
