@@ -33,6 +33,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "python"))
 sys.path.insert(0, ROOT)
 
+import jsonschema  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch.testing._internal.distributed.fake_pg import FakeStore  # noqa: E402
@@ -40,6 +41,8 @@ from torch.testing._internal.distributed.fake_pg import FakeStore  # noqa: E402
 from tests.differential import cp_models, cp_reference  # noqa: E402
 
 BINARY = None
+with open(os.path.join(ROOT, "docs", "schemas", "plan.schema.json")) as _f:
+    PLAN_SCHEMA = jsonschema.Draft202012Validator(json.load(_f))
 # (world, cp, param_dtype, ac, rotate, head_tail)
 CASES = [(8, 2, None, False, "allgather", True), (8, 2, None, True, "allgather", True),
          (8, 4, None, False, "allgather", True), (8, 4, "bfloat16", False, "allgather", True),
@@ -142,6 +145,7 @@ class ContextParallel(unittest.TestCase):
 
     def assert_matches(self, plan, real, label):
         """The plan equals the real step's bytes per rank and collectives; its peak within TOLERANCE."""
+        PLAN_SCHEMA.validate(plan)  # the shipped docs/schemas/plan.schema.json: its ep / cp sections too
         per_rank = plan["memory"]["per_rank"]
         self.assertEqual(per_rank["params_bytes"], real["params_bytes"])
         self.assertEqual(per_rank["grads_bytes"], real["grads_bytes"])
@@ -171,8 +175,8 @@ class ContextParallel(unittest.TestCase):
                                "context_parallel": {"degree": cp}, "expert_parallel": {"degree": ep},
                                **({"mixed_precision": {"param_dtype": param_dtype, "reduce_dtype": "float32"}}
                                   if param_dtype else {})}, f)
-                r = subprocess.run([BINARY, model, "--policy", policy, "-f", "json", "--collectives", "--device", "cpu"],
-                                   capture_output=True, text=True)
+                r = subprocess.run([BINARY, model, "--policy", policy, "-f", "json", "--collectives",
+                                    "--device", "cpu"], capture_output=True, text=True)
                 self.assertEqual(r.returncode, 0, r.stderr)
                 plan = json.loads(r.stdout)
                 real = cp_reference.cp_step(cfg=MOE, world=world, cp=cp, ep=ep,

@@ -25,6 +25,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "python"))
 sys.path.insert(0, ROOT)
 
+import jsonschema  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
@@ -32,6 +33,8 @@ from fsdp_plan.export import export_module  # noqa: E402
 from tests.differential import ep_models, ep_reference  # noqa: E402
 
 BINARY = None
+with open(os.path.join(ROOT, "docs", "schemas", "plan.schema.json")) as _f:
+    PLAN_SCHEMA = jsonschema.Draft202012Validator(json.load(_f))
 CASES = [("fused", 8, 2, None), ("fused", 8, 4, None), ("fused", 8, 8, None), ("fused", 4, 4, None),
          ("per_expert", 8, 2, None), ("per_expert", 8, 4, None), ("per_expert", 4, 4, None),
          ("fused", 8, 2, "bfloat16"), ("per_expert", 4, 4, "bfloat16")]
@@ -98,6 +101,7 @@ class ExpertParallel(unittest.TestCase):
         plan = self.plan(model, world, ep, param_dtype, imbalance)
         real = ep_reference.ep_step(model, world, ep, param_dtype=getattr(torch, param_dtype) if param_dtype else None,
                                     imbalance=imbalance or 1)
+        PLAN_SCHEMA.validate(plan)  # the shipped docs/schemas/plan.schema.json: its ep / cp sections too
         per_rank = plan["memory"]["per_rank"]
         self.assertEqual(per_rank["params_bytes"], real["params_bytes"])
         self.assertEqual(per_rank["grads_bytes"], real["grads_bytes"])
