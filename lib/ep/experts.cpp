@@ -1,11 +1,11 @@
 #include "ep/experts.h"
 
 #include <algorithm>
-#include <cstdio>
 #include <optional>
 
 #include "ep/dispatch.h"
 #include "util/errors.h"
+#include "util/strings.h"
 
 namespace fsdp_plan {
 namespace {
@@ -109,12 +109,6 @@ void place_experts(const ModuleTree& tree, const DeviceMesh& mesh, ExpertParalle
   }
 }
 
-std::string factor_text(double f) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%g", f);
-  return buf;
-}
-
 // The engines' refusals, before launch.
 void check_split(const ModuleTree& tree, const ExpertParallelPlan& plan, const std::string& model_path) {
   const int64_t ep = plan.mesh.size(MeshDim::Ep);
@@ -159,9 +153,9 @@ ExpertParallelPlan plan_expert_parallel(const ModuleTree& tree, const Policy& po
     plan.notes.push_back("routing assumed uniform: each rank sends tokens x top_k / ep rows to every rank of its ep "
                          "group and receives as many (torchtitan's all-to-all splits are the routing's)");
   else
-    plan.notes.push_back("routing skewed (imbalance " + factor_text(ep.imbalance) +
+    plan.notes.push_back("routing skewed (imbalance " + format_factor(ep.imbalance) +
                          "): the plan is the busiest ep rank's, whose experts receive " +
-                         factor_text(ep.imbalance) +
+                         format_factor(ep.imbalance) +
                          " x tokens x top_k rows (rounded up) and compute on them; every rank sends its own tokens "
                          "x top_k rows");
   return plan;

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 
 #include "policy/settings.h"
 #include "util/errors.h"
@@ -86,9 +85,7 @@ std::string imbalance_error(double f) {
 
 std::string imbalance_over_degree(const ExpertParallel& ep) {
   if (ep.imbalance <= static_cast<double>(ep.degree)) return "";
-  char f[32];
-  std::snprintf(f, sizeof f, "%g", ep.imbalance);
-  return "is " + std::string(f) + ", more than the ep degree " + std::to_string(ep.degree) +
+  return "is " + format_factor(ep.imbalance) + ", more than the ep degree " + std::to_string(ep.degree) +
          ": the busiest rank receives at most every rank's rows (" + std::to_string(ep.degree) + " x the mean)";
 }
 

@@ -1,7 +1,6 @@
 #include "report/text_writer.h"
 
 #include <algorithm>
-#include <cstdio>
 #include <map>
 #include <utility>
 #include <vector>
@@ -286,11 +285,8 @@ std::string fsdp2_memory_text(const Plan& plan) {
            std::to_string(plan.context_parallel->seq) + " tokens";
   // Skewed routing: rank 0 stands for the busiest ep rank (ep/activations.h).
   std::string rank = "(rank 0)";
-  if (plan.expert_parallel && plan.expert_parallel->imbalance != 1.0) {
-    char f[32];
-    std::snprintf(f, sizeof f, "%g", plan.expert_parallel->imbalance);
-    rank = std::string("(rank 0 as the busiest ep rank, routing imbalance ") + f + ")";
-  }
+  if (plan.expert_parallel && plan.expert_parallel->imbalance != 1.0)
+    rank = "(rank 0 as the busiest ep rank, routing imbalance " + format_factor(plan.expert_parallel->imbalance) + ")";
   std::string out = wrap("memory  per rank " + rank + ", FSDP2, world size " + std::to_string(m.settings.world_size) +
                              ", " + mesh + ", " + optimizer_name(m.settings.optimizer) +
                              (m.settings.cpu_offload ? ", CPU offload" : "") + activations_clause(plan),

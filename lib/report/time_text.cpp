@@ -46,12 +46,6 @@ std::string wrap_line(const std::string& text) {
   return out;
 }
 
-std::string fmt_factor(double f) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%g", f);
-  return buf;
-}
-
 std::string efficiencies(const HardwareFigures& hw) {
   char buf[96];
   std::snprintf(buf, sizeof buf, "efficiency %g compute, %g comm", hw.compute_efficiency,
@@ -93,7 +87,7 @@ static std::string ep_comm_line(const Plan& plan) {
           " tokens x top " + std::to_string(x.top_k) + " per layer, " +
           (ep.imbalance == 1.0 ? std::string("routing assumed uniform")
                                : "the busiest rank's: its experts receive " + std::to_string(x.busiest_rows(ep.imbalance)) +
-                                     " rows (imbalance " + fmt_factor(ep.imbalance) + ")");
+                                     " rows (imbalance " + format_factor(ep.imbalance) + ")");
   if (plan.time.computed && !c.collectives.empty())
     line += ", ESTIMATE " + secs(plan.time.ep_comm_s) + " blocking";
   return line;

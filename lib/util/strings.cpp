@@ -98,6 +98,12 @@ std::string format_bytes(int64_t bytes) {
 
 std::string format_count(int64_t n) { return scaled(n, 1000.0, {"", "K", "M", "B", "T"}, 2); }
 
+std::string format_factor(double f) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", f);
+  return buf;
+}
+
 }  // namespace fsdp_plan
 
 namespace fsdp_plan {

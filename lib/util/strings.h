@@ -35,6 +35,8 @@ std::string join(const std::vector<std::string>& items, std::string_view sep = "
 std::string format_bytes(int64_t bytes);
 // 1234567 -> "1.23M"; 999 -> "999"
 std::string format_count(int64_t n);
+// A factor as given, printf's %g: 2.0 -> "2", 1.5 -> "1.5".
+std::string format_factor(double f);
 // A share as the reports print it: 0.271 -> "27.1%" (printf's %.1f, ties to even).
 std::string percent(double share);
 // part of whole as percent() prints it; "0%" when whole is not positive.
