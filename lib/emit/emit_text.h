@@ -1,6 +1,7 @@
 // Small text helpers shared by the --emit writers (Python literals, regexes).
 #pragma once
 
+#include <algorithm>
 #include <optional>
 #include <string>
 #include <vector>
@@ -85,6 +86,36 @@ inline constexpr char kCheckpointImport[] =
     "    apply_activation_checkpointing,\n"
     "    checkpoint_wrapper,\n"
     ")\n";
+
+// fully_shard's reshard_after_forward as Python: True, False or a rank count.
+inline std::string py_reshard(const std::optional<ReshardAfterForward>& r) {
+  if (!r) return "True";
+  switch (r->kind) {
+    case ReshardAfterForward::Kind::True: return "True";
+    case ReshardAfterForward::Kind::False: return "False";
+    case ReshardAfterForward::Kind::Ranks: return std::to_string(r->ranks);
+  }
+  return "True";
+}
+
+// CALLS, the plan's fully_shard calls in call order (module paths, reshard_after_forward), as the
+// 1-D and 2-D FSDP2 forms write them; the root keeps PyTorch's default, None.
+inline std::string fully_shard_calls_text(const Plan& plan) {
+  std::vector<const Unit*> calls;
+  for (const Unit& u : plan.units) calls.push_back(&u);
+  std::stable_sort(calls.begin(), calls.end(), [](const Unit* a, const Unit* b) { return a->call < b->call; });
+  std::string out =
+      "# One fully_shard call per group, in call order: (module paths, reshard_after_forward).\n"
+      "# The root (\"\") keeps PyTorch's default, None, which is False for the root.\n"
+      "CALLS = [\n";
+  for (const Unit* u : calls) {
+    const bool root = u->modules.size() == 1 && u->modules.front() == 0;
+    std::string list;
+    for (ModuleId m : u->modules) list += (list.empty() ? "" : ", ") + py_string(plan.tree->path(m));
+    out += "    ([" + list + "], " + (root ? "None" : py_reshard(u->reshard_after_forward)) + "),\n";
+  }
+  return out + "]\n";
+}
 
 // The body of apply_fsdp's loop over the groups (`modules`, `reshard_after_forward` bound) and the
 // check after it, as the 1-D and 2-D FSDP2 forms write them.

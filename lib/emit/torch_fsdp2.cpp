@@ -22,16 +22,6 @@
 namespace fsdp_plan {
 namespace {
 
-std::string py_reshard(const std::optional<ReshardAfterForward>& r) {
-  if (!r) return "True";
-  switch (r->kind) {
-    case ReshardAfterForward::Kind::True: return "True";
-    case ReshardAfterForward::Kind::False: return "False";
-    case ReshardAfterForward::Kind::Ranks: return std::to_string(r->ranks);
-  }
-  return "True";
-}
-
 // What the module imports and writes, worked out once from the plan; the
 // write_ steps in the order the module reads.
 class Fsdp2TorchWriter {
@@ -83,20 +73,7 @@ class Fsdp2TorchWriter {
 
   // CALLS, IGNORED_PARAMS, the mesh, CHECKPOINTED (and the selective policy), the CP options.
   void write_constants(std::ostringstream& o) const {
-    std::vector<const Unit*> calls;
-    for (const Unit& u : plan_.units) calls.push_back(&u);
-    std::stable_sort(calls.begin(), calls.end(), [](const Unit* a, const Unit* b) { return a->call < b->call; });
-    o << "# One fully_shard call per group, in call order: (module paths, reshard_after_forward).\n"
-         "# The root (\"\") keeps PyTorch's default, None, which is False for the root.\n"
-         "CALLS = [\n";
-    for (const Unit* u : calls) {
-      const bool root = u->modules.size() == 1 && u->modules.front() == 0;
-      std::string list;
-      for (ModuleId m : u->modules) list += (list.empty() ? "" : ", ") + py_string(tree_.path(m));
-      o << "    ([" << list << "], " << (root ? "None" : py_reshard(u->reshard_after_forward)) << "),\n";
-    }
-    o << "]\n"
-      << "IGNORED_PARAMS = " << py_list(ignored_param_names(tree_, resolve_ignored(tree_, p_)), "") << "\n";
+    o << fully_shard_calls_text(plan_) << "IGNORED_PARAMS = " << py_list(ignored_param_names(tree_, resolve_ignored(tree_, p_)), "") << "\n";
     write_mesh_constants(o);
     if (ac_)
       o << "# Activation checkpointing (checkpoint_wrapper) on these modules, before fully_shard.\n"

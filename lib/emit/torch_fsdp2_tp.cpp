@@ -20,16 +20,6 @@
 namespace fsdp_plan {
 namespace {
 
-std::string py_reshard_tp(const std::optional<ReshardAfterForward>& r) {
-  if (!r) return "True";
-  switch (r->kind) {
-    case ReshardAfterForward::Kind::True: return "True";
-    case ReshardAfterForward::Kind::False: return "False";
-    case ReshardAfterForward::Kind::Ranks: return std::to_string(r->ranks);
-  }
-  return "True";
-}
-
 // "from M import a, b" as isort (ruff's I001) writes it: one line if it fits in
 // 88 columns, else one name a line.
 std::string py_import(const std::string& module, std::vector<std::string> names) {
@@ -156,21 +146,8 @@ class Fsdp2TpWriter {
 
   // The fully_shard calls in call order, and the ignored parameters.
   void write_calls(std::ostringstream& o) const {
-    std::vector<const Unit*> calls;
-    for (const Unit& u : plan_.units) calls.push_back(&u);
-    std::stable_sort(calls.begin(), calls.end(), [](const Unit* a, const Unit* b) { return a->call < b->call; });
     const std::vector<std::string> ignored = ignored_param_names(tree_, resolve_ignored(tree_, p_));
-    o << "# One fully_shard call per group, in call order: (module paths, reshard_after_forward).\n"
-         "# The root (\"\") keeps PyTorch's default, None, which is False for the root.\n"
-         "CALLS = [\n";
-    for (const Unit* u : calls) {
-      const bool root = u->modules.size() == 1 && u->modules.front() == 0;
-      std::string list;
-      for (ModuleId mod : u->modules) list += (list.empty() ? "" : ", ") + py_string(tree_.path(mod));
-      o << "    ([" << list << "], " << (root ? "None" : py_reshard_tp(u->reshard_after_forward)) << "),\n";
-    }
-    o << "]\n"
-      << "IGNORED_PARAMS = " << py_list(ignored, "") << "\n\n\n";
+    o << fully_shard_calls_text(plan_) << "IGNORED_PARAMS = " << py_list(ignored, "") << "\n\n\n";
   }
 
   // built_groups and apply_fsdp: the mesh checked, tensor parallelism applied, then fully_shard.
