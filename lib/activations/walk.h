@@ -71,8 +71,6 @@ struct WalkArg {
   std::vector<int32_t> tensors;  // Tensor: one id; Tensors: the list
 };
 
-struct OpRow;  // saved_ops.h
-
 struct WalkNode {
   std::string op;                // "aten.linear.default", as the table names it
   std::vector<WalkArg> args;

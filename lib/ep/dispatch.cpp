@@ -19,16 +19,15 @@ class OutsideReads {
     weight_.assign(static_cast<size_t>(g_.num_values()), false);
     for (const GraphInput& in : g_.inputs())
       if (in.value >= 0 && in.kind != InputKind::UserInput) weight_[static_cast<size_t>(in.value)] = true;
-    std::vector<int> slot(tree.num_modules(), -1);
+    slot_.assign(tree.num_modules(), -1);
     for (ModuleId r : roots)
-      if (slot[static_cast<size_t>(r)] < 0) {
-        slot[static_cast<size_t>(r)] = static_cast<int>(nodes_.size());
+      if (slot_[static_cast<size_t>(r)] < 0) {
+        slot_[static_cast<size_t>(r)] = static_cast<int>(nodes_.size());
         nodes_.emplace_back();
       }
-    slot_ = slot;
     for (NodeId n = 0; n < g_.num_nodes(); ++n)
       for (ModuleId m = g_.node(n).module; m >= 0; m = tree.module(m).parent)
-        if (slot[static_cast<size_t>(m)] >= 0) nodes_[static_cast<size_t>(slot[static_cast<size_t>(m)])].push_back(n);
+        if (const int s = slot_[static_cast<size_t>(m)]; s >= 0) nodes_[static_cast<size_t>(s)].push_back(n);
   }
 
   // The nodes of `root`'s subtree in execution order (root one of the constructor's).
