@@ -231,7 +231,7 @@ std::vector<Candidate> with_ep_degrees(std::vector<Candidate> in, const ModuleTr
     p.expert_parallel->degree = d;
     const TensorParallel* tp = p.tensor_parallel ? &*p.tensor_parallel : nullptr;
     const ContextParallel* cp = p.context_parallel ? &*p.context_parallel : nullptr;
-    return !experts.empty() && p.expert_parallel->imbalance <= static_cast<double>(d) &&
+    return !experts.empty() && imbalance_over_degree(*p.expert_parallel).empty() &&
            std::all_of(experts.begin(), experts.end(), [&](int64_t e) { return e % d == 0; }) &&
            device_mesh_error(p.fsdp, tp, &*p.expert_parallel, cp).empty();
   });
