@@ -64,6 +64,22 @@ std::vector<ModuleId> checkpointed_modules(const ModuleTree& tree, const Policy&
   return out;
 }
 
+std::vector<ModuleId> compiled_modules(const ModuleTree& tree, const Policy& policy, const ClassMatcher& matcher) {
+  std::vector<ModuleId> out;
+  if (!policy.compile) return out;
+  // isinstance, as torchtitan's parallelize picks its blocks; outermost only:
+  // a module inside a compiled one is traced into the outer one's graph.
+  ClassSet set(tree, matcher, policy.compile->module_classes);
+  std::vector<bool> inside(tree.num_modules(), false);
+  for (ModuleId m : tree.preorder()) {
+    const ModuleId parent = tree.module(m).parent;
+    const bool under = parent >= 0 && inside[static_cast<size_t>(parent)];
+    inside[static_cast<size_t>(m)] = under || set.contains(m);
+    if (set.contains(m) && !under) out.push_back(m);
+  }
+  return out;
+}
+
 namespace {
 
 const DtypeInfo* dtype_named(const std::string& name) {
@@ -124,8 +140,8 @@ std::optional<SacPolicy> sac_policy(const Plan& plan, const std::vector<Checkpoi
   return p;
 }
 
-void walk_plan(const Plan& plan, const std::shared_ptr<const Graph>& shared, ActivationPlan& acts,
-               std::vector<Warning>* warnings, const RankLocal& local) {
+void walk_plan(const Plan& plan, const ClassMatcher& matcher, const std::shared_ptr<const Graph>& shared,
+               ActivationPlan& acts, std::vector<Warning>* warnings, const RankLocal& local) {
   const Graph& graph = *shared;
   const ActivationSettings& settings = plan.policy.activations;
   const std::vector<std::pair<std::string, int64_t>> given = rank_walk_dims(plan, graph);
@@ -139,6 +155,7 @@ void walk_plan(const Plan& plan, const std::shared_ptr<const Graph>& shared, Act
   opt.env.sdpa = settings.sdpa;
   opt.unit_of_module = unit_of_modules(plan);
   for (const CheckpointedModule& c : acts.checkpointed) opt.checkpointed.push_back(c.module);
+  opt.compiled = compiled_modules(*plan.tree, plan.policy, matcher);
   opt.trainable_params = fsdp1_trainable(plan);
   opt.unit_of_param.assign(plan.tree->num_tensors(), -1);
   for (size_t u = 0; u < plan.units.size(); ++u)
@@ -225,7 +242,7 @@ ActivationPlan plan_activations(const Plan& plan, const ClassMatcher& matcher, s
     return acts;
   }
   if (const auto& graph = plan.tree->graph()) {
-    walk_plan(plan, graph, acts, warnings, local);
+    walk_plan(plan, matcher, graph, acts, warnings, local);
     return acts;
   }
   if (!settings.dims.empty()) {

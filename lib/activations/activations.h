@@ -23,6 +23,9 @@ namespace fsdp_plan {
 std::vector<ModuleId> checkpointed_modules(const ModuleTree& tree, const Policy& policy, const ClassMatcher& matcher,
                                            std::vector<Warning>* warnings);
 
+// The modules the policy's compile names (isinstance), outermost only, in pre-order.
+std::vector<ModuleId> compiled_modules(const ModuleTree& tree, const Policy& policy, const ClassMatcher& matcher);
+
 // Per tree TensorId, whether autograd computes its gradient under the plan:
 // as recorded, except FSDP1's flat parameters mixing frozen and trainable
 // ones (activations.cpp: fsdp1_trainable); empty for FSDP2 (as recorded).

@@ -78,4 +78,13 @@ bool SacCallPolicy::saves(std::string_view op, std::optional<std::pair<int64_t, 
   return !(mm && forward_mm_count_ % 2 == 0);
 }
 
+int64_t sac_attention_bytes(const OpTensor* q, const OpTensor* k, const OpTensor* v, SacProduct product) {
+  if (!q || !k || !v || q->sizes.empty() || k->sizes.size() < 2 || v->sizes.empty() || !q->dtype) return 0;
+  const int64_t itemsize = q->dtype->itemsize == 2 ? 4 : q->dtype->itemsize;
+  if (product == SacProduct::AttentionOutput && q->dtype->itemsize != 2) return -1;
+  int64_t numel = product == SacProduct::AttentionScores ? k->sizes[k->sizes.size() - 2] : v->sizes.back();
+  for (size_t d = 0; d + 1 < q->sizes.size(); ++d) numel *= q->sizes[d];
+  return numel * itemsize;
+}
+
 }  // namespace fsdp_plan

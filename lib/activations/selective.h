@@ -21,6 +21,8 @@
 #include <utility>
 #include <vector>
 
+#include "activations/saved_ops.h"
+
 namespace fsdp_plan {
 
 // A policy, resolved against the model (activations.cpp: the policy's
@@ -58,6 +60,13 @@ struct SacStep {
 // decomposition (views, the scaling muls, softmax) are left out: no policy
 // here saves them.
 std::vector<SacStep> sac_dispatch(std::string_view op, const char* case_name);
+
+// The bytes of what a math SDPA's decomposition makes for `product`
+// (attention.cpp: _scaled_dot_product_attention_math, its bmms in float32 for
+// bf16/fp16 inputs): the scores [.., L, S], a tensor of their own; the output
+// [.., L, Dv], the node's own output (-1) unless cast back to bf16; 0 where q,
+// k or v is missing.
+int64_t sac_attention_bytes(const OpTensor* q, const OpTensor* k, const OpTensor* v, SacProduct product);
 
 // One checkpointed call's policy: torchtitan builds a policy, with its own mm
 // counter, for every call (context_fn runs per checkpoint call).

@@ -5,6 +5,8 @@
 #include <set>
 #include <unordered_map>
 
+#include "activations/partitioner.h"
+#include "activations/retype.h"
 #include "activations/walk_rules.h"
 #include "util/strings.h"
 
@@ -29,9 +31,8 @@ struct Storage {
 };
 
 // One call of a checkpointed module: a maximal run of consecutive nodes in its subtree.
-struct Region {
-  ModuleId module;
-  int32_t first, last;  // nodes
+struct Region : NodeRun {
+  explicit Region(const NodeRun& c) : NodeRun(c) {}
   int64_t inputs = 0, recompute = 0;
   int64_t cached = 0, recompute_peak = 0;  // selective checkpointing
 };
@@ -40,7 +41,8 @@ class Walker {
  public:
   Walker(const WalkGraph& g, const ModuleTree& tree, size_t num_units, const WalkOptions& opt, ActivationPlan& out,
          std::vector<Warning>* warnings)
-      : g_(g), tree_(tree), num_units_(num_units), opt_(opt), out_(out), warnings_(warnings) {}
+      : g_(g), tree_(tree), num_units_(num_units), opt_(opt), out_(out), warnings_(warnings),
+        retype_(opt.compute_dtype, opt.export_dtype) {}
 
   const WalkTensor& tensor(int32_t t) const { return rank_tensor(g_, opt_.local_tensors, t); }
 
@@ -56,7 +58,12 @@ class Walker {
     node_diff_.assign(static_cast<size_t>(n), {});
     node_view_.assign(static_cast<size_t>(n), false);
     node_case_.assign(static_cast<size_t>(n), nullptr);
-    for (int32_t i = 0; i < n; ++i) node(i);
+    node_storages_.assign(static_cast<size_t>(n) + 1, 0);
+    for (int32_t i = 0; i < n; ++i) {
+      node_storages_[static_cast<size_t>(i)] = static_cast<int32_t>(storages_.size());
+      node(i);
+    }
+    node_storages_[static_cast<size_t>(n)] = static_cast<int32_t>(storages_.size());
     for (int32_t t : g_.outputs) {
       if (t < 0 || static_cast<size_t>(t) >= meta_.size() || meta_[static_cast<size_t>(t)].storage < 0) continue;
       const int32_t storage = meta_[static_cast<size_t>(t)].storage;
@@ -68,7 +75,7 @@ class Walker {
       // bf16 logits and frees the upcast after the loss (transformers'
       // ForCausalLMLoss). Hold the source to the end too (an H200 run,
       // bench/gpu_check.py: the forward's peak was one bf16 logits low).
-      if (auto it = upcast_source_.find(storage); it != upcast_source_.end()) {
+      if (auto it = retype_.upcasts().find(storage); it != retype_.upcasts().end()) {
         const int32_t source = meta_[static_cast<size_t>(it->second)].storage;
         if (source >= 0) {
           Storage& src = storages_[static_cast<size_t>(source)];
@@ -77,6 +84,7 @@ class Walker {
         }
       }
     }
+    compiled_saves();
     find_loss();
     sac_recompute_peaks();
     summarise();
@@ -113,103 +121,8 @@ class Walker {
     return span_bytes(w.sizes, w.strides, dtype ? dtype->itemsize : 4, w.offset);
   }
 
-  // Mixed precision on an export traced in another floating dtype (an fp32
-  // model planned with param_dtype bf16): FSDP runs the forward on parameters
-  // cast to param_dtype (torch/distributed/fsdp/_fully_shard/_fsdp_param.py:
-  // FSDPParam.init_unsharded_param; FSDP1 _flat_param.py: _use_low_precision_shard),
-  // so what the graph records in the export's dtype is, in the run, in
-  // param_dtype where it is computed from such tensors. The graph cannot say
-  // which explicit casts were `.float()` and which `.to(x.dtype)` (both record
-  // to(float32) in an fp32 export): a cast to the export's dtype of a tensor
-  // already in it is taken as the cast back (RMSNorm's `.to(input_dtype)`,
-  // rotary's `cos.to(x.dtype)`), a cast of a param_dtype tensor as the upcast
-  // it is (RMSNorm's `.to(float32)`, the loss's `logits.float()`).
-  bool retype() const { return opt_.compute_dtype && opt_.export_dtype && opt_.compute_dtype != opt_.export_dtype; }
-
-  void retype_cast(const WalkNode& node, CallArgs& args) const {
-    if (!retype()) return;
-    const std::string_view base = aten_op_base(node.op);
-    if (base != "to" && base != "_to_copy") return;
-    // `x.to(device)` records its dtype as x's own at trace time: a move, not a
-    // cast (rotary's `inv_freq[...].float().to(x.device)` on an fp32 buffer,
-    // which mixed precision leaves in fp32).
-    if (node.op == "aten.to.device") return;
-    const ArgValue* self = args.find("self");
-    if (!self || self->kind != ArgValue::Kind::Tensor || !self->tensor || self->tensor->dtype != opt_.export_dtype)
-      return;
-    for (auto& [name, v] : args.items)
-      if (name == "dtype" && v.kind == ArgValue::Kind::Str && v.s == opt_.export_dtype->name)
-        v = ArgValue::of_str(opt_.compute_dtype->name);
-  }
-
-  // A matmul needs its operands in one dtype (aten/src/ATen/native/LinearAlgebra.cpp:
-  // "expected m1 and m2 to have the same dtype"; _grouped_mm and transformers'
-  // grouped_mm_fallback alike), and so does attention (native/transformers/attention.cpp:
-  // validate_sdpa_input, "Expected query, key, and value to have the same dtype").
-  // So a cast to the export's dtype feeding one beside a param_dtype operand was
-  // `.to(weight.dtype)` or `.to(result_dtype)`, a no-op in the run
-  // (transformers/integrations/moe.py: _grouped_mm's `input.to(weight.dtype)`;
-  // peft/tuners/lora/layer.py: Linear.forward's `result.to(torch_result_dtype)`):
-  // the operand is the tensor before that cast.
-  static bool same_dtype_operands(std::string_view base) {
-    // Views made at compile time: this runs at every node of every walk.
-    static constexpr std::string_view kOps[] = {
-        "mm", "bmm", "addmm", "baddbmm", "matmul", "linear", "_grouped_mm", "grouped_mm", "grouped_mm_fallback",
-        "scaled_dot_product_attention", "_scaled_dot_product_flash_attention_for_cpu",
-        "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
-        "_scaled_dot_product_cudnn_attention"};
-    return std::find(std::begin(kOps), std::end(kOps), base) != std::end(kOps);
-  }
-
-  // `subs` holds the operands put in place (reserved: args point into it).
-  void retype_same_dtype_operands(const WalkNode& node, CallArgs& args, std::vector<OpTensor>& subs) const {
-    if (!retype() || upcast_source_.empty() || !same_dtype_operands(aten_op_base(node.op))) return;
-    bool compute = false;
-    for (const auto& [name, v] : args.items)
-      if (v.kind == ArgValue::Kind::Tensor && v.tensor && v.tensor->dtype == opt_.compute_dtype) compute = true;
-    if (!compute) return;
-    subs.reserve(args.items.size());
-    for (auto& [name, v] : args.items) {
-      if (v.kind != ArgValue::Kind::Tensor || !v.tensor || v.tensor->dtype != opt_.export_dtype) continue;
-      auto it = upcast_source_.find(v.tensor->storage);
-      if (it == upcast_source_.end()) continue;
-      // The same view, of the storage before the cast.
-      const OpTensor& src = meta_[static_cast<size_t>(it->second)];
-      OpTensor t = *v.tensor;
-      t.dtype = src.dtype;
-      t.storage = src.storage;
-      t.storage_bytes = src.storage_bytes;
-      subs.push_back(std::move(t));
-      v.tensor = &subs.back();
-    }
-  }
-
-  // Remembers a retyped upcast (a param_dtype tensor copied to the export's dtype) by the copy's storage.
-  void note_upcast(const WalkNode& node, std::string_view base) {
-    if (!retype() || (base != "to" && base != "_to_copy") || node.outputs.size() != 1 || !valid(node.outputs[0])) return;
-    for (const WalkArg& a : node.args) {
-      if (a.name != "self" || a.tensors.size() != 1 || !valid(a.tensors[0])) continue;
-      const OpTensor& in = meta_[static_cast<size_t>(a.tensors[0])];
-      const OpTensor& out = meta_[static_cast<size_t>(node.outputs[0])];
-      if (in.dtype == opt_.compute_dtype && out.dtype == opt_.export_dtype && out.storage != in.storage)
-        upcast_source_.emplace(out.storage, a.tensors[0]);
-    }
-  }
-
-  // The dtype an output has in the run (see retype).
-  const DtypeInfo* run_dtype(const CallArgs& args, int32_t o) const {
-    const DtypeInfo* recorded = tensor(o).dtype;
-    if (!retype() || recorded != opt_.export_dtype) return recorded;
-    if (const ArgValue* d = args.find("dtype"); d && d->kind == ArgValue::Kind::Str) {
-      for (const DtypeInfo* x : {opt_.compute_dtype, opt_.export_dtype})
-        if (d->s == x->name) return x;
-      return recorded;
-    }
-    bool compute = false;
-    for (const auto& [name, v] : args.items)
-      v.for_each_tensor([&](const OpTensor& t) { compute = compute || t.dtype == opt_.compute_dtype; });
-    return compute ? opt_.compute_dtype : recorded;
-  }
+  bool retype() const { return retype_.active(); }
+  const DtypeInfo* run_dtype(const CallArgs& args, int32_t o) const { return retype_.run_dtype(args, tensor(o).dtype); }
 
   void placeholders() {
     for (const WalkPlaceholder& p : g_.placeholders) {
@@ -247,32 +160,10 @@ class Walker {
     }
   }
 
-  // Checkpointed calls: maximal runs of nodes inside a checkpointed module.
+  // Checkpointed calls, and compiled ones (torch.compile'd modules).
   void regions() {
-    const size_t nm = tree_.num_modules();
-    region_module_.assign(nm, -1);
-    for (ModuleId m : opt_.checkpointed) region_module_[static_cast<size_t>(m)] = m;
-    for (ModuleId m : tree_.preorder()) {
-      const ModuleId parent = tree_.module(m).parent;
-      if (region_module_[static_cast<size_t>(m)] < 0 && parent >= 0)
-        region_module_[static_cast<size_t>(m)] = region_module_[static_cast<size_t>(parent)];
-    }
-    node_region_.assign(g_.nodes.size(), -1);
-    ModuleId prev = -1;
-    for (size_t i = 0; i < g_.nodes.size(); ++i) {
-      const ModuleId mod = g_.nodes[i].module;
-      ModuleId r = mod >= 0 && static_cast<size_t>(mod) < nm ? region_module_[static_cast<size_t>(mod)] : -1;
-      // A node with no module (sym_size) stays in the call around it.
-      if (mod < 0 && i > 0 && node_region_[i - 1] >= 0 && i + 1 < g_.nodes.size()) r = prev;
-      if (r < 0) {
-        prev = -1;
-        continue;
-      }
-      if (r != prev || regions_.empty()) regions_.push_back({r, static_cast<int32_t>(i), static_cast<int32_t>(i)});
-      regions_.back().last = static_cast<int32_t>(i);
-      node_region_[i] = static_cast<int32_t>(regions_.size()) - 1;
-      prev = r;
-    }
+    for (const NodeRun& c : module_calls(g_, tree_, opt_.checkpointed, node_region_)) regions_.emplace_back(c);
+    compiled_calls_ = module_calls(g_, tree_, opt_.compiled, node_compiled_);
   }
 
   // ------------------------------------------------------------------ forward
@@ -375,9 +266,9 @@ class Walker {
 
   void walk_row(int32_t i, const WalkNode& node, const OpRow& row, CallArgs& args) {
     add_op_defaults(row, args);
-    retype_cast(node, args);
+    retype_.cast(node, args);
     std::vector<OpTensor> subs;
-    retype_same_dtype_operands(node, args, subs);
+    retype_.same_dtype_operands(node, args, subs, meta_);
     const bool recorded = op_records(row, args);
     // Outputs as recorded, for alias_when and case conditions that read them
     // (in scratch kept from node to node: their lists keep their capacity).
@@ -430,7 +321,7 @@ class Walker {
       }
       outs[k] = &meta_[static_cast<size_t>(o)];
     }
-    note_upcast(node, base);
+    retype_.note_upcast(node, base, meta_);
     const OpCase& c = select_op_case(row, args, outs, opt_.env);
     restride(node, base, c, args, outs);
     node_case_[static_cast<size_t>(i)] = op_case_name(c);
@@ -545,28 +436,17 @@ class Walker {
       for (int32_t sid = node_first_storage_; sid < static_cast<int32_t>(storages_.size()); ++sid) sac_cache(sid, r);
   }
 
-  // The math SDPA's bmm outputs (attention.cpp: _scaled_dot_product_attention_math,
-  // in float32 for bf16/fp16 inputs): the scores [.., L, S], a tensor of its
-  // own; the output [.., L, Dv], the node's output unless cast back to bf16.
+  // The math SDPA's bmm outputs (selective.h: sac_attention_bytes).
   void sac_cache_attention(int32_t i, int32_t r, SacProduct product) {
-    const WalkNode& node = g_.nodes[static_cast<size_t>(i)];
     const OpTensor *q = nullptr, *k = nullptr, *v = nullptr;
-    for (const WalkArg& a : node.args)
+    for (const WalkArg& a : g_.nodes[static_cast<size_t>(i)].args)
       if (a.tensors.size() == 1 && valid(a.tensors[0])) {
         const OpTensor* t = &meta_[static_cast<size_t>(a.tensors[0])];
-        if (a.name == "query") q = t;
-        if (a.name == "key") k = t;
-        if (a.name == "value") v = t;
+        (a.name == "query" ? q : a.name == "key" ? k : a.name == "value" ? v : t) = t;
       }
-    if (!q || !k || !v || q->sizes.empty() || k->sizes.size() < 2 || v->sizes.empty() || !q->dtype) return;
-    const int64_t itemsize = q->dtype->itemsize == 2 ? 4 : q->dtype->itemsize;
-    if (product == SacProduct::AttentionOutput && q->dtype->itemsize != 2) {
-      sac_cache_outputs(i, r, false);
-      return;
-    }
-    int64_t numel = product == SacProduct::AttentionScores ? k->sizes[k->sizes.size() - 2] : v->sizes.back();
-    for (size_t d = 0; d + 1 < q->sizes.size(); ++d) numel *= q->sizes[d];
-    sac_cache(new_storage(numel * itemsize, StorageKind::Activation, i), r);
+    const int64_t bytes = sac_attention_bytes(q, k, v, product);
+    if (bytes < 0) sac_cache_outputs(i, r, false);
+    if (bytes > 0) sac_cache(new_storage(bytes, StorageKind::Activation, i), r);
   }
 
   // Each selective call's recompute working set: replayed in the backward, it
@@ -594,6 +474,163 @@ class Walker {
         level -= dies_after[k];
       }
     }
+  }
+
+  // ------------------------------------------------------------------ compiled calls
+  // Each compiled call saves what the partitioner's cut saves (partitioner.h)
+  // in place of its ops' own saves; a call inside a checkpointed one keeps
+  // checkpointing's (its inputs; the recompute as eager).
+  void compiled_saves() {
+    if (compiled_calls_.empty()) return;
+    for (const NodeRun& call : compiled_calls_) {
+      const int64_t eager = call_saved_bytes(call);
+      if (node_region_[static_cast<size_t>(call.first)] < 0) partition_call(call);
+      CompiledModule& c = compiled_entry(call.module);
+      ++c.calls;
+      c.eager_saved_bytes += eager;
+      c.saved_bytes += call_saved_bytes(call);
+    }
+    // Who saves each storage first, from the saves as they now stand.
+    for (Storage& st : storages_) {
+      st.first_saver = -1;
+      st.saved_module = -1;
+      st.saved_outside = false;
+    }
+    for (int32_t i = 0; i < static_cast<int32_t>(g_.nodes.size()); ++i) {
+      std::vector<int32_t> saves;
+      saves.swap(node_saves_[static_cast<size_t>(i)]);
+      for (int32_t sid : saves) save(sid, i, g_.nodes[static_cast<size_t>(i)].module);
+    }
+  }
+
+  // The activation storages a call's nodes save (each once).
+  int64_t call_saved_bytes(const NodeRun& call) const {
+    std::set<int32_t> seen;
+    int64_t bytes = 0;
+    for (int32_t i = call.first; i <= call.last; ++i)
+      for (int32_t sid : node_saves_[static_cast<size_t>(i)])
+        if (storages_[static_cast<size_t>(sid)].kind == StorageKind::Activation && seen.insert(sid).second)
+          bytes += storages_[static_cast<size_t>(sid)].bytes;
+    return bytes;
+  }
+
+  CompiledModule& compiled_entry(ModuleId m) {
+    auto it = std::find_if(out_.compiled.begin(), out_.compiled.end(), [&](const auto& c) { return c.module == m; });
+    if (it != out_.compiled.end()) return *it;
+    out_.compiled.push_back({m, unit_of(m)});
+    return out_.compiled.back();
+  }
+
+  // The cut's graph for one call: a value per storage it reads or makes.
+  struct CallValues {
+    std::vector<CutValue> values;
+    std::vector<int32_t> storage;             // value -> storage
+    std::unordered_map<int32_t, int32_t> of;  // storage -> value
+    std::vector<int32_t> holder;              // value -> the call's node whose backward lets it go
+    std::unordered_map<int32_t, int32_t> copies;  // tensor -> the storage of its traced copy
+  };
+
+  int32_t call_value(CallValues& cv, int32_t sid, const NodeRun& call) const {
+    auto [it, fresh] = cv.of.emplace(sid, static_cast<int32_t>(cv.values.size()));
+    if (!fresh) return it->second;
+    const Storage& st = storages_[static_cast<size_t>(sid)];
+    CutValue v;
+    v.bytes = st.bytes;
+    v.input = st.created < call.first;
+    v.free = st.kind == StorageKind::Param;
+    v.materialized = st.last_use > call.last || st.output;  // read after the call
+    cv.values.push_back(v);
+    cv.storage.push_back(sid);
+    cv.holder.push_back(-1);
+    return it->second;
+  }
+
+  // Node i's part of the cut's graph: what it reads (and so holds first), what it makes, what its backward reads.
+  void call_node_values(CallValues& cv, const NodeRun& call, int32_t i) {
+    const WalkNode& node = g_.nodes[static_cast<size_t>(i)];
+    const bool fusible = fusible_node(node), recomputable = recomputable_node(node);
+    std::vector<int32_t> ins;
+    std::vector<std::pair<int32_t, int32_t>> read_copies;  // storage -> the traced copy read in its place
+    int64_t in_bytes = 0, out_bytes = 0;
+    for (const WalkArg& a : node.args)
+      for (int32_t t : a.tensors) {
+        if (!valid(t)) continue;
+        const int32_t sid = tensor_storage(cv, t, i);
+        if (sid != meta_[static_cast<size_t>(t)].storage) read_copies.emplace_back(meta_[static_cast<size_t>(t)].storage, sid);
+        const int32_t v = call_value(cv, sid, call);
+        if (std::find(ins.begin(), ins.end(), v) == ins.end()) ins.push_back(v);
+        in_bytes += tensor_bytes(t);
+        if (!fusible) cv.values[static_cast<size_t>(v)].materialized = true;
+        if (cv.holder[static_cast<size_t>(v)] < 0) cv.holder[static_cast<size_t>(v)] = i;
+      }
+    for (int32_t o : node.outputs)
+      if (valid(o)) out_bytes += tensor_bytes(o);
+    std::vector<int32_t> made;
+    for (int32_t sid = node_storages_[static_cast<size_t>(i)]; sid < node_storages_[static_cast<size_t>(i) + 1]; ++sid)
+      made.push_back(sid);
+    const int32_t copy = traced_copy(cv, i);
+    if (copy >= 0) made.push_back(copy);
+    for (int32_t sid : made) {
+      const int32_t v = call_value(cv, sid, call);
+      // should_ban_recomputation: off the allowlist, or a reduction to a
+      // quarter of its inputs or less; a kernel's extra outputs with it.
+      cv.values[static_cast<size_t>(v)].banned =
+          !recomputable || out_bytes * 4 < in_bytes || !(node_output(node, sid) || sid == copy);
+      for (int32_t in : ins) cv.values[static_cast<size_t>(in)].users.push_back(v);
+    }
+    // A matmul's or attention's backward cannot fuse with what it reads, which
+    // so is never recomputed (is_materialized_backwards).
+    for (int32_t& sid : node_saves_[static_cast<size_t>(i)]) {
+      for (const auto& [eager, copy] : read_copies)
+        if (sid == eager) sid = copy;
+      CutValue& v = cv.values[static_cast<size_t>(call_value(cv, sid, call))];
+      v.needed = true;
+      if (!fusible) v.banned = true;
+    }
+  }
+
+  // The traced graph keeps the layout the export recorded for a fused
+  // attention kernel's output (the math path's), so a `contiguous` or
+  // `reshape` after its transpose, an alias in the eager run (walk.h rule 2),
+  // is a copy there (measured: the partitioner saves a clone before o_proj).
+  int32_t traced_copy(CallValues& cv, int32_t i) {
+    const WalkNode& node = g_.nodes[static_cast<size_t>(i)];
+    const std::string_view base = aten_op_base(node.op);
+    if (!node_view_[static_cast<size_t>(i)] || (base != "contiguous" && base != "reshape") || node.outputs.size() != 1)
+      return -1;
+    const int32_t o = node.outputs[0];
+    if (!valid(o) || !restrided_[static_cast<size_t>(o)] || !is_contiguous(meta_[static_cast<size_t>(o)])) return -1;
+    const int32_t sid = new_storage(tensor_bytes(o), StorageKind::Activation, i);
+    cv.copies.emplace(o, sid);
+    return sid;
+  }
+
+  // The storage a node reads for tensor t: a traced copy's where it is one.
+  int32_t tensor_storage(CallValues& cv, int32_t t, int32_t reader) {
+    auto it = cv.copies.find(t);
+    if (it == cv.copies.end()) return meta_[static_cast<size_t>(t)].storage;
+    Storage& copy = storages_[static_cast<size_t>(it->second)];
+    copy.last_use = std::max(copy.last_use, reader);
+    return it->second;
+  }
+
+  void partition_call(const NodeRun& call) {
+    CallValues cv;
+    for (int32_t i = call.first; i <= call.last; ++i) call_node_values(cv, call, i);
+    const std::vector<bool> saved = partitioner_saves(cv.values);
+    for (int32_t i = call.first; i <= call.last; ++i) node_saves_[static_cast<size_t>(i)].clear();
+    for (size_t v = 0; v < saved.size(); ++v) {
+      if (saved[v]) {
+        // Let go at the backward of its first reader in the call (else its maker's).
+        const int32_t made = storages_[static_cast<size_t>(cv.storage[v])].created;
+        node_saves_[static_cast<size_t>(cv.holder[v] >= 0 ? cv.holder[v] : made)].push_back(cv.storage[v]);
+      }
+    }
+  }
+
+  bool node_output(const WalkNode& node, int32_t sid) const {
+    return std::any_of(node.outputs.begin(), node.outputs.end(),
+                       [&](int32_t o) { return valid(o) && meta_[static_cast<size_t>(o)].storage == sid; });
   }
 
   void find_loss() {
@@ -967,11 +1004,13 @@ class Walker {
   std::vector<OpTensor> recorded_outs_;              // walk_row's scratch
   std::vector<const OpTensor*> outs_view_, outs_;  // walk_row's scratch
   std::vector<bool> restrided_;
-  std::unordered_map<int32_t, int32_t> upcast_source_;  // a retyped upcast's storage -> the tensor it copied
+  Retype retype_;
   std::vector<Storage> storages_;
-  std::vector<ModuleId> region_module_;
   std::vector<int32_t> node_region_;
   std::vector<Region> regions_;
+  std::vector<int32_t> node_compiled_;  // per node: its compiled call, -1: none
+  std::vector<NodeRun> compiled_calls_;
+  std::vector<int32_t> node_storages_;  // per node: the first storage it made (and, last, the end)
   std::vector<bool> recorded_;
   std::vector<std::vector<int32_t>> node_saves_;
   std::vector<NodeExtra> node_extra_;

@@ -23,6 +23,9 @@
 //  6. activation checkpointing: a checkpointed module call keeps only its
 //     inputs made outside it; its backward starts by recomputing it, which
 //     saves again what it saves;
+//  8. compiled modules (WalkOptions::compiled, partitioner.h): a call's saves
+//     are the partitioner's cut over what it reads and makes, each let go at
+//     the backward of its first reader in the call;
 //  7. selective checkpointing (WalkOptions::sac, selective.h): inside a
 //     checkpointed call the outputs of the ops the policy saves are held too,
 //     from the op to the call's recompute (then as long as autograd's saves in
@@ -117,6 +120,9 @@ struct WalkOptions {
   // export recorded export_dtype (its parameters' floating dtype); walk.cpp: retype.
   const DtypeInfo* compute_dtype = nullptr;
   const DtypeInfo* export_dtype = nullptr;
+  // Compiled modules (torch.compile, outermost): each call saves what
+  // AOTAutograd's min-cut partitioner saves (partitioner.h).
+  std::vector<ModuleId> compiled;
   // Selective checkpointing: every checkpointed call runs under this policy; nullptr: full AC.
   const SacPolicy* sac = nullptr;
   // Context parallelism: every SDPA call runs as torch's ring over `cp` ranks,

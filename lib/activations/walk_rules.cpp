@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "activations/ring_attention.h"
+#include "activations/walk.h"
 
 namespace fsdp_plan {
 namespace {
@@ -191,6 +192,35 @@ std::string_view aten_op_base(std::string_view op) {
   if (a == std::string_view::npos) return op;
   const size_t b = op.find('.', a + 1);
   return op.substr(a + 1, b == std::string_view::npos ? std::string_view::npos : b - a - 1);
+}
+
+std::vector<NodeRun> module_calls(const WalkGraph& g, const ModuleTree& tree, const std::vector<ModuleId>& modules,
+                                     std::vector<int32_t>& node_call) {
+  const size_t nm = tree.num_modules();
+  std::vector<ModuleId> call_module(nm, -1);
+  for (ModuleId m : modules) call_module[static_cast<size_t>(m)] = m;
+  for (ModuleId m : tree.preorder()) {
+    const ModuleId parent = tree.module(m).parent;
+    if (call_module[static_cast<size_t>(m)] < 0 && parent >= 0)
+      call_module[static_cast<size_t>(m)] = call_module[static_cast<size_t>(parent)];
+  }
+  std::vector<NodeRun> calls;
+  node_call.assign(g.nodes.size(), -1);
+  ModuleId prev = -1;
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    const ModuleId mod = g.nodes[i].module;
+    ModuleId r = mod >= 0 && static_cast<size_t>(mod) < nm ? call_module[static_cast<size_t>(mod)] : -1;
+    if (mod < 0 && i > 0 && node_call[i - 1] >= 0 && i + 1 < g.nodes.size()) r = prev;
+    if (r < 0) {
+      prev = -1;
+      continue;
+    }
+    if (r != prev || calls.empty()) calls.push_back({r, static_cast<int32_t>(i), static_cast<int32_t>(i)});
+    calls.back().last = static_cast<int32_t>(i);
+    node_call[i] = static_cast<int32_t>(calls.size()) - 1;
+    prev = r;
+  }
+  return calls;
 }
 
 }  // namespace fsdp_plan

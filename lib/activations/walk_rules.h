@@ -8,8 +8,11 @@
 #include <vector>
 
 #include "activations/saved_ops.h"
+#include "model/module_tree.h"
 
 namespace fsdp_plan {
+
+struct WalkGraph;
 
 // Context parallelism (torch's context_parallel): SDPA as a ring over cp ranks.
 struct RingAttention {
@@ -42,6 +45,17 @@ std::optional<std::vector<int64_t>> view_strides(std::string_view name, const Op
 
 // Operators whose backward returns the output's gradient itself to an input of the same size.
 bool passes_gradient(std::string_view op);
+
+// One call of a module as the walk sees it: a maximal run of consecutive graph nodes inside it.
+struct NodeRun {
+  ModuleId module = -1;
+  int32_t first = 0, last = 0;  // nodes
+};
+
+// The calls of `modules` (each with its subtree; a node with no module, such
+// as sym_size, stays in the call around it); `node_call` gets each node's call, -1: none.
+std::vector<NodeRun> module_calls(const WalkGraph& g, const ModuleTree& tree, const std::vector<ModuleId>& modules,
+                                     std::vector<int32_t>& node_call);
 
 // "aten.transpose.int" -> "transpose"
 std::string_view aten_op_base(std::string_view op);

@@ -58,6 +58,18 @@ struct CheckpointedModule {
   int64_t recompute_peak_bytes = 0;
 };
 
+// A module compiled with torch.compile (policy "compile"): its calls save
+// what AOTAutograd's min-cut partitioner saves (activations/partitioner.h),
+// beside what eager autograd would save for them. A call inside a
+// checkpointed module keeps checkpointing's saves.
+struct CompiledModule {
+  ModuleId module = 0;
+  int unit = -1;
+  int64_t calls = 0;
+  int64_t eager_saved_bytes = 0;  // what its ops' own saves hold (each storage once per call)
+  int64_t saved_bytes = 0;        // what the partitioner's cut holds
+};
+
 // Saved bytes of one module (graph source): by the module's own nodes, and
 // with every module below it.
 struct ModuleActivations {
@@ -73,6 +85,7 @@ struct ActivationPlan {
   // Graph: what the walk was evaluated at.
   std::vector<std::pair<std::string, int64_t>> dims;  // dynamic dimensions: name -> value
   std::string device = "cuda";   // whose kernels decide what is saved
+  std::vector<CompiledModule> compiled;
   std::string sdpa = "default";  // the attention kernel asked for
   std::vector<std::string> sdpa_kernels;  // the SDPA cases that ran ("CUDA flash ..."), each once
   std::string loss;              // the operator the backward starts from ("" if none: no loss in the export)

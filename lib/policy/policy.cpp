@@ -29,7 +29,7 @@ const std::vector<std::string> kTopKeys = {"$schema", "module_classes", "min_num
                                            "mixed_precision", "ignored_modules", "ignored_params",
                                            "fsdp", "checks", "groups", "tensor_parallel", "expert_parallel",
                                            "context_parallel",
-                                           "activation_checkpointing", "hardware"};
+                                           "activation_checkpointing", "compile", "hardware"};
 const std::vector<std::string> kActivationCheckpointingKeys = {"module_classes", "modules", "mode", "save_ops",
                                                                 "recompute_mm_fqns"};
 const std::vector<std::string> kChecksKeys = {"max_unit_numel", "max_units", "max_root_share", "max_peak_bytes",
@@ -308,6 +308,17 @@ class Parser {
     return out;
   }
 
+  CompileConfig compile(const json& v) const {
+    if (!v.is_object()) fail("\"compile\" must be an object or null, not " + json_type_name(v));
+    check_keys(v, {"module_classes"}, " in \"compile\"");
+    CompileConfig c;
+    if (auto it = v.find("module_classes"); it != v.end()) c.module_classes = string_list(*it, "compile.module_classes", true);
+    if (c.module_classes.empty())
+      fail("\"compile\" names no module: give \"module_classes\" (e.g. [\"LlamaDecoderLayer\"]), the blocks "
+           "torch.compile compiles one by one");
+    return c;
+  }
+
   ActivationCheckpointing activation_checkpointing(const json& v) const {
     if (!v.is_object()) fail("\"activation_checkpointing\" must be an object or null, not " + json_type_name(v));
     check_keys(v, kActivationCheckpointingKeys, " in \"activation_checkpointing\"");
@@ -486,6 +497,7 @@ class Parser {
       p.context_parallel = parse_context_parallel(*it, file_);
     if (auto it = doc.find("activation_checkpointing"); it != doc.end() && !it->is_null())
       p.activation_checkpointing = activation_checkpointing(*it);
+    if (auto it = doc.find("compile"); it != doc.end() && !it->is_null()) p.compile = compile(*it);
     return p;
   }
 
@@ -625,6 +637,7 @@ nlohmann::ordered_json policy_to_json(const Policy& p) {
     if (p.activation_checkpointing->selective())
       add_selective(out["activation_checkpointing"], *p.activation_checkpointing);
   }
+  if (p.compile) out["compile"] = {{"module_classes", p.compile->module_classes}};
   out["fsdp"] = {{"world_size", p.fsdp.world_size},
                  {"sharding_strategy", strategy_name(p.fsdp.strategy)},
                  {"shard_group_size", p.fsdp.shard_group_size > 0 ? nlohmann::ordered_json(p.fsdp.shard_group_size)
@@ -682,6 +695,7 @@ nlohmann::ordered_json policy_file_json(const Policy& p) {
     if (p.activation_checkpointing->selective()) add_selective(ac, *p.activation_checkpointing);
     out["activation_checkpointing"] = std::move(ac);
   }
+  if (p.compile) out["compile"] = {{"module_classes", p.compile->module_classes}};
   if (!p.groups.empty()) {
     nlohmann::ordered_json groups = nlohmann::ordered_json::array();
     for (const auto& g : p.groups) {

@@ -70,6 +70,15 @@ struct ActivationCheckpointing {
   bool selective() const { return mode == CheckpointMode::Selective; }
 };
 
+// Compiled blocks (issue 42): modules of these classes run as torch.compile
+// compiles them (`module.compile()`, after activation checkpointing's wrap and
+// before fully_shard, as torchtitan's parallelize does), FSDP's hooks outside
+// the compiled code. What each call saves is what AOTAutograd's min-cut
+// partitioner saves (activations/partitioner.h).
+struct CompileConfig {
+  std::vector<std::string> module_classes;
+};
+
 // How activations are counted (command line only; not part of a policy file):
 // --activation-bytes, --device, --sdpa. The dynamic dimensions are the graph's (--dim).
 struct ActivationSettings {
@@ -107,6 +116,7 @@ struct Policy {
   std::optional<ExpertParallel> expert_parallel;  // FSDP2 only: routed experts on (efsdp, ep)
   std::optional<ContextParallel> context_parallel;  // FSDP2 only: the sequence split over cp
   std::optional<ActivationCheckpointing> activation_checkpointing;
+  std::optional<CompileConfig> compile;
   ActivationSettings activations;            // not in the policy file
 
   // FSDP auto-wraps only when a wrapping policy is given; mixed precision
