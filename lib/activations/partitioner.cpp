@@ -53,9 +53,11 @@ int64_t node_weight(const CutValue& v, int64_t dist) {
 
 }  // namespace
 
+// dropout's output is recomputable from its input and its mask (the mask, the
+// random part, is the node's extra tensor: banned).
 bool recomputable_node(const WalkNode& node) {
   const std::string_view base = aten_op_base(node.op);
-  if (base == "dropout" || base == "feature_dropout" || base == "alpha_dropout") return !drops(node);
+  if (base == "dropout" || base == "feature_dropout" || base == "alpha_dropout") return true;
   return listed(base);
 }
 

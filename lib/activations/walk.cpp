@@ -5,30 +5,14 @@
 #include <set>
 #include <unordered_map>
 
-#include "activations/partitioner.h"
+#include "activations/compiled_call.h"
 #include "activations/retype.h"
 #include "activations/walk_rules.h"
+#include "activations/walk_state.h"
 #include "util/strings.h"
 
 namespace fsdp_plan {
 namespace {
-
-enum class StorageKind : uint8_t { Activation, Param, Input };
-
-struct Storage {
-  int64_t bytes = 0;
-  StorageKind kind = StorageKind::Activation;
-  int32_t created = -1;      // node that made it (-1: before the first node)
-  int32_t last_use = -1;     // last node reading it in the forward
-  int32_t first_saver = -1;  // first node saving it (-1: not saved)
-  ModuleId saved_module = -1;
-  bool saved_outside = false;  // saved by a node outside every checkpointed call
-  int32_t region_input = -1;   // the checkpointed call it is an input of (kept), -1: none
-  bool output = false;         // a graph output
-  bool loss = false;
-  int owner = -1;              // a parameter's unit (WalkOptions::unit_of_param), -1: none known
-  int32_t cached_in = -1;      // selective checkpointing: the call whose cache holds it, -1: none
-};
 
 // One call of a checkpointed module: a maximal run of consecutive nodes in its subtree.
 struct Region : NodeRun {
@@ -47,27 +31,27 @@ class Walker {
   const WalkTensor& tensor(int32_t t) const { return rank_tensor(g_, opt_.local_tensors, t); }
 
   void run() {
-    meta_.resize(g_.tensors.size());
-    restrided_.assign(g_.tensors.size(), false);
+    w_.meta.resize(g_.tensors.size());
+    w_.restrided.assign(g_.tensors.size(), false);
     regions();
     placeholders();
     const int32_t n = static_cast<int32_t>(g_.nodes.size());
     recorded_.assign(static_cast<size_t>(n), false);
-    node_saves_.assign(static_cast<size_t>(n), {});
+    w_.node_saves.assign(static_cast<size_t>(n), {});
     node_extra_.assign(static_cast<size_t>(n), NodeExtra{});
     node_diff_.assign(static_cast<size_t>(n), {});
-    node_view_.assign(static_cast<size_t>(n), false);
+    w_.node_view.assign(static_cast<size_t>(n), false);
     node_case_.assign(static_cast<size_t>(n), nullptr);
-    node_storages_.assign(static_cast<size_t>(n) + 1, 0);
+    w_.node_storages.assign(static_cast<size_t>(n) + 1, 0);
     for (int32_t i = 0; i < n; ++i) {
-      node_storages_[static_cast<size_t>(i)] = static_cast<int32_t>(storages_.size());
+      w_.node_storages[static_cast<size_t>(i)] = static_cast<int32_t>(w_.storages.size());
       node(i);
     }
-    node_storages_[static_cast<size_t>(n)] = static_cast<int32_t>(storages_.size());
+    w_.node_storages[static_cast<size_t>(n)] = static_cast<int32_t>(w_.storages.size());
     for (int32_t t : g_.outputs) {
-      if (t < 0 || static_cast<size_t>(t) >= meta_.size() || meta_[static_cast<size_t>(t)].storage < 0) continue;
-      const int32_t storage = meta_[static_cast<size_t>(t)].storage;
-      Storage& s = storages_[static_cast<size_t>(storage)];
+      if (t < 0 || static_cast<size_t>(t) >= w_.meta.size() || w_.meta[static_cast<size_t>(t)].storage < 0) continue;
+      const int32_t storage = w_.meta[static_cast<size_t>(t)].storage;
+      Storage& s = w_.storages[static_cast<size_t>(storage)];
       s.output = true;
       s.last_use = std::max(s.last_use, n - 1);
       // A retyped upcast returned as an output: in the fp32 export `logits.float()`
@@ -76,9 +60,9 @@ class Walker {
       // ForCausalLMLoss). Hold the source to the end too (an H200 run,
       // bench/gpu_check.py: the forward's peak was one bf16 logits low).
       if (auto it = retype_.upcasts().find(storage); it != retype_.upcasts().end()) {
-        const int32_t source = meta_[static_cast<size_t>(it->second)].storage;
+        const int32_t source = w_.meta[static_cast<size_t>(it->second)].storage;
         if (source >= 0) {
-          Storage& src = storages_[static_cast<size_t>(source)];
+          Storage& src = w_.storages[static_cast<size_t>(source)];
           src.output = true;
           src.last_use = std::max(src.last_use, n - 1);
         }
@@ -93,19 +77,11 @@ class Walker {
 
  private:
   // ------------------------------------------------------------------ setup
-  int32_t new_storage(int64_t bytes, StorageKind kind, int32_t created) {
-    Storage s;
-    s.bytes = bytes;
-    s.kind = kind;
-    s.created = created;
-    s.last_use = created;
-    storages_.push_back(s);
-    return static_cast<int32_t>(storages_.size()) - 1;
-  }
+  int32_t new_storage(int64_t bytes, StorageKind kind, int32_t created) { return w_.new_storage(bytes, kind, created); }
 
   void fill_meta(int32_t t, int32_t storage, int64_t storage_bytes, bool rg, const DtypeInfo* dtype = nullptr) {
     const WalkTensor& w = tensor(t);
-    OpTensor& m = meta_[static_cast<size_t>(t)];
+    OpTensor& m = w_.meta[static_cast<size_t>(t)];
     m.sizes = w.sizes;
     m.strides = w.strides;
     m.offset = w.offset;
@@ -145,17 +121,17 @@ class Walker {
       if (kind == StorageKind::Input) out_.input_bytes += bytes;
       int32_t s = new_storage(bytes, kind, -1);
       if (p.kind == WalkInput::Parameter && p.param >= 0 && static_cast<size_t>(p.param) < opt_.unit_of_param.size())
-        storages_[static_cast<size_t>(s)].owner = opt_.unit_of_param[static_cast<size_t>(p.param)];
+        w_.storages[static_cast<size_t>(s)].owner = opt_.unit_of_param[static_cast<size_t>(p.param)];
       fill_meta(p.tensor, s, bytes, rg && w.dtype && is_floating_dtype(w.dtype->name), dtype);
       // FSDP's cast of a floating input under mixed precision is a copy made
       // in the forward (the root's pre-forward): an activation where it is saved.
       if (kind == StorageKind::Input && opt_.input_cast && w.dtype && is_floating_dtype(w.dtype->name) &&
           w.dtype != opt_.input_cast) {
-        OpTensor& m = meta_[static_cast<size_t>(p.tensor)];
+        OpTensor& m = w_.meta[static_cast<size_t>(p.tensor)];
         m.dtype = opt_.input_cast;
         m.storage_bytes = m.numel() * opt_.input_cast->itemsize;
-        storages_[static_cast<size_t>(s)].kind = StorageKind::Activation;
-        storages_[static_cast<size_t>(s)].bytes = m.storage_bytes;
+        w_.storages[static_cast<size_t>(s)].kind = StorageKind::Activation;
+        w_.storages[static_cast<size_t>(s)].bytes = m.storage_bytes;
       }
     }
   }
@@ -173,10 +149,10 @@ class Walker {
     for (const WalkArg& a : node.args) {
       if (a.value.kind == ArgValue::Kind::Tensor) {
         const int32_t t = a.tensors.empty() ? -1 : a.tensors[0];
-        args.items.emplace_back(a.name, ArgValue::of_tensor(valid(t) ? &meta_[static_cast<size_t>(t)] : nullptr));
+        args.items.emplace_back(a.name, ArgValue::of_tensor(valid(t) ? &w_.meta[static_cast<size_t>(t)] : nullptr));
       } else if (a.value.kind == ArgValue::Kind::Tensors) {
         std::vector<const OpTensor*> ts;
-        for (int32_t t : a.tensors) ts.push_back(valid(t) ? &meta_[static_cast<size_t>(t)] : nullptr);
+        for (int32_t t : a.tensors) ts.push_back(valid(t) ? &w_.meta[static_cast<size_t>(t)] : nullptr);
         args.items.emplace_back(a.name, ArgValue::of_tensors(std::move(ts)));
       } else {
         args.items.emplace_back(a.name, a.value);
@@ -185,9 +161,7 @@ class Walker {
     return args;
   }
 
-  bool valid(int32_t t) const {
-    return t >= 0 && static_cast<size_t>(t) < meta_.size() && meta_[static_cast<size_t>(t)].storage >= 0;
-  }
+  bool valid(int32_t t) const { return w_.valid(t); }
 
   void missing(const std::string& op, const std::string& why) {
     auto it = std::find_if(missing_.begin(), missing_.end(), [&](const auto& e) { return e.first == op; });
@@ -201,17 +175,17 @@ class Walker {
 
   void save(int32_t storage, int32_t node, ModuleId module) {
     if (storage < 0) return;
-    Storage& s = storages_[static_cast<size_t>(storage)];
+    Storage& s = w_.storages[static_cast<size_t>(storage)];
     if (s.first_saver < 0) {
       s.first_saver = node;
       s.saved_module = module;
     }
     if (node_region_[static_cast<size_t>(node)] < 0) s.saved_outside = true;
-    node_saves_[static_cast<size_t>(node)].push_back(storage);
+    w_.node_saves[static_cast<size_t>(node)].push_back(storage);
   }
 
   void node(int32_t i) {
-    node_first_storage_ = static_cast<int32_t>(storages_.size());
+    node_first_storage_ = static_cast<int32_t>(w_.storages.size());
     node_forward(i);
     if (opt_.sac) sac_node(i);
   }
@@ -224,8 +198,8 @@ class Walker {
     for (const WalkArg& a : node.args)
       for (int32_t t : a.tensors) {
         if (!valid(t)) continue;
-        const int32_t sid = meta_[static_cast<size_t>(t)].storage;
-        Storage& s = storages_[static_cast<size_t>(sid)];
+        const int32_t sid = w_.meta[static_cast<size_t>(t)].storage;
+        Storage& s = w_.storages[static_cast<size_t>(sid)];
         s.last_use = std::max(s.last_use, i);
         if (region >= 0 && s.kind == StorageKind::Activation && s.region_input < 0 &&
             (s.created < regions_[static_cast<size_t>(region)].first)) {
@@ -259,7 +233,7 @@ class Walker {
     for (const WalkArg& a : node.args)
       for (int32_t t : a.tensors)
         if (valid(t)) {
-          save(meta_[static_cast<size_t>(t)].storage, i, node.module);
+          save(w_.meta[static_cast<size_t>(t)].storage, i, node.module);
           node_diff_[static_cast<size_t>(i)].push_back(t);
         }
   }
@@ -268,7 +242,7 @@ class Walker {
     add_op_defaults(row, args);
     retype_.cast(node, args);
     std::vector<OpTensor> subs;
-    retype_.same_dtype_operands(node, args, subs, meta_);
+    retype_.same_dtype_operands(node, args, subs, w_.meta);
     const bool recorded = op_records(row, args);
     // Outputs as recorded, for alias_when and case conditions that read them
     // (in scratch kept from node to node: their lists keep their capacity).
@@ -312,16 +286,16 @@ class Walker {
         // In place: `self` is the output, and needs a gradient when it does.
         if (row_alias && std::string_view(row_alias) == "self" && !base.empty() && base.back() == '_' && rg)
           const_cast<OpTensor*>(src->tensor)->requires_grad = true;
-        node_view_[static_cast<size_t>(i)] = true;
+        w_.node_view[static_cast<size_t>(i)] = true;
       } else {
         const int64_t bytes = span_of(o, dtype);
         fill_meta(o, new_storage(bytes, StorageKind::Activation, i), bytes, rg, dtype);
         // A new storage made from a parameter or input alone is still an activation
         // (a dtype copy of a weight is not: FSDP's gathered copy is the memory model's).
       }
-      outs[k] = &meta_[static_cast<size_t>(o)];
+      outs[k] = &w_.meta[static_cast<size_t>(o)];
     }
-    retype_.note_upcast(node, base, meta_);
+    retype_.note_upcast(node, base, w_.meta);
     const OpCase& c = select_op_case(row, args, outs, opt_.env);
     restride(node, base, c, args, outs);
     node_case_[static_cast<size_t>(i)] = op_case_name(c);
@@ -338,6 +312,9 @@ class Walker {
         int32_t& slot = slots[static_cast<size_t>(s.new_slot)];
         if (slot < 0) slot = new_storage(s.bytes, StorageKind::Activation, i);
         sid = slot;
+        // Dropout's noise, a bool mask where the dropout is traced (compiled calls).
+        if ((s.what == "noise" || s.what == "dropout_noise") && s.dtype)
+          w_.storages[static_cast<size_t>(sid)].mask_bytes = s.bytes / s.dtype->itemsize;
       }
       save(sid, i, node.module);
     }
@@ -357,25 +334,25 @@ class Walker {
   void restride(const WalkNode& node, std::string_view base, const OpCase& c, const CallArgs& args,
                 const std::vector<const OpTensor*>& outs) {
     if (std::optional<std::vector<int64_t>> st = kernel_output_strides(node.op, c, args, outs, opt_.env, opt_.ring)) {
-      if (!node.outputs.empty() && valid(node.outputs[0]) && st->size() == meta_[static_cast<size_t>(node.outputs[0])].sizes.size()) {
-        meta_[static_cast<size_t>(node.outputs[0])].strides = *st;
-        restrided_[static_cast<size_t>(node.outputs[0])] = true;
+      if (!node.outputs.empty() && valid(node.outputs[0]) && st->size() == w_.meta[static_cast<size_t>(node.outputs[0])].sizes.size()) {
+        w_.meta[static_cast<size_t>(node.outputs[0])].strides = *st;
+        w_.restrided[static_cast<size_t>(node.outputs[0])] = true;
       }
       return;
     }
     const WalkArg* self = nullptr;
     for (const WalkArg& a : node.args)
       if (a.name == "self") self = &a;
-    if (!self || self->tensors.size() != 1 || !valid(self->tensors[0]) || !restrided_[static_cast<size_t>(self->tensors[0])])
+    if (!self || self->tensors.size() != 1 || !valid(self->tensors[0]) || !w_.restrided[static_cast<size_t>(self->tensors[0])])
       return;
-    const OpTensor& t = meta_[static_cast<size_t>(self->tensors[0])];
+    const OpTensor& t = w_.meta[static_cast<size_t>(self->tensors[0])];
     for (int32_t o : node.outputs) {
       if (!valid(o)) continue;
-      OpTensor& m = meta_[static_cast<size_t>(o)];
+      OpTensor& m = w_.meta[static_cast<size_t>(o)];
       if (m.storage != t.storage) continue;  // a copy: dense, as recorded
       if (auto st = view_strides(base, t, m, args)) {
         m.strides = *st;
-        restrided_[static_cast<size_t>(o)] = true;
+        w_.restrided[static_cast<size_t>(o)] = true;
       }
     }
   }
@@ -409,7 +386,7 @@ class Walker {
     for (const WalkArg& a : node.args) {
       if (a.tensors.size() != 1 || !valid(a.tensors[0])) continue;
       if (a.name != (linear ? "weight" : node.op == "aten.matmul.default" ? "other" : "mat2")) continue;
-      const std::vector<int64_t>& sz = meta_[static_cast<size_t>(a.tensors[0])].sizes;
+      const std::vector<int64_t>& sz = w_.meta[static_cast<size_t>(a.tensors[0])].sizes;
       if (sz.size() != 2) return std::nullopt;
       return linear ? std::make_pair(sz[1], sz[0]) : std::make_pair(sz[0], sz[1]);
     }
@@ -417,7 +394,7 @@ class Walker {
   }
 
   void sac_cache(int32_t storage, int32_t region) {
-    Storage& s = storages_[static_cast<size_t>(storage)];
+    Storage& s = w_.storages[static_cast<size_t>(storage)];
     if (s.kind != StorageKind::Activation || s.cached_in >= 0) return;
     s.cached_in = region;
     regions_[static_cast<size_t>(region)].cached += s.bytes;
@@ -429,11 +406,11 @@ class Walker {
   void sac_cache_outputs(int32_t i, int32_t r, bool kernel_extras) {
     for (int32_t o : g_.nodes[static_cast<size_t>(i)].outputs)
       if (valid(o)) {
-        const int32_t sid = meta_[static_cast<size_t>(o)].storage;
+        const int32_t sid = w_.meta[static_cast<size_t>(o)].storage;
         if (sid >= node_first_storage_) sac_cache(sid, r);
       }
     if (kernel_extras)
-      for (int32_t sid = node_first_storage_; sid < static_cast<int32_t>(storages_.size()); ++sid) sac_cache(sid, r);
+      for (int32_t sid = node_first_storage_; sid < static_cast<int32_t>(w_.storages.size()); ++sid) sac_cache(sid, r);
   }
 
   // The math SDPA's bmm outputs (selective.h: sac_attention_bytes).
@@ -441,7 +418,7 @@ class Walker {
     const OpTensor *q = nullptr, *k = nullptr, *v = nullptr;
     for (const WalkArg& a : g_.nodes[static_cast<size_t>(i)].args)
       if (a.tensors.size() == 1 && valid(a.tensors[0])) {
-        const OpTensor* t = &meta_[static_cast<size_t>(a.tensors[0])];
+        const OpTensor* t = &w_.meta[static_cast<size_t>(a.tensors[0])];
         (a.name == "query" ? q : a.name == "key" ? k : a.name == "value" ? v : t) = t;
       }
     const int64_t bytes = sac_attention_bytes(q, k, v, product);
@@ -459,7 +436,7 @@ class Walker {
       const size_t len = static_cast<size_t>(r.last - r.first) + 1;
       std::vector<int64_t> born(len + 1, 0), dies_after(len + 1, 0);
       const int32_t index = static_cast<int32_t>(&r - regions_.data());
-      for (const Storage& s : storages_) {
+      for (const Storage& s : w_.storages) {
         if (s.kind != StorageKind::Activation || s.created < r.first || s.created > r.last || s.cached_in >= 0)
           continue;
         born[static_cast<size_t>(s.created - r.first)] += s.bytes;
@@ -484,21 +461,21 @@ class Walker {
     if (compiled_calls_.empty()) return;
     for (const NodeRun& call : compiled_calls_) {
       const int64_t eager = call_saved_bytes(call);
-      if (node_region_[static_cast<size_t>(call.first)] < 0) partition_call(call);
+      if (node_region_[static_cast<size_t>(call.first)] < 0) partition_compiled_call(g_, w_, call);
       CompiledModule& c = compiled_entry(call.module);
       ++c.calls;
       c.eager_saved_bytes += eager;
       c.saved_bytes += call_saved_bytes(call);
     }
     // Who saves each storage first, from the saves as they now stand.
-    for (Storage& st : storages_) {
+    for (Storage& st : w_.storages) {
       st.first_saver = -1;
       st.saved_module = -1;
       st.saved_outside = false;
     }
     for (int32_t i = 0; i < static_cast<int32_t>(g_.nodes.size()); ++i) {
       std::vector<int32_t> saves;
-      saves.swap(node_saves_[static_cast<size_t>(i)]);
+      saves.swap(w_.node_saves[static_cast<size_t>(i)]);
       for (int32_t sid : saves) save(sid, i, g_.nodes[static_cast<size_t>(i)].module);
     }
   }
@@ -508,9 +485,9 @@ class Walker {
     std::set<int32_t> seen;
     int64_t bytes = 0;
     for (int32_t i = call.first; i <= call.last; ++i)
-      for (int32_t sid : node_saves_[static_cast<size_t>(i)])
-        if (storages_[static_cast<size_t>(sid)].kind == StorageKind::Activation && seen.insert(sid).second)
-          bytes += storages_[static_cast<size_t>(sid)].bytes;
+      for (int32_t sid : w_.node_saves[static_cast<size_t>(i)])
+        if (w_.storages[static_cast<size_t>(sid)].kind == StorageKind::Activation && seen.insert(sid).second)
+          bytes += w_.storages[static_cast<size_t>(sid)].bytes;
     return bytes;
   }
 
@@ -521,123 +498,11 @@ class Walker {
     return out_.compiled.back();
   }
 
-  // The cut's graph for one call: a value per storage it reads or makes.
-  struct CallValues {
-    std::vector<CutValue> values;
-    std::vector<int32_t> storage;             // value -> storage
-    std::unordered_map<int32_t, int32_t> of;  // storage -> value
-    std::vector<int32_t> holder;              // value -> the call's node whose backward lets it go
-    std::unordered_map<int32_t, int32_t> copies;  // tensor -> the storage of its traced copy
-  };
-
-  int32_t call_value(CallValues& cv, int32_t sid, const NodeRun& call) const {
-    auto [it, fresh] = cv.of.emplace(sid, static_cast<int32_t>(cv.values.size()));
-    if (!fresh) return it->second;
-    const Storage& st = storages_[static_cast<size_t>(sid)];
-    CutValue v;
-    v.bytes = st.bytes;
-    v.input = st.created < call.first;
-    v.free = st.kind == StorageKind::Param;
-    v.materialized = st.last_use > call.last || st.output;  // read after the call
-    cv.values.push_back(v);
-    cv.storage.push_back(sid);
-    cv.holder.push_back(-1);
-    return it->second;
-  }
-
-  // Node i's part of the cut's graph: what it reads (and so holds first), what it makes, what its backward reads.
-  void call_node_values(CallValues& cv, const NodeRun& call, int32_t i) {
-    const WalkNode& node = g_.nodes[static_cast<size_t>(i)];
-    const bool fusible = fusible_node(node), recomputable = recomputable_node(node);
-    std::vector<int32_t> ins;
-    std::vector<std::pair<int32_t, int32_t>> read_copies;  // storage -> the traced copy read in its place
-    int64_t in_bytes = 0, out_bytes = 0;
-    for (const WalkArg& a : node.args)
-      for (int32_t t : a.tensors) {
-        if (!valid(t)) continue;
-        const int32_t sid = tensor_storage(cv, t, i);
-        if (sid != meta_[static_cast<size_t>(t)].storage) read_copies.emplace_back(meta_[static_cast<size_t>(t)].storage, sid);
-        const int32_t v = call_value(cv, sid, call);
-        if (std::find(ins.begin(), ins.end(), v) == ins.end()) ins.push_back(v);
-        in_bytes += tensor_bytes(t);
-        if (!fusible) cv.values[static_cast<size_t>(v)].materialized = true;
-        if (cv.holder[static_cast<size_t>(v)] < 0) cv.holder[static_cast<size_t>(v)] = i;
-      }
-    for (int32_t o : node.outputs)
-      if (valid(o)) out_bytes += tensor_bytes(o);
-    std::vector<int32_t> made;
-    for (int32_t sid = node_storages_[static_cast<size_t>(i)]; sid < node_storages_[static_cast<size_t>(i) + 1]; ++sid)
-      made.push_back(sid);
-    const int32_t copy = traced_copy(cv, i);
-    if (copy >= 0) made.push_back(copy);
-    for (int32_t sid : made) {
-      const int32_t v = call_value(cv, sid, call);
-      // should_ban_recomputation: off the allowlist, or a reduction to a
-      // quarter of its inputs or less; a kernel's extra outputs with it.
-      cv.values[static_cast<size_t>(v)].banned =
-          !recomputable || out_bytes * 4 < in_bytes || !(node_output(node, sid) || sid == copy);
-      for (int32_t in : ins) cv.values[static_cast<size_t>(in)].users.push_back(v);
-    }
-    // A matmul's or attention's backward cannot fuse with what it reads, which
-    // so is never recomputed (is_materialized_backwards).
-    for (int32_t& sid : node_saves_[static_cast<size_t>(i)]) {
-      for (const auto& [eager, copy] : read_copies)
-        if (sid == eager) sid = copy;
-      CutValue& v = cv.values[static_cast<size_t>(call_value(cv, sid, call))];
-      v.needed = true;
-      if (!fusible) v.banned = true;
-    }
-  }
-
-  // The traced graph keeps the layout the export recorded for a fused
-  // attention kernel's output (the math path's), so a `contiguous` or
-  // `reshape` after its transpose, an alias in the eager run (walk.h rule 2),
-  // is a copy there (measured: the partitioner saves a clone before o_proj).
-  int32_t traced_copy(CallValues& cv, int32_t i) {
-    const WalkNode& node = g_.nodes[static_cast<size_t>(i)];
-    const std::string_view base = aten_op_base(node.op);
-    if (!node_view_[static_cast<size_t>(i)] || (base != "contiguous" && base != "reshape") || node.outputs.size() != 1)
-      return -1;
-    const int32_t o = node.outputs[0];
-    if (!valid(o) || !restrided_[static_cast<size_t>(o)] || !is_contiguous(meta_[static_cast<size_t>(o)])) return -1;
-    const int32_t sid = new_storage(tensor_bytes(o), StorageKind::Activation, i);
-    cv.copies.emplace(o, sid);
-    return sid;
-  }
-
-  // The storage a node reads for tensor t: a traced copy's where it is one.
-  int32_t tensor_storage(CallValues& cv, int32_t t, int32_t reader) {
-    auto it = cv.copies.find(t);
-    if (it == cv.copies.end()) return meta_[static_cast<size_t>(t)].storage;
-    Storage& copy = storages_[static_cast<size_t>(it->second)];
-    copy.last_use = std::max(copy.last_use, reader);
-    return it->second;
-  }
-
-  void partition_call(const NodeRun& call) {
-    CallValues cv;
-    for (int32_t i = call.first; i <= call.last; ++i) call_node_values(cv, call, i);
-    const std::vector<bool> saved = partitioner_saves(cv.values);
-    for (int32_t i = call.first; i <= call.last; ++i) node_saves_[static_cast<size_t>(i)].clear();
-    for (size_t v = 0; v < saved.size(); ++v) {
-      if (saved[v]) {
-        // Let go at the backward of its first reader in the call (else its maker's).
-        const int32_t made = storages_[static_cast<size_t>(cv.storage[v])].created;
-        node_saves_[static_cast<size_t>(cv.holder[v] >= 0 ? cv.holder[v] : made)].push_back(cv.storage[v]);
-      }
-    }
-  }
-
-  bool node_output(const WalkNode& node, int32_t sid) const {
-    return std::any_of(node.outputs.begin(), node.outputs.end(),
-                       [&](int32_t o) { return valid(o) && meta_[static_cast<size_t>(o)].storage == sid; });
-  }
-
   void find_loss() {
     // HF returns (loss, logits): the loss is the 0-dim floating output that requires grad.
     for (int32_t t : g_.outputs) {
       if (!valid(t)) continue;
-      const OpTensor& m = meta_[static_cast<size_t>(t)];
+      const OpTensor& m = w_.meta[static_cast<size_t>(t)];
       if (m.sizes.empty() && m.requires_grad && m.is_float()) {
         loss_tensor_ = t;
         break;
@@ -646,13 +511,13 @@ class Walker {
     if (loss_tensor_ < 0) {
       // No loss in the export: the backward starts from the first output that needs a gradient.
       for (int32_t t : g_.outputs)
-        if (valid(t) && meta_[static_cast<size_t>(t)].requires_grad) {
+        if (valid(t) && w_.meta[static_cast<size_t>(t)].requires_grad) {
           start_tensor_ = t;
           break;
         }
     } else {
       start_tensor_ = loss_tensor_;
-      storages_[static_cast<size_t>(meta_[static_cast<size_t>(loss_tensor_)].storage)].loss = true;
+      w_.storages[static_cast<size_t>(w_.meta[static_cast<size_t>(loss_tensor_)].storage)].loss = true;
       // The node that made the loss names it.
       for (size_t i = 0; i < g_.nodes.size(); ++i)
         for (int32_t o : g_.nodes[i].outputs)
@@ -686,7 +551,7 @@ class Walker {
     out_.nodes = static_cast<int64_t>(g_.nodes.size());
     out_.unit_bytes.assign(num_units_, 0);
     std::vector<int64_t> self(tree_.num_modules(), 0);
-    for (const Storage& s : storages_) {
+    for (const Storage& s : w_.storages) {
       if (s.first_saver < 0) continue;
       if (s.kind == StorageKind::Param) {
         out_.param_saved_bytes += s.bytes;
@@ -703,7 +568,7 @@ class Walker {
         self[0] += s.bytes;
     }
     // What stays saved after the forward, by the unit that holds it.
-    for (const Storage& s : storages_) {
+    for (const Storage& s : w_.storages) {
       if (!held(s) || s.loss) continue;
       out_.held_bytes += s.bytes;
       ModuleId holder = s.saved_module;
@@ -724,7 +589,7 @@ class Walker {
       if (total[static_cast<size_t>(m)] > 0)
         out_.modules.push_back({m, self[static_cast<size_t>(m)], total[static_cast<size_t>(m)]});
     // Checkpointed calls: what their recompute saves again.
-    for (const Storage& s : storages_)
+    for (const Storage& s : w_.storages)
       if (const int32_t r = recomputed_in(s); r >= 0) regions_[static_cast<size_t>(r)].recompute += s.bytes;
     std::map<ModuleId, size_t> at;
     for (CheckpointedModule& c : out_.checkpointed) at[c.module] = static_cast<size_t>(&c - out_.checkpointed.data());
@@ -769,7 +634,7 @@ class Walker {
     if (out_.runs.empty()) return;
     // Between forward and backward the graph's other outputs (logits) are dropped.
     int64_t held_now = 0;
-    for (const Storage& s : storages_)
+    for (const Storage& s : w_.storages)
       if (held(s)) held_now += s.bytes;
     out_.runs.back().forward_end = held_now;
     backward(held_now, run_of);
@@ -782,7 +647,7 @@ class Walker {
     const int32_t n = static_cast<int32_t>(g_.nodes.size());
     std::vector<int64_t> born(static_cast<size_t>(n) + 1, 0), dies_after(static_cast<size_t>(n) + 1, 0);
     int64_t level0 = 0;
-    for (const Storage& s : storages_) {
+    for (const Storage& s : w_.storages) {
       if (s.kind != StorageKind::Activation) continue;
       if (s.created < 0)
         level0 += s.bytes;
@@ -858,8 +723,8 @@ class Walker {
   void backward_frees(BackwardState& b) const {
     const size_t n = g_.nodes.size();
     b.frees.assign(n, {});
-    for (size_t s = 0; s < storages_.size(); ++s) {
-      const Storage& st = storages_[s];
+    for (size_t s = 0; s < w_.storages.size(); ++s) {
+      const Storage& st = w_.storages[s];
       if (!held(st) || st.loss) continue;
       // A kept checkpoint input goes with its call's backward; a save with its first saver's.
       int32_t at = st.first_saver;
@@ -876,25 +741,22 @@ class Walker {
     // Recomputed saves: made at the call's last node (its backward's start), freed with their first saver.
     b.recompute_at.assign(n, 0);
     b.recompute_frees.assign(n, {});
-    for (size_t s = 0; s < storages_.size(); ++s) {
-      const int32_t r = recomputed_in(storages_[s]);
+    for (size_t s = 0; s < w_.storages.size(); ++s) {
+      const int32_t r = recomputed_in(w_.storages[s]);
       if (r < 0) continue;
-      b.recompute_at[static_cast<size_t>(regions_[static_cast<size_t>(r)].last)] += storages_[s].bytes;
-      b.recompute_frees[static_cast<size_t>(storages_[s].first_saver)].push_back(static_cast<int32_t>(s));
+      b.recompute_at[static_cast<size_t>(regions_[static_cast<size_t>(r)].last)] += w_.storages[s].bytes;
+      b.recompute_frees[static_cast<size_t>(w_.storages[s].first_saver)].push_back(static_cast<int32_t>(s));
     }
     if (!opt_.sac) return;
     b.recompute_peak.assign(n, 0);
     for (const Region& r : regions_) b.recompute_peak[static_cast<size_t>(r.last)] = r.recompute_peak;
   }
 
-  int64_t tensor_bytes(int32_t t) const {
-    const OpTensor& m = meta_[static_cast<size_t>(t)];
-    return m.numel() * (m.dtype ? m.dtype->itemsize : 4);
-  }
+  int64_t tensor_bytes(int32_t t) const { return w_.tensor_bytes(t); }
 
   bool activation_tensor(int32_t t) const {
     return valid(t) &&
-           storages_[static_cast<size_t>(meta_[static_cast<size_t>(t)].storage)].kind == StorageKind::Activation;
+           w_.storages[static_cast<size_t>(w_.meta[static_cast<size_t>(t)].storage)].kind == StorageKind::Activation;
   }
 
   static void release(BackwardState& b, int32_t t) {
@@ -907,7 +769,7 @@ class Walker {
   void backward(int64_t held_now, const std::vector<int32_t>& run_of) {
     const int32_t n = static_cast<int32_t>(g_.nodes.size());
     BackwardState b;
-    b.grad_of.assign(meta_.size(), -1);
+    b.grad_of.assign(w_.meta.size(), -1);
     backward_frees(b);
     b.live = held_now;
     if (start_tensor_ >= 0) {
@@ -915,7 +777,7 @@ class Walker {
       b.grad_of[static_cast<size_t>(start_tensor_)] = 0;
       b.live += b.bufs[0].bytes;
     }
-    b.param_grad.assign(storages_.size(), false);
+    b.param_grad.assign(w_.storages.size(), false);
     for (int32_t i = n - 1; i >= 0; --i) {
       ActivationRun& run = out_.runs[static_cast<size_t>(run_of[static_cast<size_t>(i)])];
       const bool last_of_run = i == n - 1 || run_of[static_cast<size_t>(i + 1)] != run_of[static_cast<size_t>(i)];
@@ -931,8 +793,8 @@ class Walker {
       b.live += b.recompute_at[static_cast<size_t>(i)];
       run.backward_peak = std::max(run.backward_peak, b.live + b.run_grads);
       node_backward(b, i, run);
-      for (int32_t s : b.frees[static_cast<size_t>(i)]) b.live -= storages_[static_cast<size_t>(s)].bytes;
-      for (int32_t s : b.recompute_frees[static_cast<size_t>(i)]) b.live -= storages_[static_cast<size_t>(s)].bytes;
+      for (int32_t s : b.frees[static_cast<size_t>(i)]) b.live -= w_.storages[static_cast<size_t>(s)].bytes;
+      for (int32_t s : b.recompute_frees[static_cast<size_t>(i)]) b.live -= w_.storages[static_cast<size_t>(s)].bytes;
       const bool first_of_run = i == 0 || run_of[static_cast<size_t>(i - 1)] != run_of[static_cast<size_t>(i)];
       if (first_of_run) run.backward_end = b.live;
     }
@@ -960,13 +822,13 @@ class Walker {
       }
     if (!reached || !recorded_[static_cast<size_t>(i)]) return;
     int64_t made = 0, made_params = 0;
-    const bool passthrough = node_view_[static_cast<size_t>(i)] || passes_gradient(node.op);
+    const bool passthrough = w_.node_view[static_cast<size_t>(i)] || passes_gradient(node.op);
     for (int32_t t : node_diff_[static_cast<size_t>(i)]) {
-      if (!valid(t) || !meta_[static_cast<size_t>(t)].requires_grad) continue;
-      if (const int32_t sid = meta_[static_cast<size_t>(t)].storage;
-          storages_[static_cast<size_t>(sid)].kind == StorageKind::Param) {
+      if (!valid(t) || !w_.meta[static_cast<size_t>(t)].requires_grad) continue;
+      if (const int32_t sid = w_.meta[static_cast<size_t>(t)].storage;
+          w_.storages[static_cast<size_t>(sid)].kind == StorageKind::Param) {
         // A view of a parameter (t, expand) hands its gradient on to the parameter's.
-        const Storage& st = storages_[static_cast<size_t>(sid)];
+        const Storage& st = w_.storages[static_cast<size_t>(sid)];
         if (!b.param_grad[static_cast<size_t>(sid)] && st.owner >= 0 && st.owner == run.unit) {
           run.backward_grads += st.bytes;
           made_params += st.bytes;
@@ -1000,22 +862,17 @@ class Walker {
   ActivationPlan& out_;
   std::vector<Warning>* warnings_;
 
-  std::vector<OpTensor> meta_;
   std::vector<OpTensor> recorded_outs_;              // walk_row's scratch
   std::vector<const OpTensor*> outs_view_, outs_;  // walk_row's scratch
-  std::vector<bool> restrided_;
   Retype retype_;
-  std::vector<Storage> storages_;
+  WalkState w_;  // the storages, the tensors' metadata, the nodes' saves (walk_state.h)
   std::vector<int32_t> node_region_;
   std::vector<Region> regions_;
   std::vector<int32_t> node_compiled_;  // per node: its compiled call, -1: none
   std::vector<NodeRun> compiled_calls_;
-  std::vector<int32_t> node_storages_;  // per node: the first storage it made (and, last, the end)
   std::vector<bool> recorded_;
-  std::vector<std::vector<int32_t>> node_saves_;
   std::vector<NodeExtra> node_extra_;
   std::vector<std::vector<int32_t>> node_diff_;  // tensors a gradient may flow to
-  std::vector<bool> node_view_;
   std::vector<const char*> node_case_;  // the op table's case each node took (nullptr: none)
   std::vector<SacCallPolicy> sac_calls_;  // selective: per checkpointed call, its policy
   int32_t node_first_storage_ = 0;        // the first storage the node being walked made

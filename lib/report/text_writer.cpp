@@ -178,6 +178,19 @@ std::string selective_text(const Plan& plan) {
          format_bytes(cached) + " of saved ops' outputs, recompute working set up to " + format_bytes(peak) + ")";
 }
 
+// Compiled blocks (issue 42): what their calls save under the partitioner's cut, beside eager's.
+std::string compiled_text(const ActivationPlan& a) {
+  if (a.compiled.empty()) return "";
+  int64_t calls = 0, saved = 0, eager = 0;
+  for (const CompiledModule& c : a.compiled) {
+    calls += c.calls;
+    saved += c.saved_bytes;
+    eager += c.eager_saved_bytes;
+  }
+  return ", " + std::to_string(calls) + " compiled call" + (calls == 1 ? "" : "s") + " saving " + format_bytes(saved) +
+         " where eager saves " + format_bytes(eager) + " (AOTAutograd's min-cut partitioner as modelled)";
+}
+
 // Activations as their own category: from the graph (what forward saves, what
 // AC keeps), an allowance, or not known and how to get them.
 std::string activations_text(const Plan& plan) {
@@ -201,6 +214,7 @@ std::string activations_text(const Plan& plan) {
       if (!a.checkpointed.empty())
         line += ", " + format_bytes(a.held_bytes) + " held with " + std::to_string(a.checkpointed.size()) +
                 " checkpointed module" + (a.checkpointed.size() == 1 ? "" : "s") + selective_text(plan);
+      line += compiled_text(a);
       line += " (graph" + (dims.empty() ? std::string() : ", " + join(dims, " ")) + ", " + a.device + ", sdpa " +
               a.sdpa + (a.sdpa_kernels.empty() ? "" : ": " + join(a.sdpa_kernels)) + ")";
       if (a.loss.empty()) line += "; no loss in the export";
