@@ -140,8 +140,8 @@ std::optional<SacPolicy> sac_policy(const Plan& plan, const std::vector<Checkpoi
   return p;
 }
 
-void walk_plan(const Plan& plan, const ClassMatcher& matcher, const std::shared_ptr<const Graph>& shared,
-               ActivationPlan& acts, std::vector<Warning>* warnings, const RankLocal& local) {
+void walk_plan(const Plan& plan, const std::shared_ptr<const Graph>& shared, ActivationPlan& acts,
+               std::vector<Warning>* warnings, const RankLocal& local) {
   const Graph& graph = *shared;
   const ActivationSettings& settings = plan.policy.activations;
   const std::vector<std::pair<std::string, int64_t>> given = rank_walk_dims(plan, graph);
@@ -155,7 +155,7 @@ void walk_plan(const Plan& plan, const ClassMatcher& matcher, const std::shared_
   opt.env.sdpa = settings.sdpa;
   opt.unit_of_module = unit_of_modules(plan);
   for (const CheckpointedModule& c : acts.checkpointed) opt.checkpointed.push_back(c.module);
-  opt.compiled = compiled_modules(*plan.tree, plan.policy, matcher);
+  for (const CompiledModule& c : acts.compiled) opt.compiled.push_back(c.module);
   opt.trainable_params = fsdp1_trainable(plan);
   opt.unit_of_param.assign(plan.tree->num_tensors(), -1);
   for (size_t u = 0; u < plan.units.size(); ++u)
@@ -236,13 +236,19 @@ ActivationPlan plan_activations(const Plan& plan, const ClassMatcher& matcher, s
     c.module = m;
     acts.checkpointed.push_back(c);
   }
+  // So are the compiled ones (the walk sizes what their calls save).
+  for (ModuleId m : compiled_modules(*plan.tree, plan.policy, matcher)) {
+    CompiledModule c;
+    c.module = m;
+    acts.compiled.push_back(c);
+  }
   if (settings.allowance_bytes) {
     acts.source = ActivationSource::Allowance;
     acts.allowance_bytes = *settings.allowance_bytes;
     return acts;
   }
   if (const auto& graph = plan.tree->graph()) {
-    walk_plan(plan, matcher, graph, acts, warnings, local);
+    walk_plan(plan, graph, acts, warnings, local);
     return acts;
   }
   if (!settings.dims.empty()) {

@@ -463,6 +463,7 @@ class Walker {
       const int64_t eager = call_saved_bytes(call);
       if (node_region_[static_cast<size_t>(call.first)] < 0) partition_compiled_call(g_, w_, call);
       CompiledModule& c = compiled_entry(call.module);
+      c.unit = unit_of(call.module);
       ++c.calls;
       c.eager_saved_bytes += eager;
       c.saved_bytes += call_saved_bytes(call);
@@ -494,7 +495,7 @@ class Walker {
   CompiledModule& compiled_entry(ModuleId m) {
     auto it = std::find_if(out_.compiled.begin(), out_.compiled.end(), [&](const auto& c) { return c.module == m; });
     if (it != out_.compiled.end()) return *it;
-    out_.compiled.push_back({m, unit_of(m)});
+    out_.compiled.push_back({m});
     return out_.compiled.back();
   }
 

@@ -60,6 +60,13 @@ std::string plan_to_accelerate(const Plan& plan) {
     throw EmitError("Accelerate runs context parallelism with torch's head-tail load balancer and has no setting "
                     "to turn it off: plan \"context_parallel.load_balancer\": \"headtail\" to emit an Accelerate "
                     "config");
+  // accelerate/accelerator.py (1.15), FSDP2's prepare: after AC, compile_regions_fsdp2
+  // (utils/other.py) compiles each block of every ModuleList of one class and every other child
+  // subtree whole (embeddings, the final norm, the head); FSDP1 compiles the wrapped model.
+  if (!plan.activations.compiled.empty())
+    throw EmitError("Accelerate compiles at prepare either the whole model or, with dynamo_use_regional_compilation "
+                    "under FSDP2, every repeated block and every other child module too (embeddings, norms, the "
+                    "head), not only the plan's \"compile\" modules: use --emit torch, or plan without \"compile\"");
   if (plan.expert_parallel)
     throw EmitError("Accelerate 1.15's config has no expert parallelism (its ParallelismConfig names dp, cp and tp "
                     "only): plan without \"expert_parallel\" to emit an Accelerate config");

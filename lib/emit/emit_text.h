@@ -74,6 +74,13 @@ inline std::vector<std::string> ignored_param_names(const ModuleTree& tree, cons
 }
 
 // The paths of the modules the plan checkpoints (outermost only).
+// The outermost compiled modules' paths (policy "compile"), in pre-order.
+inline std::vector<std::string> compiled_paths(const Plan& plan) {
+  std::vector<std::string> out;
+  for (const CompiledModule& c : plan.activations.compiled) out.push_back(plan.tree->path(c.module));
+  return out;
+}
+
 inline std::vector<std::string> checkpointed_paths(const Plan& plan) {
   std::vector<std::string> out;
   for (const CheckpointedModule& c : plan.activations.checkpointed) out.push_back(plan.tree->path(c.module));

@@ -183,6 +183,11 @@ std::string plan_to_torch(const Plan& plan) {
   if (plan.expert_parallel)
     throw EmitError("--emit torch does not write expert parallelism: apply it as torchtitan's parallelize does "
                     "(docs/expert-parallel.md), or plan without \"expert_parallel\"");
+  // torchtitan compiles blocks under FSDP2 only; FSDP1 with torch.compile needs use_orig_params
+  // and compiles the wrapped model as a whole.
+  if (!plan.activations.compiled.empty() && (plan.tensor_parallel || !plan.v2()))
+    throw EmitError("--emit torch writes \"compile\" with 1-D FSDP2 plans (fully_shard after each block's "
+                    "compile, torchtitan's order): plan FSDP2 without \"tensor_parallel\", or without \"compile\"");
   if (plan.tensor_parallel) return plan_to_torch_fsdp2_tp(plan);
   if (plan.v2()) return plan_to_torch_fsdp2(plan);
   const Fsdp1TorchWriter w(plan);

@@ -29,7 +29,7 @@ class Fsdp2TorchWriter {
   explicit Fsdp2TorchWriter(const Plan& plan)
       : plan_(plan), p_(plan.policy), tree_(*plan.tree), mem_(plan.memory), s_(mem_.settings),
         hsdp_(s_.strategy == ShardingStrategy::HybridShard), cp_(plan.context_parallel ? &*plan.context_parallel : nullptr),
-        checkpointed_(checkpointed_paths(plan)) {
+        checkpointed_(checkpointed_paths(plan)), compiled_(compiled_paths(plan)) {
     if (std::find(checkpointed_.begin(), checkpointed_.end(), "") != checkpointed_.end())
       throw EmitError("the plan checkpoints the root module; checkpoint_wrapper cannot replace the model apply_fsdp "
                       "is given (Accelerate and torchtitan checkpoint blocks below the root)");
@@ -79,6 +79,10 @@ class Fsdp2TorchWriter {
       o << "# Activation checkpointing (checkpoint_wrapper) on these modules, before fully_shard.\n"
         << "CHECKPOINTED = " << py_list(checkpointed_, "") << "\n";
     if (sac_) o << selective_ac_definitions(*p_.activation_checkpointing);
+    if (!compiled_.empty())
+      o << "# torch.compile on these modules, after checkpointing's wrap and before fully_shard (torchtitan's\n"
+           "# order; FSDP's hooks stay outside the compiled code).\n"
+        << "COMPILED = " << py_list(compiled_, "") << "\n";
     if (cp_)
       o << "# torch's _cp_options: how K/V travel around the ring, and whether the sequence is cut in\n"
            "# 2 x cp chunks, rank i holding chunks i and 2 cp - 1 - i (the head-tail load balancer).\n"
@@ -213,11 +217,13 @@ class Fsdp2TorchWriter {
   // wrappers move each module under _checkpoint_wrapped_module, so the groups are looked up before.
   void write_checkpointing_and_loop(std::ostringstream& o) const {
     if (!ac_) {
+      write_compile(o);
       o << "    for paths, reshard_after_forward in CALLS:\n"
            "        modules = [model.get_submodule(path) for path in paths]\n";
       return;
     }
     o << "    groups = [([model.get_submodule(path) for path in paths], raf) for paths, raf in CALLS]\n";
+    if (!compiled_.empty()) o << "    compiled = [model.get_submodule(path) for path in COMPILED]\n";
     if (sac_)
       o << "    checkpointed = {id(model.get_submodule(path)): path for path in CHECKPOINTED}\n"
         << selective_ac_apply("model");
@@ -227,7 +233,29 @@ class Fsdp2TorchWriter {
            "    apply_activation_checkpointing(\n"
            "        model, checkpoint_wrapper_fn=wrapper, check_fn=lambda module: id(module) in checkpointed\n"
            "    )\n";
+    write_compile(o);
     o << "    for modules, reshard_after_forward in groups:\n";
+  }
+
+  // Module.compile() in place; a checkpointed module's wrapper is what is
+  // compiled (torchtitan: the checkpoint inside the compiled graph).
+  void write_compile(std::ostringstream& o) const {
+    if (compiled_.empty()) return;
+    if (!ac_) {
+      o << "    for path in COMPILED:\n"
+           "        model.get_submodule(path).compile()\n";
+      return;
+    }
+    o << "    wrappers = {\n"
+         "        id(m._checkpoint_wrapped_module): m\n"
+         "        for m in model.modules()\n"
+         "        if hasattr(m, \"_checkpoint_wrapped_module\")\n"
+         "    }\n"
+         "    for module in compiled:\n"
+         "        wrappers.get(id(module), module).compile()\n"
+         "    # fully_shard on a checkpointed module's wrapper, so that FSDP's hooks stay outside the\n"
+         "    # compiled code (torchtitan shards the block it compiled).\n"
+         "    groups = [([wrappers.get(id(m), m) for m in modules], raf) for modules, raf in groups]\n";
   }
 
   const Plan& plan_;
@@ -238,6 +266,7 @@ class Fsdp2TorchWriter {
   const bool hsdp_;
   const ContextParallelPlan* cp_;  // null without context parallelism
   const std::vector<std::string> checkpointed_;
+  const std::vector<std::string> compiled_;
   bool ac_ = false, sac_ = false;
   std::string mp_ = "MixedPrecisionPolicy()";
 };

@@ -520,6 +520,12 @@ def check_torch_fsdp2(self, what, model_name, model_file, policy_path, plan):
                              (dtype(mp.get("output_dtype")), mp.get("cast_forward_inputs", True)), f"{what}: mixed precision")
             self.assertEqual(isinstance(group.offload_policy, CPUOffloadPolicy), policy["fsdp"]["cpu_offload"], what)
         self.assertEqual(len(states), len(plan["units"]), f"{what}: one FSDP state per group")
+        # Issue 42: each compiled module (its checkpoint wrapper where it has one) compiled in place.
+        compiled = {c["path"] for c in plan["memory"]["activations"].get("compiled", [])}
+        got = {n.replace("._checkpoint_wrapped_module", "") for n, m in model.named_modules()
+               if getattr(m, "_compiled_call_impl", None) is not None}
+        self.assertEqual(got, compiled, f"{what}: compiled modules")
+        self.assertEqual(bool(compiled), "compile" in policy, what)
 
 
 AccelerateConfigs.check_fsdp2 = check_fsdp2
@@ -557,6 +563,12 @@ FSDP2_POLICIES = {
                                 "mixed_precision": {"param_dtype": "bfloat16", "reduce_dtype": "bfloat16",
                                                     "cast_forward_inputs": False},
                                 "fsdp": {"version": 2, "world_size": 2}}, "cast_forward_inputs is false"),
+    "compiled": ("llama", {"module_classes": ["LlamaDecoderLayer"], "compile": {"module_classes": ["LlamaDecoderLayer"]},
+                           "fsdp": {"version": 2, "world_size": 2}}, "not only the plan's \"compile\" modules"),
+    "compiled_checkpointed": ("llama", {"module_classes": ["LlamaDecoderLayer"],
+                                        "activation_checkpointing": {"module_classes": ["LlamaDecoderLayer"]},
+                                        "compile": {"module_classes": ["LlamaDecoderLayer"]},
+                                        "fsdp": {"version": 2, "world_size": 2}}, "not only the plan's \"compile\""),
     "ignored_offload": ("llama", {"module_classes": ["LlamaDecoderLayer"], "ignored_params": ["lm_head.*"],
                                   "fsdp": {"version": 2, "world_size": 2, "cpu_offload": True}},
                         "ignored parameters by glob"),

@@ -51,6 +51,8 @@ TOLERANCE = 0.02
 MODELS = ["llama", "mistral", "mixtral", "qwen2_moe", "gpt2", "bert", "vit", "t5", "llama_lora"]
 BATCH, SEQ = 2, 32
 NO_SEQ = {"vit"}  # images: the export has no sequence
+# bf16 compute: the model cast to bf16 against the fp32 export planned with param_dtype bf16.
+MODELS_BF16 = ["llama", "mixtral", "gpt2"]
 
 
 def recording_backend(graphs: List[Dict[str, Any]]):
@@ -74,11 +76,11 @@ def recording_backend(graphs: List[Dict[str, Any]]):
                         partition_fn=partition)
 
 
-def reference(name: str) -> Dict[str, Any]:
+def reference(name: str, bf16: bool) -> Dict[str, Any]:
     """What the compiled step saves, per compiled layer and in all, by storage (saved-tensor hooks)."""
     torch.manual_seed(0)
     torch._dynamo.reset()
-    model = actmodels.build(name, "cpu", torch.float32)
+    model = actmodels.build(name, "cpu", torch.bfloat16 if bf16 else torch.float32)
     classes = peak_oracle.layer_classes(model)
     graphs: List[Dict[str, Any]] = []
     backend = recording_backend(graphs)
@@ -104,11 +106,14 @@ def reference(name: str) -> Dict[str, Any]:
             "total": sum(r["storage_bytes"] for r in first.values()), "graphs": graphs}
 
 
-def plan(binary: str, pt2: str, tmp: str, name: str, classes: List[str]) -> Dict[str, Any]:
+def plan(binary: str, pt2: str, tmp: str, name: str, classes: List[str], bf16: bool) -> Dict[str, Any]:
     path = os.path.join(tmp, name + "_compile.json")
+    pol: Dict[str, Any] = {"module_classes": classes, "compile": {"module_classes": classes},
+                           "fsdp": {"version": 2, "world_size": 1}}
+    if bf16:
+        pol["mixed_precision"] = {"param_dtype": "bfloat16", "reduce_dtype": "float32"}
     with open(path, "w") as f:
-        json.dump({"module_classes": classes, "compile": {"module_classes": classes},
-                   "fsdp": {"version": 2, "world_size": 1}}, f)
+        json.dump(pol, f)
     cmd = [binary, pt2, "-f", "json", "--device", "cpu", "-q", "--policy", path]
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode not in (0, 1):
@@ -124,13 +129,14 @@ def check(label: str, got: int, want: int, extra: str, failures: List[str]) -> N
         failures.append(f"{label}: {ratio:.4f}")
 
 
-def run_model(binary: str, exports: str, tmp: str, name: str, failures: List[str]) -> None:
+def run_model(binary: str, exports: str, tmp: str, name: str, bf16: bool, failures: List[str]) -> None:
     pt2 = os.path.join(exports, f"{name}_b{BATCH}.pt2" if name in NO_SEQ else f"{name}_b{BATCH}s{SEQ}.pt2")
     if not os.path.exists(pt2):
         failures.append(f"{name}: no {pt2} (the act_exports fixture makes it)")
         return
-    ref = reference(name)
-    acts = plan(binary, pt2, tmp, name, ref["classes"])
+    ref = reference(name, bf16)
+    acts = plan(binary, pt2, tmp, name, ref["classes"], bf16)
+    name += " bf16" if bf16 else ""
     modules = {m["path"]: m["total_bytes"] for m in acts["modules"]}
     compiled = {c["path"]: c for c in acts.get("compiled", [])}
     for fqn, want in ref["layers"].items():
@@ -153,9 +159,9 @@ def main() -> int:
     tmp = tempfile.mkdtemp(prefix="plan_compile_")
     failures: List[str] = []
     t0 = time.perf_counter()
-    for name in MODELS:
-        if not args.k or args.k in name:
-            run_model(args.binary, args.exports_dir, tmp, name, failures)
+    for name, bf16 in [(m, False) for m in MODELS] + [(m, True) for m in MODELS_BF16]:
+        if not args.k or args.k in name + (" bf16" if bf16 else ""):
+            run_model(args.binary, args.exports_dir, tmp, name, bf16, failures)
     print(f"{time.perf_counter() - t0:.1f} s")
     for f in failures:
         print("FAIL", f, file=sys.stderr)
