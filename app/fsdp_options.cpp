@@ -26,8 +26,8 @@ const CLI::Validator kPositiveCount(
     },
     "N");
 
-// --module-classes A,B: names split at commas, spaces around them dropped.
-std::vector<std::string> class_list(const std::string& text) {
+// --module-classes A,B (and --compile A,B): names split at commas, spaces around them dropped.
+std::vector<std::string> class_list(const std::string& text, const std::string& option = "--module-classes") {
   std::vector<std::string> out;
   size_t pos = 0;
   while (true) {
@@ -36,10 +36,10 @@ std::vector<std::string> class_list(const std::string& text) {
     name.erase(0, name.find_first_not_of(" \t"));
     name.erase(name.find_last_not_of(" \t") + 1);
     if (name.empty())
-      throw UsageError("--module-classes \"" + text + "\": an empty class name; give names separated by commas, "
-                       "e.g. --module-classes LlamaDecoderLayer,LlamaRMSNorm");
+      throw UsageError(option + " \"" + text + "\": an empty class name; give names separated by commas, "
+                       "e.g. " + option + " LlamaDecoderLayer,LlamaRMSNorm");
     if (name.find_first_of(" \t") != std::string::npos)
-      throw UsageError("--module-classes \"" + text + "\": \"" + name + "\" is not a class name (a space inside); "
+      throw UsageError(option + " \"" + text + "\": \"" + name + "\" is not a class name (a space inside); "
                        "separate names with commas");
     out.push_back(std::move(name));
     if (comma == std::string::npos) break;
@@ -57,6 +57,10 @@ void add_fsdp_options(CLI::App& app, FsdpOptions& opt, const std::string& policy
                  "wrap these classes, comma-separated (ModuleWrapPolicy; short or dotted names, matched as "
                  "isinstance): replaces the policy's module_classes, or an Accelerate config's "
                  "fsdp_transformer_layer_cls_to_wrap as accelerate launch's flag of that name does")
+      ->type_name("A,B");
+  app.add_option("--compile", opt.compile,
+                 "compile these classes' modules, comma-separated (torch.compile per block, as torchtitan does): "
+                 "replaces the policy's compile.module_classes; their saves are the min-cut partitioner's")
       ->type_name("A,B");
   const char* group = "FSDP settings (override the policy's \"fsdp\")";
   app.add_option("--world-size", opt.world_size, "ranks, for the memory model (default 1)")->check(kPositiveCount)->group(group);
@@ -201,6 +205,7 @@ PolicyFile load_policy(const FsdpOptions& opt) {
       throw UsageError("--dim " + d + ": " + e.what());
     }
   }
+  if (opt.compile) file.policy.compile = CompileConfig{class_list(*opt.compile, "--compile")};
   if (std::string why = device_mesh_error(fsdp); !why.empty()) throw UsageError(why);
   if (opt.moe_imbalance) {
     if (!file.policy.expert_parallel)

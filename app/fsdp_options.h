@@ -24,6 +24,7 @@ struct UsageError : std::runtime_error {
 struct FsdpOptions {
   std::string policy;  // --policy: a JSON policy or an Accelerate config
   std::optional<std::string> module_classes;  // --module-classes A,B
+  std::optional<std::string> compile;         // --compile A,B: the policy's compile.module_classes
   std::optional<int64_t> world_size, shard_group_size;
   std::optional<std::string> strategy, optimizer, optimizer_impl;
   std::optional<int> fsdp_version;

@@ -3,7 +3,7 @@
 binaries side by side: issue 30's target (under 50 ms and 100 MB).
 
     python3 bench/plan70b_bench.py --old OLD_BINARY [--new build/app/fsdp-plan] [--file F.pt2]
-        [--reps 15] [--format json] [--fsdp-version 1] [--world-size 8]
+        [--reps 15] [--format json] [--fsdp-version 1] [--world-size 8] [--policy P] [--old-policy Q]
 
 The file is a torch.export archive of transformers' LlamaForCausalLM with
 Llama-3-70B dimensions (80 layers), batch 1 x sequence 8192, bf16, made on
@@ -45,9 +45,10 @@ DEFAULT_FILE = os.path.join(ROOT, "build", "bench", "llama3_70b.pt2")
 STAGE = re.compile(r"(loaded|planned) .* in ([0-9.]+) ms")
 
 
-def command(binary: str, args: argparse.Namespace) -> list:
+def command(binary: str, args: argparse.Namespace, old: bool = False) -> list:
+    policy = args.old_policy if old and args.old_policy else args.policy
     cmd = [binary, args.file, "--module-classes", args.module_classes, "--world-size", str(args.world_size),
-           "-f", args.format, "-v"]
+           "-f", args.format, "-v"] + (["--policy", policy] if policy else [])
     if args.fsdp_version != 1:
         cmd += ["--fsdp-version", str(args.fsdp_version)]
     return cmd
@@ -97,6 +98,9 @@ def main() -> int:
     ap.add_argument("--fsdp-version", type=int, default=1, choices=(1, 2))
     ap.add_argument("--format", default="json", choices=("json", "text", "html"))
     ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--policy", help="a policy file for both runs (issue 42: one with compile and selective AC)")
+    ap.add_argument("--old-policy", help="the old binary's policy instead (the same binary with two policies: "
+                                         "compile + SAC against eager)")
     args = ap.parse_args()
     if not os.path.exists(args.file):
         sys.exit(f"{args.file}: no such file (make it with bench/export_bench.py --seq 8192 --keep build/bench, "
@@ -109,7 +113,7 @@ def main() -> int:
         dst = os.path.join(work, f"fsdp-plan-{name}")
         shutil.copy2(getattr(args, name), dst)
         bins[name] = dst
-    cmds = {name: command(b, args) for name, b in bins.items()}
+    cmds = {name: command(b, args, old=name == "old") for name, b in bins.items()}
 
     with open(args.file, "rb") as f:  # into the page cache
         f.read()

@@ -400,6 +400,7 @@ class Analysis {
       check(pol.mixed_precision->ignore_classes, "mixed_precision.ignore_classes");
     if (pol.activation_checkpointing)
       check(pol.activation_checkpointing->module_classes, "activation_checkpointing.module_classes");
+    if (pol.compile) check(pol.compile->module_classes, "compile.module_classes");
   }
 
   void unmatched_globs() {
