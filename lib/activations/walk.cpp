@@ -460,12 +460,15 @@ class Walker {
   void compiled_saves() {
     if (compiled_calls_.empty()) return;
     for (const NodeRun& call : compiled_calls_) {
-      const int64_t eager = call_saved_bytes(call);
-      if (node_region_[static_cast<size_t>(call.first)] < 0) partition_compiled_call(g_, w_, call);
       CompiledModule& c = compiled_entry(call.module);
       c.unit = unit_of(call.module);
       ++c.calls;
-      c.eager_saved_bytes += eager;
+      if (node_region_[static_cast<size_t>(call.first)] >= 0) {
+        ++c.checkpointed_calls;  // checkpointing's saves stand
+        continue;
+      }
+      c.eager_saved_bytes += call_saved_bytes(call);
+      partition_compiled_call(g_, w_, call);
       c.saved_bytes += call_saved_bytes(call);
     }
     // Who saves each storage first, from the saves as they now stand.

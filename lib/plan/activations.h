@@ -66,8 +66,12 @@ struct CompiledModule {
   ModuleId module = 0;
   int unit = -1;
   int64_t calls = 0;
-  int64_t eager_saved_bytes = 0;  // what its ops' own saves hold (each storage once per call)
-  int64_t saved_bytes = 0;        // what the partitioner's cut holds
+  // Calls inside a checkpointed module: the partitioner follows checkpointing's
+  // tags there (PREFER_RECOMPUTE acts as MUST_RECOMPUTE), so they keep what
+  // checkpointing keeps, eager or selective; the bytes below leave them out.
+  int64_t checkpointed_calls = 0;
+  int64_t eager_saved_bytes = 0;  // what its other calls' ops save in eager mode (each storage once per call)
+  int64_t saved_bytes = 0;        // what the partitioner's cut saves for them
 };
 
 // Saved bytes of one module (graph source): by the module's own nodes, and

@@ -313,10 +313,13 @@ void activations_json(JsonSink& w, const Plan& plan) {
         for (const CompiledModule& c : a.compiled)
           w.object([&] {
             w.field("path", plan.tree->path(c.module));
-            w.field("model", "min_cut_partitioner");
+            // Inside a checkpointed module the tags decide (CompiledModule::checkpointed_calls).
+            w.field("model", c.checkpointed_calls > 0 && c.checkpointed_calls == c.calls ? "checkpointed"
+                                                                                         : "min_cut_partitioner");
             if (a.source != ActivationSource::Graph) return;
             w.field("unit", index_or_null(c.unit));
             w.field("calls", c.calls);
+            w.field("checkpointed_calls", c.checkpointed_calls);
             w.field("saved_bytes", c.saved_bytes);
             w.field("eager_saved_bytes", c.eager_saved_bytes);
           });

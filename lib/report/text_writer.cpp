@@ -181,14 +181,22 @@ std::string selective_text(const Plan& plan) {
 // Compiled blocks (issue 42): what their calls save under the partitioner's cut, beside eager's.
 std::string compiled_text(const ActivationPlan& a) {
   if (a.compiled.empty()) return "";
-  int64_t calls = 0, saved = 0, eager = 0;
+  int64_t calls = 0, checkpointed = 0, saved = 0, eager = 0;
   for (const CompiledModule& c : a.compiled) {
     calls += c.calls;
+    checkpointed += c.checkpointed_calls;
     saved += c.saved_bytes;
     eager += c.eager_saved_bytes;
   }
-  return ", " + std::to_string(calls) + " compiled call" + (calls == 1 ? "" : "s") + " saving " + format_bytes(saved) +
-         " where eager saves " + format_bytes(eager) + " (AOTAutograd's min-cut partitioner as modelled)";
+  const auto plural = [](int64_t n, const char* what) { return std::to_string(n) + " " + what + (n == 1 ? "" : "s"); };
+  std::string out;
+  if (calls > checkpointed)
+    out += ", " + plural(calls - checkpointed, "compiled call") + " saving " + format_bytes(saved) + " where eager saves " +
+           format_bytes(eager) + " (AOTAutograd's min-cut partitioner as modelled)";
+  if (checkpointed > 0)
+    out += ", " + plural(checkpointed, "compiled call") + " inside checkpointed modules (saving what checkpointing " +
+           "keeps: its tags drive the partitioner)";
+  return out;
 }
 
 // Activations as their own category: from the graph (what forward saves, what
