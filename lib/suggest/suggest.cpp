@@ -452,6 +452,9 @@ bool better_if_fitting(const Candidate& a, const Candidate& b) {
   // Checkpointing is for memory: the recompute costs about a forward, which
   // an estimate without FLOPs does not see. Only where it is needed to fit.
   if (a.checkpointed != b.checkpointed) return b.checkpointed;
+  // Compiling changes the step's code and its estimate does not see the kernels' speed:
+  // ahead of checkpointing (no recompute to speak of), behind the eager step where both fit.
+  if (a.compiled != b.compiled) return b.compiled;
   if (a.selective != b.selective) return a.selective;  // less recompute, more memory: tried where it fits
   if (a.step_known == b.step_known) {
     const double ta = rank_seconds(a), tb = rank_seconds(b);
@@ -630,6 +633,18 @@ std::vector<Candidate> mesh_degree_variants(const ModuleTree& tree, const Policy
 
 constexpr size_t kDegreeWrappings = 2;  // the wrappings mesh_degree_variants tries at every degree
 
+// A candidate's policy with one more setting: its label, origin, policy and degrees.
+Candidate variant_of(const Candidate& c, const std::string& suffix) {
+  Candidate v;
+  v.label = c.label + suffix;
+  v.origin = c.origin;
+  v.policy = c.policy;
+  v.tp = c.tp;
+  v.cp = c.cp;
+  v.ep = c.ep;
+  return v;
+}
+
 }  // namespace
 
 Suggestion suggest(const ModuleTree& tree, const Policy& base, const SuggestOptions& opt) {
@@ -654,7 +669,7 @@ Suggestion suggest(const ModuleTree& tree, const Policy& base, const SuggestOpti
     }
     Candidate c = std::move(candidates[i]);  // fixes below append to `candidates`
     auto plan = std::make_shared<Plan>(make_plan(tree, c.policy, "", matcher, PlanPurpose::Ranking, opt.flops));
-    if (!seen.insert({unit_set(*plan), c.checkpointed + c.selective, c.tp, c.cp, c.ep}).second) {
+    if (!seen.insert({unit_set(*plan), c.checkpointed + c.selective + 4 * c.compiled, c.tp, c.cp, c.ep}).second) {
       ++s.duplicates;
       continue;
     }
@@ -662,22 +677,23 @@ Suggestion suggest(const ModuleTree& tree, const Policy& base, const SuggestOpti
     // The same plan with its blocks checkpointed, fully and selectively, where the graph
     // says what that saves (a TorchScript file or an allowance does not) and the base
     // policy sets none.
-    if (!opt.pin_wrapping && c.dropped.empty() && c.per_block && !c.checkpointed && !block_class.empty() &&
-        !base.activation_checkpointing && plan->activations.source == ActivationSource::Graph) {
+    if (!opt.pin_wrapping && c.dropped.empty() && c.per_block && !c.checkpointed && !c.compiled &&
+        !block_class.empty() && !base.activation_checkpointing && plan->activations.source == ActivationSource::Graph) {
+      // And with its blocks compiled (issue 42): the partitioner's saves, no extra recompute to speak of.
+      if (!base.compile) {
+        Candidate cc = variant_of(c, " + compiled blocks [" + block_class + "]");
+        cc.policy.compile = CompileConfig{{block_class}};
+        cc.compiled = true;
+        if (labels.insert(cc.label).second) candidates.push_back(std::move(cc));
+      }
       for (const bool selective : {false, true}) {
-        Candidate ac;
-        ac.label = c.label + (selective ? " + selective activation checkpointing (torchtitan's policy) ["
-                                        : " + activation checkpointing [") + block_class + "]";
-        ac.origin = c.origin;
-        ac.policy = c.policy;
+        Candidate ac = variant_of(c, (selective ? " + selective activation checkpointing (torchtitan's policy) ["
+                                                : " + activation checkpointing [") + block_class + "]");
         ac.policy.activation_checkpointing = ActivationCheckpointing{};
         ac.policy.activation_checkpointing->module_classes = {block_class};
         if (selective) ac.policy.activation_checkpointing->mode = CheckpointMode::Selective;
         ac.checkpointed = true;
         ac.selective = selective;
-        ac.tp = c.tp;
-        ac.cp = c.cp;
-        ac.ep = c.ep;
         if (labels.insert(ac.label).second) candidates.push_back(std::move(ac));
       }
     }

@@ -73,6 +73,11 @@ struct Candidate {
   // the matmul and attention outputs saved, so it recomputes less than full
   // checkpointing and ranks ahead of it when both fit.
   bool selective = false;
+  // Its blocks compiled (policy "compile", issue 42), added by suggest beside
+  // the checkpointed variants: the partitioner's smaller saves and the same
+  // step estimate (compiled kernels' speed is not modelled), so it ranks
+  // behind the same plan uncompiled when both fit, ahead of checkpointing.
+  bool compiled = false;
   // The tensor- and context-parallel degrees (1: none). Candidates vary them
   // when the base policy has a tensor_parallel or context_parallel section
   // (suggest_candidates).

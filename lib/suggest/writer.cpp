@@ -60,6 +60,9 @@ std::string why_best(const Candidate& best, const Candidate& next) {
   if (best.checkpointed != next.checkpointed)
     return "fits without activation checkpointing, which " + next.label +
            " adds: its recompute costs about one more forward of each block";
+  if (best.compiled != next.compiled)
+    return "fits without compiling its blocks, which " + next.label +
+           " adds: where both fit the eager step ranks first (the estimate does not see compiled kernels' speed)";
   if (best.selective != next.selective)
     return "fits with selective checkpointing, which keeps the matmul and attention outputs and recomputes "
            "the rest; " + next.label + " checkpoints fully and recomputes every op of each block";
@@ -257,6 +260,7 @@ nlohmann::ordered_json suggestion_to_json(const Suggestion& s, const SuggestCont
                           {"per_block", c.per_block},
                           {"checkpointed", c.checkpointed},
                           {"checkpoint_mode", !c.checkpointed ? "none" : c.selective ? "selective" : "full"},
+                          {"compiled", c.compiled},
                           {"time", {{"estimate", true},
                                     {"exposed_comm_s", c.exposed_comm_s},
                                     {"comm_s", c.comm_s},
