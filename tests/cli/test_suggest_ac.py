@@ -2,7 +2,8 @@
 """suggest with activation checkpointing candidates (issue 30).
 
 A .pt2 whose graph sizes activations: each per-block candidate is also tried with its blocks
-checkpointed, fully and selectively (torchtitan's policy; issue 42, item 3). Checkpointing is for
+checkpointed, fully and selectively (torchtitan's policy; issue 42, item 3), and compiled (the
+partitioner's saves: behind the plain plan when both fit, ahead of checkpointing). Checkpointing is for
 memory, so the plan without it ranks first when both fit, then the selective one (it recomputes
 less); when only a checkpointed one fits, it is the best. A TorchScript file (activations unknown) and a base
 policy that sets checkpointing get no such variants. The peaks come from plans of the same policies.
@@ -22,6 +23,7 @@ PT2 = os.path.join(ROOT, "sample_models", "tiny_gpt.pt2")
 PT = os.path.join(ROOT, "sample_models", "tiny_gpt.pt")
 AC = " + activation checkpointing [Block]"
 SAC = " + selective activation checkpointing (torchtitan's policy) [Block]"
+COMPILED = " + compiled blocks [Block]"
 
 
 def run(*args):
@@ -49,7 +51,9 @@ class SuggestCheckpointing(unittest.TestCase):
             json.dump({"module_classes": ["Block"],
                        "activation_checkpointing": {"module_classes": ["Block"], "mode": "selective"}}, f)
         cls.selective = peak("--policy", sac_policy)
-        assert cls.checkpointed < cls.selective < cls.plain, (cls.checkpointed, cls.selective, cls.plain)
+        cls.compiled = peak("--module-classes", "Block", "--compile", "Block")
+        assert cls.checkpointed < cls.selective < cls.compiled < cls.plain, (
+            cls.checkpointed, cls.selective, cls.compiled, cls.plain)
 
     @classmethod
     def tearDownClass(cls):
@@ -77,6 +81,28 @@ class SuggestCheckpointing(unittest.TestCase):
                                                                     "save_ops": "torchtitan"})
         self.assertEqual((plain["peak_bytes"], ac["peak_bytes"], sac["peak_bytes"]),
                          (self.plain, self.checkpointed, self.selective))
+
+    def test_the_compiled_variant_behind_the_plain_plan_ahead_of_checkpointing(self):
+        report = self.suggest(PT2, "80GiB")
+        plain, compiled = self.rank(report, "module_classes [Block]"), self.rank(report, "module_classes [Block]" + COMPILED)
+        sac = self.rank(report, "module_classes [Block]" + SAC)
+        self.assertLess(plain["rank"], compiled["rank"])
+        self.assertLess(compiled["rank"], sac["rank"])
+        self.assertEqual((plain["compiled"], compiled["compiled"], sac["compiled"]), (False, True, False))
+        self.assertEqual(compiled["checkpoint_mode"], "none")
+        self.assertEqual(compiled["policy"]["compile"], {"module_classes": ["Block"]})
+        self.assertEqual(compiled["peak_bytes"], self.compiled)
+
+    def test_only_the_compiled_plan_fits(self):
+        budget = (self.plain + self.compiled) // 2
+        report = self.suggest(PT2, budget)
+        self.assertEqual(report["best"]["label"], "module_classes [Block]" + COMPILED)
+        self.assertFalse(self.rank(report, "module_classes [Block]")["fits"])
+        out = os.path.join(self.tmp.name, "best_compiled.json")
+        r = run("suggest", PT2, "--world-size", "2", "--budget", str(budget), "-o", out)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        r = run(PT2, "--world-size", "2", "--policy", out, "-f", "json")
+        self.assertEqual(json.loads(r.stdout)["memory"]["per_rank"]["peak_bytes"], self.compiled)
 
     def test_only_the_selective_plan_fits(self):
         budget = (self.plain + self.selective) // 2
@@ -107,8 +133,8 @@ class SuggestCheckpointing(unittest.TestCase):
         for model, extra in ((PT, ()), (PT2, ("--policy", self.ac_policy))):
             report = self.suggest(model, "80GiB", *extra)
             labels = [c["label"] for c in report["candidates"]]
-            self.assertFalse([x for x in labels if AC in x or SAC in x], (model, extra))
-            self.assertFalse([c for c in report["candidates"] if c["checkpointed"]], (model, extra))
+            self.assertFalse([x for x in labels if AC in x or SAC in x or COMPILED in x], (model, extra))
+            self.assertFalse([c for c in report["candidates"] if c["checkpointed"] or c["compiled"]], (model, extra))
 
 
 if __name__ == "__main__":
