@@ -185,7 +185,6 @@ class Walker {
   }
 
   void node(int32_t i) {
-    node_first_storage_ = static_cast<int32_t>(w_.storages.size());
     node_forward(i);
     if (opt_.sac) sac_node(i);
   }
@@ -404,13 +403,14 @@ class Walker {
   // not the op's); a fused attention kernel's extra outputs (logsumexp, the
   // RNG state), which the op table makes as new storages of the node, too.
   void sac_cache_outputs(int32_t i, int32_t r, bool kernel_extras) {
+    const int32_t first = w_.node_storages[static_cast<size_t>(i)];  // the first storage node i made
     for (int32_t o : g_.nodes[static_cast<size_t>(i)].outputs)
       if (valid(o)) {
         const int32_t sid = w_.meta[static_cast<size_t>(o)].storage;
-        if (sid >= node_first_storage_) sac_cache(sid, r);
+        if (sid >= first) sac_cache(sid, r);
       }
     if (kernel_extras)
-      for (int32_t sid = node_first_storage_; sid < static_cast<int32_t>(w_.storages.size()); ++sid) sac_cache(sid, r);
+      for (int32_t sid = first; sid < static_cast<int32_t>(w_.storages.size()); ++sid) sac_cache(sid, r);
   }
 
   // The math SDPA's bmm outputs (selective.h: sac_attention_bytes).
@@ -879,7 +879,6 @@ class Walker {
   std::vector<std::vector<int32_t>> node_diff_;  // tensors a gradient may flow to
   std::vector<const char*> node_case_;  // the op table's case each node took (nullptr: none)
   std::vector<SacCallPolicy> sac_calls_;  // selective: per checkpointed call, its policy
-  int32_t node_first_storage_ = 0;        // the first storage the node being walked made
   std::vector<std::pair<std::string, int64_t>> missing_;
   std::vector<std::string> missing_why_;
   std::vector<std::string> sdpa_cases_;
