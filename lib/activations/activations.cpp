@@ -156,6 +156,7 @@ void walk_plan(const Plan& plan, const std::shared_ptr<const Graph>& shared, Act
   opt.unit_of_module = unit_of_modules(plan);
   for (const CheckpointedModule& c : acts.checkpointed) opt.checkpointed.push_back(c.module);
   for (const CompiledModule& c : acts.compiled) opt.compiled.push_back(c.module);
+  if (plan.policy.compile) opt.compile_memory_budget = plan.policy.compile->memory_budget;
   opt.trainable_params = fsdp1_trainable(plan);
   opt.unit_of_param.assign(plan.tree->num_tensors(), -1);
   for (size_t u = 0; u < plan.units.size(); ++u)

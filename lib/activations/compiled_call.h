@@ -13,7 +13,7 @@ namespace fsdp_plan {
 
 // Rewrites `w`'s saves of the nodes in `call` (and adds the storages the
 // traced graph makes); each saved storage is held for the backward of its
-// first reader in the call.
-void partition_compiled_call(const WalkGraph& g, WalkState& w, const NodeRun& call);
+// first reader in the call. `memory_budget`: activation_memory_budget.
+void partition_compiled_call(const WalkGraph& g, WalkState& w, const NodeRun& call, double memory_budget);
 
 }  // namespace fsdp_plan

@@ -41,7 +41,7 @@ class Walker {
     node_extra_.assign(static_cast<size_t>(n), NodeExtra{});
     node_diff_.assign(static_cast<size_t>(n), {});
     w_.node_view.assign(static_cast<size_t>(n), false);
-    node_case_.assign(static_cast<size_t>(n), nullptr);
+    w_.node_case.assign(static_cast<size_t>(n), nullptr);
     w_.node_storages.assign(static_cast<size_t>(n) + 1, 0);
     for (int32_t i = 0; i < n; ++i) {
       w_.node_storages[static_cast<size_t>(i)] = static_cast<int32_t>(w_.storages.size());
@@ -297,7 +297,7 @@ class Walker {
     retype_.note_upcast(node, base, w_.meta);
     const OpCase& c = select_op_case(row, args, outs, opt_.env);
     restride(node, base, c, args, outs);
-    node_case_[static_cast<size_t>(i)] = op_case_name(c);
+    w_.node_case[static_cast<size_t>(i)] = op_case_name(c);
     if (!recorded) return;
     recorded_[static_cast<size_t>(i)] = true;
     if (const char* name = op_case_name(c); name && node.op == "aten.scaled_dot_product_attention.default") {
@@ -365,7 +365,7 @@ class Walker {
     while (sac_calls_.size() <= static_cast<size_t>(r)) sac_calls_.emplace_back(*opt_.sac);
     const WalkNode& node = g_.nodes[static_cast<size_t>(i)];
     bool saved = false;
-    for (const SacStep& step : sac_dispatch(node.op, node_case_[static_cast<size_t>(i)])) {
+    for (const SacStep& step : sac_dispatch(node.op, w_.node_case[static_cast<size_t>(i)])) {
       if (!sac_calls_[static_cast<size_t>(r)].saves(step.op, mm_rhs(node, step.op))) continue;
       saved = true;
       if (step.product == SacProduct::Outputs) {
@@ -468,7 +468,7 @@ class Walker {
         continue;
       }
       c.eager_saved_bytes += call_saved_bytes(call);
-      partition_compiled_call(g_, w_, call);
+      partition_compiled_call(g_, w_, call, opt_.compile_memory_budget);
       c.saved_bytes += call_saved_bytes(call);
     }
     // Who saves each storage first, from the saves as they now stand.
@@ -877,7 +877,6 @@ class Walker {
   std::vector<bool> recorded_;
   std::vector<NodeExtra> node_extra_;
   std::vector<std::vector<int32_t>> node_diff_;  // tensors a gradient may flow to
-  std::vector<const char*> node_case_;  // the op table's case each node took (nullptr: none)
   std::vector<SacCallPolicy> sac_calls_;  // selective: per checkpointed call, its policy
   std::vector<std::pair<std::string, int64_t>> missing_;
   std::vector<std::string> missing_why_;

@@ -123,6 +123,7 @@ struct WalkOptions {
   // Compiled modules (torch.compile, outermost): each call saves what
   // AOTAutograd's min-cut partitioner saves (partitioner.h).
   std::vector<ModuleId> compiled;
+  double compile_memory_budget = 1;  // torch._functorch.config.activation_memory_budget
   // Selective checkpointing: every checkpointed call runs under this policy; nullptr: full AC.
   const SacPolicy* sac = nullptr;
   // Context parallelism: every SDPA call runs as torch's ring over `cp` ranks,

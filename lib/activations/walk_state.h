@@ -36,6 +36,7 @@ struct WalkState {
   std::vector<std::vector<int32_t>> node_saves;  // per node: the storages it saves
   std::vector<int32_t> node_storages;            // per node: the first storage it made (and, last, the end)
   std::vector<bool> node_view;                   // per node: its outputs alias an input
+  std::vector<const char*> node_case;            // per node: the op table's case it took (nullptr: none)
   std::vector<bool> restrided;                   // per tensor: strides the walk corrected (a kernel's layout)
 
   int32_t new_storage(int64_t bytes, StorageKind kind, int32_t created) {

@@ -310,9 +310,17 @@ class Parser {
 
   CompileConfig compile(const json& v) const {
     if (!v.is_object()) fail("\"compile\" must be an object or null, not " + json_type_name(v));
-    check_keys(v, {"module_classes"}, " in \"compile\"");
+    check_keys(v, {"module_classes", "memory_budget"}, " in \"compile\"");
     CompileConfig c;
     if (auto it = v.find("module_classes"); it != v.end()) c.module_classes = string_list(*it, "compile.module_classes", true);
+    if (auto it = v.find("memory_budget"); it != v.end() && !it->is_null()) {
+      // choose_saved_values_set: "The valid ranges for memory budget are 0 <= m <= 1".
+      if (!it->is_number() || it->get<double>() < 0 || it->get<double>() > 1)
+        fail("\"compile.memory_budget\" must be a number from 0 to 1 (torch's activation_memory_budget), not " +
+             it->dump());
+      c.memory_budget = it->get<double>();
+      c.memory_budget_given = true;
+    }
     if (c.module_classes.empty())
       fail("\"compile\" names no module: give \"module_classes\" (e.g. [\"LlamaDecoderLayer\"]), the blocks "
            "torch.compile compiles one by one");
@@ -637,7 +645,10 @@ nlohmann::ordered_json policy_to_json(const Policy& p) {
     if (p.activation_checkpointing->selective())
       add_selective(out["activation_checkpointing"], *p.activation_checkpointing);
   }
-  if (p.compile) out["compile"] = {{"module_classes", p.compile->module_classes}};
+  if (p.compile) {
+    out["compile"] = {{"module_classes", p.compile->module_classes}};
+    if (p.compile->memory_budget_given) out["compile"]["memory_budget"] = p.compile->memory_budget;
+  }
   out["fsdp"] = {{"world_size", p.fsdp.world_size},
                  {"sharding_strategy", strategy_name(p.fsdp.strategy)},
                  {"shard_group_size", p.fsdp.shard_group_size > 0 ? nlohmann::ordered_json(p.fsdp.shard_group_size)
@@ -695,7 +706,10 @@ nlohmann::ordered_json policy_file_json(const Policy& p) {
     if (p.activation_checkpointing->selective()) add_selective(ac, *p.activation_checkpointing);
     out["activation_checkpointing"] = std::move(ac);
   }
-  if (p.compile) out["compile"] = {{"module_classes", p.compile->module_classes}};
+  if (p.compile) {
+    out["compile"] = {{"module_classes", p.compile->module_classes}};
+    if (p.compile->memory_budget_given) out["compile"]["memory_budget"] = p.compile->memory_budget;
+  }
   if (!p.groups.empty()) {
     nlohmann::ordered_json groups = nlohmann::ordered_json::array();
     for (const auto& g : p.groups) {

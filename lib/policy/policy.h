@@ -77,6 +77,10 @@ struct ActivationCheckpointing {
 // partitioner saves (activations/partitioner.h).
 struct CompileConfig {
   std::vector<std::string> module_classes;
+  // torch._functorch.config.activation_memory_budget (0 to 1): below 1 the
+  // partitioner recomputes more to save less (0: each call's inputs only).
+  double memory_budget = 1;
+  bool memory_budget_given = false;
 };
 
 // How activations are counted (command line only; not part of a policy file):

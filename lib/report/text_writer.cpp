@@ -179,7 +179,8 @@ std::string selective_text(const Plan& plan) {
 }
 
 // Compiled blocks (issue 42): what their calls save under the partitioner's cut, beside eager's.
-std::string compiled_text(const ActivationPlan& a) {
+std::string compiled_text(const Plan& plan) {
+  const ActivationPlan& a = plan.activations;
   if (a.compiled.empty()) return "";
   int64_t calls = 0, checkpointed = 0, saved = 0, eager = 0;
   for (const CompiledModule& c : a.compiled) {
@@ -192,7 +193,11 @@ std::string compiled_text(const ActivationPlan& a) {
   std::string out;
   if (calls > checkpointed)
     out += ", " + plural(calls - checkpointed, "compiled call") + " saving " + format_bytes(saved) + " where eager saves " +
-           format_bytes(eager) + " (AOTAutograd's min-cut partitioner as modelled)";
+           format_bytes(eager) + " (AOTAutograd's min-cut partitioner as modelled" +
+           (plan.policy.compile && plan.policy.compile->memory_budget < 1
+                ? ", activation_memory_budget " + format_factor(plan.policy.compile->memory_budget)
+                : "") +
+           ")";
   if (checkpointed > 0)
     out += ", " + plural(checkpointed, "compiled call") + " inside checkpointed modules (saving what checkpointing " +
            "keeps: its tags drive the partitioner)";
@@ -222,7 +227,7 @@ std::string activations_text(const Plan& plan) {
       if (!a.checkpointed.empty())
         line += ", " + format_bytes(a.held_bytes) + " held with " + std::to_string(a.checkpointed.size()) +
                 " checkpointed module" + (a.checkpointed.size() == 1 ? "" : "s") + selective_text(plan);
-      line += compiled_text(a);
+      line += compiled_text(plan);
       line += " (graph" + (dims.empty() ? std::string() : ", " + join(dims, " ")) + ", " + a.device + ", sdpa " +
               a.sdpa + (a.sdpa_kernels.empty() ? "" : ": " + join(a.sdpa_kernels)) + ")";
       if (a.loss.empty()) line += "; no loss in the export";

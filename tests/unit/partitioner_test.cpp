@@ -51,7 +51,7 @@ TEST_CASE("partitioner: a pointwise chain is recomputed from the banned matmul b
   // and mul's inputs. Saving mm's output alone lets silu be recomputed.
   std::vector<CutValue> v = {value(100, {1}), value(400, {2}), value(400, {3}), value(400)};
   v[0].input = true;
-  v[1].banned = true;
+  v[1].compute = true;
   v[1].needed = true;  // silu's backward reads its input
   v[2].needed = true;  // mul's backward reads silu's output
   v[3].materialized = true;
@@ -65,7 +65,7 @@ TEST_CASE("partitioner: a small banned reduction is saved in place of the big te
   std::vector<CutValue> v = {value(1000, {1, 3}), value(10, {2}), value(10, {3}), value(1000)};
   v[0].input = true;
   v[0].needed = true;
-  v[1].banned = true;
+  v[1].reduction = true;
   v[2].needed = true;
   v[3].materialized = true;
   const std::vector<int> saved = saved_indices(partitioner_saves(v));
@@ -81,8 +81,30 @@ TEST_CASE("partitioner: parameters are free to save, values nothing reads are no
   v[0].needed = true;
   v[1].input = true;
   v[1].needed = true;
-  v[2].banned = true;
+  v[2].compute = true;
   CHECK(saved_indices(partitioner_saves(v)) == std::vector<int>{0, 1});
+}
+
+TEST_CASE("partitioner: a memory budget recomputes more, down to the inputs alone") {
+  // x (input) -> mm1 (compute) -> mm2 (compute) -> silu; the backward reads
+  // mm1's output (mm2's input), mm2's output (silu's input) and x (mm1's).
+  std::vector<CutValue> v = {value(100, {1}), value(400, {2}), value(400, {3}), value(400)};
+  v[0].input = true;
+  v[0].needed = true;
+  for (int k : {1, 2}) {
+    v[static_cast<size_t>(k)].compute = true;
+    v[static_cast<size_t>(k)].needed = true;
+    v[static_cast<size_t>(k)].node = k;
+    v[static_cast<size_t>(k)].flops = k == 1 ? 1000 : 10;
+  }
+  v[3].node = 3;
+  v[3].materialized = true;
+  CHECK(saved_indices(partitioner_saves(v, 1)) == std::vector<int>{0, 1, 2});
+  CHECK(saved_indices(partitioner_saves(v, 0)) == std::vector<int>{0});
+  // Half the 800 bytes between the inputs (100) and the default (900): the
+  // knapsack keeps one of the two 400-byte matmuls (normalised 0.5 each, the
+  // budget 0.6), the one with more FLOPs; the other is recomputed from it.
+  CHECK(saved_indices(partitioner_saves(v, 0.6)) == std::vector<int>{0, 1});
 }
 
 TEST_CASE("partitioner: the op lists") {
@@ -99,4 +121,10 @@ TEST_CASE("partitioner: the op lists") {
   n.op = "aten.native_dropout.default";
   CHECK_FALSE(recomputable_node(n));
   CHECK(fusible_node(n));  // a random op fuses
+  CHECK(compute_or_random_node(n, nullptr));
+  n.op = "aten.linear.default";
+  CHECK(compute_or_random_node(n, nullptr));
+  n.op = "aten.scaled_dot_product_attention.default";  // by its kernel: the CPU's flash kernel is not on the list
+  CHECK(compute_or_random_node(n, "CUDA flash (_scaled_dot_product_flash_attention)"));
+  CHECK_FALSE(compute_or_random_node(n, "CPU flash (_scaled_dot_product_flash_attention_for_cpu)"));
 }
