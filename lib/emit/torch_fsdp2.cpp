@@ -57,7 +57,7 @@ class Fsdp2TorchWriter {
            "#         loss = model(input_ids=input_ids, labels=labels, position_ids=position_ids).loss\n"
            "#         loss.backward()\n";
     o << (ac_ && !sac_ ? "import functools\n\n" : "")
-      << (sac_ || mp_.find("torch.") != std::string::npos ? "import torch\n" : "")  // no unused import
+      << (sac_ || budget() || mp_.find("torch.") != std::string::npos ? "import torch\n" : "")  // no unused import
       << (ac_ ? kCheckpointImport : "")
       << "from torch.distributed.device_mesh import init_device_mesh\n"
       << fsdp_import()
@@ -237,10 +237,17 @@ class Fsdp2TorchWriter {
     o << "    for modules, reshard_after_forward in groups:\n";
   }
 
+  // The plan's activation_memory_budget (compile.memory_budget), where it is below 1.
+  bool budget() const { return !compiled_.empty() && p_.compile && p_.compile->memory_budget < 1; }
+
   // Module.compile() in place; a checkpointed module's wrapper is what is
   // compiled (torchtitan: the checkpoint inside the compiled graph).
   void write_compile(std::ostringstream& o) const {
     if (compiled_.empty()) return;
+    if (budget())
+      o << "    # The partitioner's memory budget the plan was made with (compile.memory_budget).\n"
+           "    torch._functorch.config.activation_memory_budget = "
+        << format_factor(p_.compile->memory_budget) << "\n";
     if (!ac_) {
       o << "    for path in COMPILED:\n"
            "        model.get_submodule(path).compile()\n";

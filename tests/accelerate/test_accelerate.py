@@ -526,6 +526,10 @@ def check_torch_fsdp2(self, what, model_name, model_file, policy_path, plan):
                if getattr(m, "_compiled_call_impl", None) is not None}
         self.assertEqual(got, compiled, f"{what}: compiled modules")
         self.assertEqual(bool(compiled), "compile" in policy, what)
+        # The partitioner's memory budget the plan was made with, set for the compiles to come.
+        budget = (policy.get("compile") or {}).get("memory_budget", 1.0)
+        self.assertEqual(torch._functorch.config.activation_memory_budget, budget, what)
+        torch._functorch.config.activation_memory_budget = 1.0
 
 
 AccelerateConfigs.check_fsdp2 = check_fsdp2
@@ -563,7 +567,8 @@ FSDP2_POLICIES = {
                                 "mixed_precision": {"param_dtype": "bfloat16", "reduce_dtype": "bfloat16",
                                                     "cast_forward_inputs": False},
                                 "fsdp": {"version": 2, "world_size": 2}}, "cast_forward_inputs is false"),
-    "compiled": ("llama", {"module_classes": ["LlamaDecoderLayer"], "compile": {"module_classes": ["LlamaDecoderLayer"]},
+    "compiled": ("llama", {"module_classes": ["LlamaDecoderLayer"],
+                           "compile": {"module_classes": ["LlamaDecoderLayer"], "memory_budget": 0.5},
                            "fsdp": {"version": 2, "world_size": 2}}, "not only the plan's \"compile\" modules"),
     "compiled_checkpointed": ("llama", {"module_classes": ["LlamaDecoderLayer"],
                                         "activation_checkpointing": {"module_classes": ["LlamaDecoderLayer"]},
