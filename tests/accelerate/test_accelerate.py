@@ -22,7 +22,6 @@ names in order, mesh, reshard_after_forward, mixed precision, offload) are the p
 Usage: test_accelerate.py FSDP_PLAN_BINARY   (the venv's python: torch 2.13, accelerate)
 """
 import contextlib
-import copy
 import importlib.util
 import inspect
 import io

@@ -67,6 +67,14 @@ class SuggestCheckpointing(unittest.TestCase):
     def rank(self, report, label):
         return next(c for c in report["candidates"] if c["label"] == label)
 
+    def written_peak(self, budget, name):
+        """The peak of the best policy suggest writes with -o at `budget` (and suggest's text)."""
+        out = os.path.join(self.tmp.name, name + ".json")
+        r = run("suggest", PT2, "--world-size", "2", "--budget", str(budget), "-o", out)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        plan = run(PT2, "--world-size", "2", "--policy", out, "-f", "json")
+        return json.loads(plan.stdout)["memory"]["per_rank"]["peak_bytes"], r.stdout
+
     def test_both_fit_the_plain_plan_first(self):
         report = self.suggest(PT2, "80GiB")
         self.assertEqual(report["best"]["label"], "module_classes [Block]")
@@ -84,8 +92,7 @@ class SuggestCheckpointing(unittest.TestCase):
 
     def test_the_compiled_variant_behind_the_plain_plan_ahead_of_checkpointing(self):
         report = self.suggest(PT2, "80GiB")
-        plain, compiled = self.rank(report, "module_classes [Block]"), self.rank(report, "module_classes [Block]" + COMPILED)
-        sac = self.rank(report, "module_classes [Block]" + SAC)
+        plain, compiled, sac = (self.rank(report, "module_classes [Block]" + suffix) for suffix in ("", COMPILED, SAC))
         self.assertLess(plain["rank"], compiled["rank"])
         self.assertLess(compiled["rank"], sac["rank"])
         self.assertEqual((plain["compiled"], compiled["compiled"], sac["compiled"]), (False, True, False))
@@ -98,23 +105,16 @@ class SuggestCheckpointing(unittest.TestCase):
         report = self.suggest(PT2, budget)
         self.assertEqual(report["best"]["label"], "module_classes [Block]" + COMPILED)
         self.assertFalse(self.rank(report, "module_classes [Block]")["fits"])
-        out = os.path.join(self.tmp.name, "best_compiled.json")
-        r = run("suggest", PT2, "--world-size", "2", "--budget", str(budget), "-o", out)
-        self.assertEqual(r.returncode, 0, r.stderr)
-        r = run(PT2, "--world-size", "2", "--policy", out, "-f", "json")
-        self.assertEqual(json.loads(r.stdout)["memory"]["per_rank"]["peak_bytes"], self.compiled)
+        self.assertEqual(self.written_peak(budget, "best_compiled")[0], self.compiled)
 
     def test_only_the_selective_plan_fits(self):
         budget = (self.plain + self.selective) // 2
         report = self.suggest(PT2, budget)
         self.assertEqual(report["best"]["label"], "module_classes [Block]" + SAC)
         self.assertFalse(self.rank(report, "module_classes [Block]")["fits"])
-        out = os.path.join(self.tmp.name, "best_sac.json")
-        r = run("suggest", PT2, "--world-size", "2", "--budget", str(budget), "-o", out)
-        self.assertEqual(r.returncode, 0, r.stderr)
-        self.assertIn("fits with selective checkpointing", r.stdout)
-        r = run(PT2, "--world-size", "2", "--policy", out, "-f", "json")
-        self.assertEqual(json.loads(r.stdout)["memory"]["per_rank"]["peak_bytes"], self.selective)
+        peak, text = self.written_peak(budget, "best_sac")
+        self.assertIn("fits with selective checkpointing", text)
+        self.assertEqual(peak, self.selective)
 
     def test_only_the_checkpointed_plan_fits(self):
         budget = (self.selective + self.checkpointed) // 2
@@ -123,11 +123,7 @@ class SuggestCheckpointing(unittest.TestCase):
         self.assertFalse(self.rank(report, "module_classes [Block]")["fits"])
         self.assertFalse(self.rank(report, "module_classes [Block]" + SAC)["fits"])
         # The policy it writes checkpoints the blocks, and plans to the same peak.
-        out = os.path.join(self.tmp.name, "best.json")
-        r = run("suggest", PT2, "--world-size", "2", "--budget", str(budget), "-o", out)
-        self.assertEqual(r.returncode, 0, r.stderr)
-        r = run(PT2, "--world-size", "2", "--policy", out, "-f", "json")
-        self.assertEqual(json.loads(r.stdout)["memory"]["per_rank"]["peak_bytes"], self.checkpointed)
+        self.assertEqual(self.written_peak(budget, "best")[0], self.checkpointed)
 
     def test_no_variants_without_a_graph_or_with_the_base_setting_it(self):
         for model, extra in ((PT, ()), (PT2, ("--policy", self.ac_policy))):
