@@ -18,7 +18,13 @@ class CompiledCall {
   void run(const NodeRun& call, double memory_budget) {
     CallValues cv;
     for (int32_t i = call.first; i <= call.last; ++i) call_node_values(cv, call, i);
-    const std::vector<bool> saved = partitioner_saves(cv.values, memory_budget);
+    const CutResult cut = partitioner_cut(cv.values, memory_budget);
+    const std::vector<bool>& saved = cut.saved;
+    for (size_t v = 0; v < cut.recomputed.size(); ++v) {
+      const int32_t node = cv.values[v].node;
+      if (cut.recomputed[v] && node >= 0 && (w_.recomputed.empty() || w_.recomputed.back() != node))
+        w_.recomputed.push_back(node);
+    }
     for (int32_t i = call.first; i <= call.last; ++i) w_.node_saves[static_cast<size_t>(i)].clear();
     for (size_t v = 0; v < saved.size(); ++v) {
       if (saved[v]) {

@@ -82,7 +82,7 @@ bool banned(const CutValue& v, const CutOptions& o) {
 }
 
 // solve_min_cut: node k is split into k_in (2k) and k_out (2k + 1).
-std::vector<bool> min_cut(const std::vector<CutValue>& values, const std::vector<int64_t>& dist, const CutOptions& o) {
+CutResult min_cut(const std::vector<CutValue>& values, const std::vector<int64_t>& dist, const CutOptions& o) {
   const int32_t n = static_cast<int32_t>(values.size());
   const int32_t source = 2 * n, sink = 2 * n + 1;
   MaxFlow flow(2 * n + 2);
@@ -95,10 +95,14 @@ std::vector<bool> min_cut(const std::vector<CutValue>& values, const std::vector
   }
   flow.run(source, sink);
   const std::vector<bool> side = flow.source_side(source);
-  std::vector<bool> saved(values.size(), false);
-  for (int32_t k = 0; k < n; ++k)
-    saved[static_cast<size_t>(k)] = side[static_cast<size_t>(2 * k)] && !side[static_cast<size_t>(2 * k + 1)];
-  return saved;
+  CutResult r{std::vector<bool>(values.size(), false), std::vector<bool>(values.size(), false)};
+  for (int32_t k = 0; k < n; ++k) {
+    r.saved[static_cast<size_t>(k)] = side[static_cast<size_t>(2 * k)] && !side[static_cast<size_t>(2 * k + 1)];
+    // Behind the cut and on a path to what the backward reads.
+    r.recomputed[static_cast<size_t>(k)] = !side[static_cast<size_t>(2 * k)] && !values[static_cast<size_t>(k)].input &&
+                                           dist[static_cast<size_t>(k)] < kFar;
+  }
+  return r;
 }
 
 int64_t saved_size(const std::vector<CutValue>& values, const std::vector<bool>& saved) {
@@ -108,10 +112,14 @@ int64_t saved_size(const std::vector<CutValue>& values, const std::vector<bool>&
   return bytes;
 }
 
-std::vector<bool> inputs_only(const std::vector<CutValue>& values) {  // node_info.inputs
-  std::vector<bool> inputs(values.size(), false);
-  for (size_t k = 0; k < values.size(); ++k) inputs[k] = values[k].input;
-  return inputs;
+// node_info.inputs: the backward computes again whatever leads to what it reads.
+CutResult inputs_only(const std::vector<CutValue>& values, const std::vector<int64_t>& dist) {
+  CutResult r{std::vector<bool>(values.size(), false), std::vector<bool>(values.size(), false)};
+  for (size_t k = 0; k < values.size(); ++k) {
+    r.saved[k] = values[k].input;
+    r.recomputed[k] = !values[k].input && dist[k] < kFar;
+  }
+  return r;
 }
 
 // dp_knapsack (torch/_functorch/_activation_checkpointing/knapsack.py): the
@@ -149,7 +157,7 @@ std::vector<bool> dp_knapsack(const std::vector<double>& memory, const std::vect
 // The knapsack's last resort: the banned nodes that may be recomputed (not
 // inputs, on a path to the backward), largest first, each kept or recomputed
 // for its FLOPs; the aggressive cut again with those recomputed unbanned.
-std::vector<bool> knapsack_saves(const std::vector<CutValue>& values, const std::vector<int64_t>& dist,
+CutResult knapsack_saves(const std::vector<CutValue>& values, const std::vector<int64_t>& dist,
                                  const CutOptions& aggressive, double budget, int64_t min_bytes, int64_t max_bytes) {
   int32_t nodes = 0;
   for (const CutValue& v : values) nodes = std::max(nodes, v.node + 1);
@@ -166,7 +174,7 @@ std::vector<bool> knapsack_saves(const std::vector<CutValue>& values, const std:
   std::vector<int32_t> order;
   for (int32_t nd = 0; nd < nodes; ++nd)
     if (item[static_cast<size_t>(nd)]) order.push_back(nd);
-  if (order.empty()) return inputs_only(values);
+  if (order.empty()) return inputs_only(values, dist);
   std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
     return node_bytes[static_cast<size_t>(a)] > node_bytes[static_cast<size_t>(b)];
   });
@@ -214,28 +222,28 @@ bool compute_or_random_node(const WalkNode& node, const char* case_name) {
   return random_node(node);
 }
 
-std::vector<bool> partitioner_saves(const std::vector<CutValue>& values, double memory_budget) {
+CutResult partitioner_cut(const std::vector<CutValue>& values, double memory_budget) {
   const std::vector<int64_t> dist = distances(values);
-  const CutOptions defaults;
-  if (memory_budget <= 0) return inputs_only(values);
-  const std::vector<bool> runtime_optimized = min_cut(values, dist, defaults);
+  if (memory_budget <= 0) return inputs_only(values, dist);
+  CutResult runtime_optimized = min_cut(values, dist, CutOptions{});
   if (memory_budget >= 1) return runtime_optimized;
   // choose_saved_values_set: sizes normalised between the inputs' and the default cut's.
   int64_t min_bytes = 0;
   for (const CutValue& v : values) min_bytes += v.input ? v.bytes : 0;
-  const int64_t max_bytes = saved_size(values, runtime_optimized);
+  const int64_t max_bytes = saved_size(values, runtime_optimized.saved);
   if (max_bytes <= min_bytes) return runtime_optimized;
-  const auto ratio = [&](const std::vector<bool>& saved) {
-    return static_cast<double>(saved_size(values, saved) - min_bytes) / static_cast<double>(max_bytes - min_bytes);
+  const auto under = [&](const CutResult& r) {
+    return static_cast<double>(saved_size(values, r.saved) - min_bytes) / static_cast<double>(max_bytes - min_bytes) <
+           memory_budget;
   };
   CutOptions more_aggressive;
   more_aggressive.ban_materialized = false;
-  std::vector<bool> saved = min_cut(values, dist, more_aggressive);
-  if (ratio(saved) < memory_budget) return saved;
+  CutResult r = min_cut(values, dist, more_aggressive);
+  if (under(r)) return r;
   CutOptions aggressive = more_aggressive;
   aggressive.ban_off_allowlist = false;
-  saved = min_cut(values, dist, aggressive);
-  if (ratio(saved) < memory_budget) return saved;
+  r = min_cut(values, dist, aggressive);
+  if (under(r)) return r;
   return knapsack_saves(values, dist, aggressive, memory_budget, min_bytes, max_bytes);
 }
 

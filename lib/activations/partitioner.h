@@ -44,8 +44,16 @@ struct CutValue {
 };
 
 // Per value, whether the partitioner saves it at `memory_budget`
-// (activation_memory_budget, 0 to 1; 1 is the default min cut).
-std::vector<bool> partitioner_saves(const std::vector<CutValue>& values, double memory_budget = 1);
+// (activation_memory_budget, 0 to 1; 1 is the default min cut), and whether
+// the backward computes it again (on the sink's side of the cut: what the
+// backward reads and what it is made from since the saved values).
+struct CutResult {
+  std::vector<bool> saved, recomputed;
+};
+CutResult partitioner_cut(const std::vector<CutValue>& values, double memory_budget = 1);
+inline std::vector<bool> partitioner_saves(const std::vector<CutValue>& values, double memory_budget = 1) {
+  return partitioner_cut(values, memory_budget).saved;
+}
 
 // get_default_op_list(): whether the partitioner may recompute the node's op
 // (its allowlist, or the ops a composite pre-dispatch op such as softmax or

@@ -471,6 +471,11 @@ class Walker {
       partition_compiled_call(g_, w_, call, opt_.compile_memory_budget);
       c.saved_bytes += call_saved_bytes(call);
     }
+    out_.compiled_recomputed_nodes = w_.recomputed;
+    std::sort(out_.compiled_recomputed_nodes.begin(), out_.compiled_recomputed_nodes.end());
+    out_.compiled_recomputed_nodes.erase(
+        std::unique(out_.compiled_recomputed_nodes.begin(), out_.compiled_recomputed_nodes.end()),
+        out_.compiled_recomputed_nodes.end());
     // Who saves each storage first, from the saves as they now stand.
     for (Storage& st : w_.storages) {
       st.first_saver = -1;

@@ -38,6 +38,7 @@ struct WalkState {
   std::vector<bool> node_view;                   // per node: its outputs alias an input
   std::vector<const char*> node_case;            // per node: the op table's case it took (nullptr: none)
   std::vector<bool> restrided;                   // per tensor: strides the walk corrected (a kernel's layout)
+  std::vector<int32_t> recomputed;               // nodes a compiled call's backward runs again (ascending runs)
 
   int32_t new_storage(int64_t bytes, StorageKind kind, int32_t created) {
     Storage s;

@@ -112,6 +112,9 @@ struct ActivationPlan {
   // Selective checkpointing: the graph nodes whose dispatched op the policy
   // saves (not recomputed: the time model leaves their FLOPs out of the recompute).
   std::vector<int32_t> sac_saved_nodes;
+  // Compiled calls (CompiledModule): the graph nodes their backward runs again
+  // (the partitioner's recompute; matmuls only under a memory budget), ascending.
+  std::vector<int32_t> compiled_recomputed_nodes;
   // Operators without a row in the table, counted conservatively (all their tensor inputs): name -> nodes.
   std::vector<std::pair<std::string, int64_t>> missing_ops;
   int64_t nodes = 0;  // graph nodes walked

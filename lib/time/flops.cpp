@@ -354,6 +354,13 @@ FlopProfile count_graph_flops(const WalkGraph& g, const ModuleTree& tree, const 
       }
   }
   if (!opt.checkpointed.empty()) add_checkpoint_recompute(g, tree, opt, fwd, out_grad, out);
+  // A compiled call's backward runs the nodes the partitioner recomputes.
+  for (int32_t i : opt.compiled_recomputed)
+    if (i >= 0 && static_cast<size_t>(i) < g.nodes.size()) {
+      const WalkNode& n = g.nodes[static_cast<size_t>(i)];
+      ModuleFlops& own = out.own[static_cast<size_t>(n.module >= 0 && static_cast<size_t>(n.module) < nm ? n.module : 0)];
+      own.recompute = add(own.recompute, fwd[static_cast<size_t>(i)]);
+    }
   for (const auto& [op, count] : unknown)
     out.notes.push_back(op + " (" + std::to_string(count) + (count == 1 ? " node" : " nodes") +
                         ") counted as 0 FLOPs: FlopCounterMode's formulas here do not cover it");
@@ -368,6 +375,7 @@ namespace {
 
 bool same_options(const GraphFlopOptions& a, const GraphFlopOptions& b) {
   return a.checkpointed == b.checkpointed && a.selective == b.selective && a.sac_saved_nodes == b.sac_saved_nodes &&
+         a.compiled_recomputed == b.compiled_recomputed &&
          a.trainable_params == b.trainable_params && a.tp_local == b.tp_local && a.tp == b.tp && a.cp == b.cp;
 }
 
@@ -434,6 +442,7 @@ FlopProfile plan_graph_flops(const Plan& plan, const Graph& graph) {
     opt.selective = opt.selective || c.selective;
   }
   opt.sac_saved_nodes = plan.activations.sac_saved_nodes;
+  opt.compiled_recomputed = plan.activations.compiled_recomputed_nodes;
   opt.trainable_params = plan_trainable_params(plan);
   opt.tp_local = tp_local_tensors(input, plan);
   if (!opt.tp_local.empty()) opt.tp = plan.mesh.size(MeshDim::Tp);

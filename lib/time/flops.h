@@ -52,6 +52,8 @@ struct GraphFlopOptions {
   // (ActivationPlan::sac_saved_nodes), which its cache hands back.
   bool selective = false;
   std::vector<int32_t> sac_saved_nodes;
+  // Compiled calls: the nodes their backward runs again (ActivationPlan::compiled_recomputed_nodes).
+  std::vector<int32_t> compiled_recomputed;
   std::vector<bool> trainable_params;  // per tree TensorId; empty: requires_grad as recorded
   // Tensor parallelism (tp/local.h): per graph tensor, whether a rank holds a
   // 1/tp share; an op with such an argument counts 1/tp of its FLOPs.

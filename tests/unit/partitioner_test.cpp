@@ -105,6 +105,11 @@ TEST_CASE("partitioner: a memory budget recomputes more, down to the inputs alon
   // knapsack keeps one of the two 400-byte matmuls (normalised 0.5 each, the
   // budget 0.6), the one with more FLOPs; the other is recomputed from it.
   CHECK(saved_indices(partitioner_saves(v, 0.6)) == std::vector<int>{0, 1});
+  // What the backward runs again: nothing by default (silu's output is not
+  // read); at 0.6 the second matmul; at 0 both (all the forward up to what is read).
+  CHECK(saved_indices(partitioner_cut(v, 1).recomputed).empty());
+  CHECK(saved_indices(partitioner_cut(v, 0.6).recomputed) == std::vector<int>{2});
+  CHECK(saved_indices(partitioner_cut(v, 0).recomputed) == std::vector<int>{1, 2});
 }
 
 TEST_CASE("partitioner: the op lists") {
