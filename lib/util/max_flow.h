@@ -4,6 +4,7 @@
 // marks an edge no cut may take.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
