@@ -52,7 +52,7 @@ class CompiledCall {
     CutValue v;
     // Traced, dropout is native_dropout's decomposition: a bool mask
     // (torch/_decomp/decompositions.py: native_dropout), no float noise.
-    if (st.mask_bytes > 0) w_.storages[static_cast<size_t>(sid)].bytes = st.mask_bytes;
+    if (st.mask_bytes > 0) st.bytes = st.mask_bytes;
     v.bytes = st.bytes;
     v.input = st.created < call.first;
     v.free = st.kind == StorageKind::Param;
@@ -85,8 +85,8 @@ class CompiledCall {
     for (int32_t o : node.outputs)
       if (w_.valid(o)) out_bytes += w_.tensor_bytes(o);
     std::vector<int32_t> made;
-    for (int32_t sid = w_.node_storages[static_cast<size_t>(i)]; sid < w_.node_storages[static_cast<size_t>(i) + 1]; ++sid)
-      made.push_back(sid);
+    const int32_t first = w_.node_storages[static_cast<size_t>(i)], end = w_.node_storages[static_cast<size_t>(i) + 1];
+    for (int32_t sid = first; sid < end; ++sid) made.push_back(sid);
     const bool compute = compute_or_random_node(node, w_.node_case[static_cast<size_t>(i)]);
     const double flops = node_flops(node);
     for (int32_t sid : made) {
@@ -133,10 +133,11 @@ class CompiledCall {
   void traced_copy(CallValues& cv, int32_t i, const std::vector<int32_t>& ins) {
     const WalkNode& node = g_.nodes[static_cast<size_t>(i)];
     const std::string_view base = aten_op_base(node.op);
-    if (!w_.node_view[static_cast<size_t>(i)] || (base != "contiguous" && base != "reshape") || node.outputs.size() != 1)
-      return;
+    const bool reshape = base == "contiguous" || base == "reshape";
+    if (!w_.node_view[static_cast<size_t>(i)] || !reshape || node.outputs.size() != 1) return;
     const int32_t o = node.outputs[0];
-    if (!w_.valid(o) || !w_.restrided[static_cast<size_t>(o)] || !is_contiguous(w_.meta[static_cast<size_t>(o)])) return;
+    if (!w_.valid(o) || !w_.restrided[static_cast<size_t>(o)]) return;
+    if (!is_contiguous(w_.meta[static_cast<size_t>(o)])) return;
     CutValue v;
     v.bytes = w_.tensor_bytes(o);
     v.node = i;
@@ -189,7 +190,6 @@ class CompiledCall {
     return std::any_of(node.outputs.begin(), node.outputs.end(),
                        [&](int32_t o) { return w_.valid(o) && w_.meta[static_cast<size_t>(o)].storage == sid; });
   }
-
 
   const WalkGraph& g_;
   WalkState& w_;

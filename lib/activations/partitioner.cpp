@@ -75,8 +75,8 @@ struct CutOptions {
 
 bool banned(const CutValue& v, const CutOptions& o) {
   if (v.input) return true;  // a primal
-  if (o.dont_ban && v.node >= 0 && static_cast<size_t>(v.node) < o.dont_ban->size() && (*o.dont_ban)[static_cast<size_t>(v.node)])
-    return false;
+  const size_t node = static_cast<size_t>(v.node);
+  if (o.dont_ban && v.node >= 0 && node < o.dont_ban->size() && (*o.dont_ban)[node]) return false;
   return v.compute || v.reduction || (o.ban_off_allowlist && v.off_allowlist) ||
          (o.ban_materialized && v.materialized_bw);
 }
@@ -179,8 +179,9 @@ CutResult knapsack_saves(const std::vector<CutValue>& values, const std::vector<
     return node_bytes[static_cast<size_t>(a)] > node_bytes[static_cast<size_t>(b)];
   });
   std::vector<double> memory, runtime;
+  const double range = static_cast<double>(max_bytes - min_bytes);
   for (int32_t nd : order) {
-    memory.push_back(static_cast<double>(node_bytes[static_cast<size_t>(nd)]) / static_cast<double>(max_bytes - min_bytes));
+    memory.push_back(static_cast<double>(node_bytes[static_cast<size_t>(nd)]) / range);
     runtime.push_back(node_flops[static_cast<size_t>(nd)]);
   }
   const std::vector<bool> recompute = dp_knapsack(memory, runtime, std::max(budget, 0.0));
@@ -208,9 +209,9 @@ bool compute_or_random_node(const WalkNode& node, const char* case_name) {
   // get_default_op_list's compute_intensive_ops, with the composites that
   // decompose into them (linear, matmul) and SDPA by its kernel.
   static constexpr std::string_view kCompute[] = {
-      "_convolution", "_efficient_attention_forward", "_flash_attention_forward", "_scaled_dot_product_efficient_attention",
-      "_scaled_dot_product_flash_attention", "_scaled_mm", "addmm", "bmm", "conv1d", "conv2d", "conv3d", "convolution",
-      "linear", "matmul", "mm", "upsample_bilinear2d"};
+      "_convolution", "_efficient_attention_forward", "_flash_attention_forward",
+      "_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention", "_scaled_mm", "addmm", "bmm",
+      "conv1d", "conv2d", "conv3d", "convolution", "linear", "matmul", "mm", "upsample_bilinear2d"};
   const std::string_view base = aten_op_base(node.op);
   if (std::find(std::begin(kCompute), std::end(kCompute), base) != std::end(kCompute)) return true;
   if (base == "scaled_dot_product_attention" && case_name) {

@@ -333,17 +333,18 @@ class Walker {
   void restride(const WalkNode& node, std::string_view base, const OpCase& c, const CallArgs& args,
                 const std::vector<const OpTensor*>& outs) {
     if (std::optional<std::vector<int64_t>> st = kernel_output_strides(node.op, c, args, outs, opt_.env, opt_.ring)) {
-      if (!node.outputs.empty() && valid(node.outputs[0]) && st->size() == w_.meta[static_cast<size_t>(node.outputs[0])].sizes.size()) {
-        w_.meta[static_cast<size_t>(node.outputs[0])].strides = *st;
-        w_.restrided[static_cast<size_t>(node.outputs[0])] = true;
+      const int32_t o = node.outputs.empty() ? -1 : node.outputs[0];
+      if (valid(o) && st->size() == w_.meta[static_cast<size_t>(o)].sizes.size()) {
+        w_.meta[static_cast<size_t>(o)].strides = *st;
+        w_.restrided[static_cast<size_t>(o)] = true;
       }
       return;
     }
     const WalkArg* self = nullptr;
     for (const WalkArg& a : node.args)
       if (a.name == "self") self = &a;
-    if (!self || self->tensors.size() != 1 || !valid(self->tensors[0]) || !w_.restrided[static_cast<size_t>(self->tensors[0])])
-      return;
+    if (!self || self->tensors.size() != 1 || !valid(self->tensors[0])) return;
+    if (!w_.restrided[static_cast<size_t>(self->tensors[0])]) return;
     const OpTensor& t = w_.meta[static_cast<size_t>(self->tensors[0])];
     for (int32_t o : node.outputs) {
       if (!valid(o)) continue;
@@ -419,7 +420,9 @@ class Walker {
     for (const WalkArg& a : g_.nodes[static_cast<size_t>(i)].args)
       if (a.tensors.size() == 1 && valid(a.tensors[0])) {
         const OpTensor* t = &w_.meta[static_cast<size_t>(a.tensors[0])];
-        (a.name == "query" ? q : a.name == "key" ? k : a.name == "value" ? v : t) = t;
+        if (a.name == "query") q = t;
+        if (a.name == "key") k = t;
+        if (a.name == "value") v = t;
       }
     const int64_t bytes = sac_attention_bytes(q, k, v, product);
     if (bytes < 0) sac_cache_outputs(i, r, false);

@@ -33,9 +33,9 @@ bool MaxFlow::levels(int32_t source, int32_t sink) {
 // the BFS level of the sink, at most the number of nodes).
 int64_t MaxFlow::push(int32_t node, int32_t sink, int64_t limit) {
   if (node == sink) return limit;
-  for (int32_t& i = next_[static_cast<size_t>(node)]; i < static_cast<int32_t>(adjacency_[static_cast<size_t>(node)].size());
-       ++i) {
-    const int32_t e = adjacency_[static_cast<size_t>(node)][static_cast<size_t>(i)];
+  const std::vector<int32_t>& out = adjacency_[static_cast<size_t>(node)];
+  for (int32_t& i = next_[static_cast<size_t>(node)]; i < static_cast<int32_t>(out.size()); ++i) {
+    const int32_t e = out[static_cast<size_t>(i)];
     Edge& edge = edges_[static_cast<size_t>(e)];
     if (edge.capacity <= 0 || level_[static_cast<size_t>(edge.to)] != level_[static_cast<size_t>(node)] + 1) continue;
     const int64_t pushed = push(edge.to, sink, std::min(limit, edge.capacity));
